@@ -1,0 +1,29 @@
+"""unifiedamp: one dynamic loss scaler for mixed-precision training, for every framework.
+
+``import unifiedamp`` imports no framework; a backend imports its own when it
+is first used.
+
+Example:
+    >>> import unifiedamp as ua
+    >>> scaler = ua.GradScaler(1024.0, growth_interval=100, backend="numpy")
+    >>> scaler.get_scale()
+    1024.0
+"""
+
+from unifiedamp._monitor import ScaleCollapseError, ScaleCollapseWarning
+from unifiedamp._registry import MissingBackendError, UnknownBackendError
+from unifiedamp._scaler import GradScaler
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GradScaler",
+    "MissingBackendError",
+    "ScaleCollapseError",
+    "ScaleCollapseWarning",
+    "ScalerConfig",
+    "ScalerState",
+    "UnknownBackendError",
+    "__version__",
+]

@@ -1,0 +1,79 @@
+"""Makes a collapsing loss scale loud instead of silent."""
+
+from __future__ import annotations
+
+import warnings
+
+from unifiedamp.spec import FLOAT32_MIN_NORMAL, f32_hex
+
+
+class ScaleCollapseWarning(RuntimeWarning):
+    """The loss scale collapsed: training is stepping on nothing but non-finite gradients."""
+
+
+class ScaleCollapseError(RuntimeError):
+    """Raised instead of :class:`ScaleCollapseWarning` when ``on_collapse="raise"``."""
+
+
+class CollapseMonitor:
+    """Reports, once per episode, a scale below float32's smallest normal or a run of skips.
+
+    An episode ends when the scale is normal again and the run of skipped
+    steps is broken; the next collapse is reported again.
+
+    Args:
+        max_consecutive_skips: Consecutive skipped iterations that count as a
+            collapse (``None``: only the scale is watched).
+        on_collapse: ``"warn"`` (a :class:`ScaleCollapseWarning`) or ``"raise"``
+            (a :class:`ScaleCollapseError`, after the update has been applied).
+
+    Example:
+        >>> monitor = CollapseMonitor(max_consecutive_skips=2, on_collapse="raise")
+        >>> monitor.observe(1, 512.0, skipped=True)
+        >>> monitor.observe(2, 256.0, skipped=True)
+        Traceback (most recent call last):
+        ...
+        unifiedamp._monitor.ScaleCollapseError: Loss scale collapsed at step 2: ...
+    """
+
+    def __init__(self, max_consecutive_skips: int | None = 100, on_collapse: str = "warn"):
+        if max_consecutive_skips is not None and (
+            not isinstance(max_consecutive_skips, int)
+            or isinstance(max_consecutive_skips, bool)
+            or max_consecutive_skips < 1
+        ):
+            raise ValueError(
+                f"max_consecutive_skips must be None or an int >= 1, got {max_consecutive_skips!r}"
+            )
+        if on_collapse not in ("warn", "raise"):
+            raise ValueError(f"on_collapse must be 'warn' or 'raise', got {on_collapse!r}")
+        self.max_consecutive_skips = max_consecutive_skips
+        self.on_collapse = on_collapse
+        self.consecutive_skips = 0
+        self._reported = False
+
+    def observe(self, step: int, scale: float, skipped: bool) -> None:
+        """Records one update: ``step`` counts updates from 1, ``scale`` is the new scale."""
+        self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
+        reasons = []
+        if scale < FLOAT32_MIN_NORMAL:
+            reasons.append(f"it is below float32's smallest normal number {FLOAT32_MIN_NORMAL:.8g}")
+        limit = self.max_consecutive_skips
+        if limit is not None and self.consecutive_skips >= limit:
+            reasons.append(f"the last {self.consecutive_skips} steps were all skipped")
+        if not reasons:
+            self._reported = False
+            return
+        if self._reported:
+            return
+        self._reported = True
+        message = (
+            f"Loss scale collapsed at step {step}: scale {scale!r} ({f32_hex(scale)}); "
+            f"{' and '.join(reasons)}. The gradients are non-finite at almost every step: "
+            "look for NaN/inf in the loss, the inputs or the model, or lower the learning "
+            "rate. Pass on_collapse='raise' to stop instead, max_consecutive_skips=None "
+            "to watch only the scale."
+        )
+        if self.on_collapse == "raise":
+            raise ScaleCollapseError(message)
+        warnings.warn(message, ScaleCollapseWarning, stacklevel=4)

@@ -1,0 +1,180 @@
+"""Which backends exist, how to load them, and how to pick one without importing a framework.
+
+Built-in backends are a table of name -> ``"module:Class"``. Third-party
+backends register the same way through the entry-point group
+``unifiedamp.backends``. Detection reads ``sys.modules`` and the types of the
+objects it is given; it never imports a framework to decide.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import sys
+from typing import Any, NamedTuple
+
+from unifiedamp._isolation import ensure_importable
+
+ENTRY_POINT_GROUP = "unifiedamp.backends"
+
+
+class BackendInfo(NamedTuple):
+    """One row of the backend table.
+
+    Attributes:
+        name: What ``backend=`` accepts.
+        target: ``"module:Class"`` of the scaler class.
+        framework: The distribution whose version ``unifiedamp backends`` reports.
+        modules: Top-level modules that identify the framework in ``sys.modules``
+            and in an object's type.
+        install: What to run when the framework is missing.
+    """
+
+    name: str
+    target: str
+    framework: str
+    modules: tuple[str, ...]
+    install: str
+
+
+BUILTIN: dict[str, BackendInfo] = {
+    "numpy": BackendInfo("numpy", "unifiedamp.backends.numpy:NumpyGradScaler", "numpy",
+                         ("numpy",), "pip install numpy"),
+}
+
+# Frameworks whose backend ships in a later release: detecting them must give a
+# clear answer instead of silently falling back to NumPy.
+_KNOWN_FRAMEWORKS = {
+    "keras": "keras", "tensorflow": "keras", "torch": "torch", "paddle": "paddle",
+    "jax": "jax", "jaxlib": "jax", "optax": "jax", "flax": "jax", "mlx": "mlx",
+}
+
+
+class MissingBackendError(ImportError):
+    """The backend's framework (or the backend itself) cannot be imported.
+
+    Example:
+        >>> issubclass(MissingBackendError, ImportError)
+        True
+    """
+
+
+class UnknownBackendError(ValueError):
+    """``backend=`` names no built-in backend and no registered entry point."""
+
+
+def entry_points() -> dict[str, str]:
+    """Third-party backends: entry-point name -> ``"module:Class"``."""
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def available() -> dict[str, BackendInfo]:
+    """Every known backend, built-in first, then entry points (built-in names win)."""
+    rows = dict(BUILTIN)
+    for name, target in entry_points().items():
+        module = target.partition(":")[0].split(".")[0]
+        rows.setdefault(name, BackendInfo(name, target, module, (module,),
+                                          f"pip install the package that provides {target}"))
+    return rows
+
+
+def _roots_of(obj: Any) -> list[str]:
+    # The MRO, so that a user's subclass of torch.optim.Optimizer defined in
+    # __main__ still identifies torch.
+    return [(klass.__module__ or "").split(".")[0] for klass in type(obj).__mro__]
+
+
+def _backend_for_roots(roots: list[str], rows: dict[str, BackendInfo]) -> str | None:
+    # Keras first: a Keras-on-torch gradient is a torch.Tensor, but a Keras
+    # optimizer or variable always has keras in its MRO.
+    if "keras" in roots:
+        return "keras"
+    for root in roots:
+        for row in rows.values():
+            if root in row.modules:
+                return row.name
+        if root in _KNOWN_FRAMEWORKS:
+            return _KNOWN_FRAMEWORKS[root]
+    return None
+
+
+def _imported_frameworks() -> list[str]:
+    found = []
+    for module, backend in _KNOWN_FRAMEWORKS.items():
+        if module in sys.modules and backend not in found:
+            found.append(backend)
+    if "keras" in found:
+        # Keras imports its own backend framework; that one is Keras's, not the user's.
+        keras_backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+        config = getattr(sys.modules["keras"], "config", None)
+        if config is not None and hasattr(config, "backend"):
+            keras_backend = config.backend()
+        found = [b for b in found if b != _KNOWN_FRAMEWORKS.get(keras_backend)]
+    return found
+
+
+def detect(obj: Any = None) -> str:
+    """Picks a backend name from an object's type, or else from what is imported.
+
+    With ``obj`` (an optimizer, tensor, model...), its type decides. Without,
+    exactly one imported framework decides; none means NumPy; several is an
+    error that asks for ``backend=``.
+
+    Example:
+        >>> import numpy as np
+        >>> detect(np.zeros(3))
+        'numpy'
+    """
+    rows = available()
+    if obj is not None:
+        name = _backend_for_roots(_roots_of(obj), rows)
+        if name is None:
+            raise UnknownBackendError(
+                f"Cannot tell the framework of {type(obj).__module__}.{type(obj).__qualname__}; "
+                f"pass backend= one of {sorted(rows)}"
+            )
+        return name
+    imported = _imported_frameworks()
+    if len(imported) > 1:
+        raise UnknownBackendError(
+            f"Several frameworks are imported ({', '.join(imported)}); pass backend= "
+            f"(one of {sorted(rows)}) or an optimizer/tensor as backend= to choose"
+        )
+    return imported[0] if imported else "numpy"
+
+
+def load(name: str) -> type:
+    """Imports and returns the scaler class of a backend name or ``"module:Class"``.
+
+    Raises:
+        UnknownBackendError: No such backend.
+        MissingBackendError: Its framework is not installed (the message says what to install).
+    """
+    rows = available()
+    if name in rows:
+        row = rows[name]
+    elif ":" in name:
+        module = name.partition(":")[0].split(".")[0]
+        row = BackendInfo(name, name, module, (module,), f"install the package providing {name}")
+    else:
+        if name in _KNOWN_FRAMEWORKS.values():
+            raise UnknownBackendError(
+                f"backend {name!r} is not available in this version of unifiedamp; "
+                f"available: {sorted(rows)}"
+            )
+        raise UnknownBackendError(
+            f"Unknown backend {name!r}; available: {sorted(rows)}, or 'module:Class'"
+        )
+    module_name, _, attr = row.target.partition(":")
+    ensure_importable(row.modules[0])
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise MissingBackendError(
+            f"backend {row.name!r} cannot be imported ({exc}); to use it: {row.install}"
+        ) from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise UnknownBackendError(f"{module_name} has no attribute {attr!r}") from None

@@ -1,0 +1,1 @@
+"""One module per framework; each imports its framework and nothing else does."""

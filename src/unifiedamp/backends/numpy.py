@@ -1,0 +1,418 @@
+"""The NumPy backend: the reference imperative scaler, with torch's verbs.
+
+NumPy has no optimizers, so the backend defines a small protocol. An
+optimizer is any object with:
+
+- ``params``: a list of NumPy arrays;
+- ``grads``: a list of the same length, each a floating-point NumPy array or
+  ``None``, read and unscaled in place by ``unscale_``;
+- ``step()``: applies ``grads`` to ``params``.
+
+:class:`SGD` below is such an optimizer, in a few lines.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from unifiedamp import spec
+from unifiedamp._monitor import CollapseMonitor
+from unifiedamp._scaler import GradScaler
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+__all__ = ["NumpyGradScaler", "SGD"]
+
+
+class SGD:
+    """Stochastic gradient descent with optional momentum, over NumPy arrays.
+
+    The reference optimizer of the NumPy optimizer protocol.
+
+    Example:
+        >>> import numpy as np
+        >>> w = np.ones(2, np.float32)
+        >>> opt = SGD([w], lr=0.5)
+        >>> opt.grads = [np.array([1.0, 2.0], np.float32)]
+        >>> opt.step(); w
+        array([0.5, 0. ], dtype=float32)
+    """
+
+    def __init__(self, params: list[np.ndarray], lr: float = 0.01, momentum: float = 0.0):
+        self.params = list(params)
+        self.grads: list[np.ndarray | None] = [None] * len(self.params)
+        self.lr = lr
+        self.momentum = momentum
+        self.velocity = [np.zeros_like(p) for p in self.params]
+        self.step_count = 0
+
+    def zero_grad(self) -> None:
+        self.grads = [None] * len(self.params)
+
+    def step(self) -> None:
+        for param, grad, velocity in zip(self.params, self.grads, self.velocity, strict=True):
+            if grad is None:
+                continue
+            if self.momentum:
+                velocity *= self.momentum
+                velocity += grad
+                grad = velocity
+            param -= (self.lr * grad).astype(param.dtype)
+        self.step_count += 1
+
+
+class _Stage(enum.Enum):
+    READY = 0
+    UNSCALED = 1
+    STEPPED = 2
+
+
+class _NoInfChecksError(RuntimeError, AssertionError):
+    # torch raises AssertionError here; also a RuntimeError like every other
+    # call-order error, so either except clause catches it.
+    pass
+
+
+def _tree_map(fn: Any, tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _tree_map(fn, v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        mapped = [_tree_map(fn, v) for v in tree]
+        return type(tree)(*mapped) if hasattr(tree, "_fields") else type(tree)(mapped)
+    return fn(tree)
+
+
+def _leaves(tree: Any) -> list[Any]:
+    out: list[Any] = []
+    _tree_map(out.append, tree)
+    return out
+
+
+def _as_float_array(x: Any, what: str) -> np.ndarray:
+    a = np.asarray(x)
+    if not np.issubdtype(a.dtype, np.floating):
+        raise TypeError(f"{what} must hold floating-point values, got dtype {a.dtype}")
+    return a
+
+
+class NumpyGradScaler(GradScaler):
+    """A dynamic loss scaler for NumPy training loops, with ``torch.amp.GradScaler``'s verbs.
+
+    Takes every :class:`unifiedamp.spec.ScalerConfig` parameter (aliases too)
+    plus two collapse-monitoring options.
+
+    Args:
+        *args: ``init_scale, growth_factor, backoff_factor, growth_interval, enabled``.
+        max_consecutive_skips: After this many consecutive skipped iterations,
+            warn once (``None``: only warn when the scale drops below float32's
+            smallest normal number).
+        on_collapse: ``"warn"`` or ``"raise"`` when the scale collapses.
+        **kwargs: The other config parameters, by canonical name or alias.
+
+    Attributes:
+        last_step_skipped: Whether the last ``step()`` skipped ``optimizer.step()``.
+        num_steps: ``step()`` calls made while enabled.
+        num_skipped_steps: Of those, how many skipped the optimizer.
+
+    Example:
+        >>> import numpy as np
+        >>> from unifiedamp.backends.numpy import NumpyGradScaler, SGD
+        >>> w = np.zeros(3, np.float32)
+        >>> opt = SGD([w], lr=0.1)
+        >>> scaler = NumpyGradScaler(1024.0, growth_interval=2)
+        >>> loss_grad = np.ones(3, np.float32)           # d(loss)/dw
+        >>> opt.grads = [scaler.scale(loss_grad)]        # as if backpropagated from scale(loss)
+        >>> scaler.step(opt); scaler.update()
+        >>> w, scaler.get_scale(), scaler.last_step_skipped
+        (array([-0.1, -0.1, -0.1], dtype=float32), 1024.0, False)
+        >>> opt.grads = [np.array([np.inf, 0, 0], np.float32)]
+        >>> scaler.step(opt); scaler.update()
+        >>> w, scaler.get_scale(), scaler.last_step_skipped
+        (array([-0.1, -0.1, -0.1], dtype=float32), 512.0, True)
+    """
+
+    backend = "numpy"
+
+    def __init__(
+        self,
+        *args: Any,
+        max_consecutive_skips: int | None = 100,
+        on_collapse: str = "warn",
+        **kwargs: Any,
+    ):
+        self._config = spec.config_from_args(
+            args, kwargs, extra_names=("max_consecutive_skips", "on_collapse", "backend")
+        )
+        self._monitor = CollapseMonitor(max_consecutive_skips, on_collapse)
+        self._state = ScalerState.initial(self._config)
+        self._stages: dict[int, _Stage] = {}
+        # Every unscale check since the last update: optimizer id -> found_inf,
+        # plus the checks of the functional unscale().
+        self._found_inf: dict[int, bool] = {}
+        self._functional_found_inf: list[bool] = []
+        self._updates = 0
+        self.last_step_skipped = False
+        self.num_steps = 0
+        self.num_skipped_steps = 0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._state}, {self._config})"
+
+    # ------------------------------------------------------------ state and config
+
+    @property
+    def config(self) -> ScalerConfig:
+        return self._config
+
+    @property
+    def state(self) -> ScalerState:
+        return self._state
+
+    def is_enabled(self) -> bool:
+        return self._config.enabled
+
+    def get_scale(self) -> float:
+        """The current scale; 1.0 when disabled, as in torch."""
+        return self._state.scale if self._config.enabled else 1.0
+
+    def get_growth_factor(self) -> float:
+        return self._config.growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._config = self._config.replace(growth_factor=new_factor)
+
+    def get_backoff_factor(self) -> float:
+        return self._config.backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._config = self._config.replace(backoff_factor=new_factor)
+
+    def get_growth_interval(self) -> int:
+        return self._config.growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        """Changes the interval; a tracker already past it grows on the next finite update."""
+        self._config = self._config.replace(growth_interval=new_interval)
+
+    def get_hysteresis(self) -> int:
+        return self._config.hysteresis
+
+    def set_hysteresis(self, new_hysteresis: int) -> None:
+        self._config = self._config.replace(hysteresis=new_hysteresis)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The canonical dict; a disabled scaler returns it too, with ``enabled`` False.
+
+        Example:
+            >>> NumpyGradScaler(8.0).state_dict()["scale"]
+            8.0
+        """
+        return spec.to_state_dict(self._config, self._state, self.backend)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores config and state from a canonical dict of any backend or a native one.
+
+        ``enabled`` stays as this scaler was built: whether to scale at all is a
+        property of the run (device, dtype), not of the checkpoint. A dict that
+        fails validation raises and leaves the scaler unchanged.
+
+        Example:
+            >>> a, b = NumpyGradScaler(8.0), NumpyGradScaler()
+            >>> b.load_state_dict(a.state_dict()); b.get_scale()
+            8.0
+        """
+        config, state = spec.parse_state_dict(state_dict, base=self._config)
+        self._config = config.replace(enabled=self._config.enabled)
+        self._state = state
+
+    # ------------------------------------------------------------ the verbs
+
+    def scale(self, outputs: Any) -> Any:
+        """Multiplies outputs (an array, a float, or a list/tuple/dict of them) by the scale.
+
+        Each array keeps its dtype: the product is taken in at least float32 and
+        cast back, so a float16 loss that overflows when scaled becomes inf.
+
+        Example:
+            >>> import numpy as np
+            >>> NumpyGradScaler(4.0).scale({"loss": np.float16(0.5)})
+            {'loss': np.float16(2.0)}
+        """
+        if not self._config.enabled:
+            return outputs
+        factor = np.float32(self._state.scale)
+
+        def scale_one(x: Any) -> Any:
+            if isinstance(x, float):
+                return x * float(factor)
+            a = _as_float_array(x, "scale() input")
+            # Overflow to inf is what loss scaling detects, not an error.
+            with np.errstate(over="ignore"):
+                out = (a * factor).astype(a.dtype, copy=False)
+            return out if isinstance(x, np.ndarray) else out[()]
+
+        return _tree_map(scale_one, outputs)
+
+    def _inv_scale(self) -> np.float32:
+        # The reciprocal in float64, rounded once: what torch does, so that
+        # unscaled gradients match torch's bit for bit.
+        return np.float32(1.0 / self._state.scale)
+
+    def unscale(self, grads: Any) -> tuple[Any, bool]:
+        """Functional unscale: returns ``(unscaled copy of grads, all finite)``.
+
+        The check counts towards the next ``update()`` like an ``unscale_`` call.
+
+        Example:
+            >>> import numpy as np
+            >>> s = NumpyGradScaler(4.0)
+            >>> s.unscale([np.array([8.0], np.float32)])
+            ([array([2.], dtype=float32)], True)
+        """
+        if not self._config.enabled:
+            return grads, True
+        inv = self._inv_scale()
+        finite = True
+
+        def unscale_one(g: Any) -> Any:
+            nonlocal finite
+            a = _as_float_array(g, "unscale() input")
+            finite = finite and bool(np.isfinite(a).all())
+            with np.errstate(over="ignore", invalid="ignore"):
+                out = (a * inv).astype(a.dtype, copy=False)
+            return out if isinstance(g, np.ndarray) else out[()]
+
+        out = _tree_map(unscale_one, grads)
+        self._functional_found_inf.append(not finite)
+        return out, finite
+
+    def _grads_of(self, optimizer: Any) -> list[np.ndarray]:
+        missing = [a for a in ("params", "grads", "step") if not hasattr(optimizer, a)]
+        if missing:
+            raise TypeError(
+                f"the numpy backend needs an optimizer with .params, .grads (lists of numpy "
+                f"arrays) and .step(); {type(optimizer).__name__} has no {', '.join(missing)}"
+            )
+        grads = []
+        for i, g in enumerate(optimizer.grads):
+            if g is None:
+                continue
+            if not isinstance(g, np.ndarray) or not np.issubdtype(g.dtype, np.floating):
+                raise TypeError(
+                    f"optimizer.grads[{i}] must be a floating-point numpy array (it is "
+                    f"unscaled in place), got {type(g).__name__}"
+                )
+            grads.append(g)
+        return grads
+
+    def unscale_(self, optimizer: Any) -> None:
+        """Divides the optimizer's gradients by the scale in place and records inf/NaN.
+
+        Call it before clipping gradients; ``step`` then does not unscale again.
+        """
+        if not self._config.enabled:
+            return
+        stage = self._stages.get(id(optimizer), _Stage.READY)
+        if stage is _Stage.UNSCALED:
+            raise RuntimeError(
+                "unscale_() has already been called on this optimizer since the last update()."
+            )
+        if stage is _Stage.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        grads = self._grads_of(optimizer)
+        inv = self._inv_scale()
+        found_inf = False
+        for g in grads:
+            # Checked before unscaling, as torch's kernel does: the spec's
+            # found_inf is about the gradients backpropagated from the scaled loss.
+            found_inf = found_inf or not bool(np.isfinite(g).all())
+            np.multiply(g, inv, out=g, casting="same_kind")
+        if grads:
+            self._found_inf[id(optimizer)] = found_inf
+        self._stages[id(optimizer)] = _Stage.UNSCALED
+
+    def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        """Unscales (unless ``unscale_`` was called) and steps unless a gradient is inf/NaN.
+
+        Returns what ``optimizer.step`` returned, or ``None`` when skipped;
+        ``last_step_skipped`` tells which.
+        """
+        if not self._config.enabled:
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        stage = self._stages.get(id(optimizer), _Stage.READY)
+        if stage is _Stage.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        if stage is _Stage.READY:
+            self.unscale_(optimizer)
+        if id(optimizer) not in self._found_inf:
+            raise _NoInfChecksError("No inf checks were recorded for this optimizer.")
+        skipped = self._found_inf[id(optimizer)]
+        retval = None if skipped else optimizer.step(*args, **kwargs)
+        self._stages[id(optimizer)] = _Stage.STEPPED
+        self.last_step_skipped = skipped
+        self.num_steps += 1
+        self.num_skipped_steps += int(skipped)
+        return retval
+
+    def update(self, new_scale: float | np.ndarray | None = None) -> None:
+        """Adapts the scale from every check since the last update, per the spec.
+
+        ``new_scale`` (a float or a one-element array, finite and > 0) sets the
+        scale instead, leaving the trackers as they are, as torch does.
+        """
+        if not self._config.enabled:
+            return
+        if new_scale is not None:
+            value = np.asarray(new_scale)
+            if value.size != 1 or not isinstance(value.item(), numbers.Real):
+                raise TypeError(
+                    f"new_scale must be a float or a 1-element array, got {new_scale!r}"
+                )
+            value = spec.f32(float(value.item()))
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(
+                    f"new_scale must be finite and > 0 in float32, got {new_scale!r}"
+                )
+            self._state = self._state._replace(scale=value)
+        else:
+            checks = [*self._found_inf.values(), *self._functional_found_inf]
+            if not checks:
+                raise _NoInfChecksError("No inf checks were recorded prior to update.")
+            found_inf = any(checks)
+            self._state = spec.update(self._config, self._state, found_inf)
+            self._updates += 1
+        self._stages.clear()
+        self._found_inf.clear()
+        self._functional_found_inf.clear()
+        if new_scale is None:
+            self._monitor.observe(self._updates, self._state.scale, found_inf)
+
+    # ------------------------------------------------------------ tooling
+
+    @classmethod
+    def devices(cls) -> list[str]:
+        """Where this backend computes (``unifiedamp backends``)."""
+        return ["cpu"]
+
+    @classmethod
+    def conformance_adapter(cls) -> Any:
+        """How the conformance suite drives this backend: SGD on one float32 parameter."""
+        from unifiedamp.conformance import ImperativeAdapter
+
+        def make_problem() -> tuple[SGD, Any]:
+            opt = SGD([np.zeros(4, np.float32)], lr=0.1)
+
+            def set_grads(kind: str) -> None:
+                grad = np.full(4, 0.5, np.float32)
+                grad[1] = {"F": 0.5, "I": np.inf, "N": np.nan}[kind]
+                opt.grads = [grad]
+
+            return opt, set_grads
+
+        return ImperativeAdapter(cls, make_problem)

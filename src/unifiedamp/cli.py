@@ -1,0 +1,242 @@
+"""The ``unifiedamp`` command: ``backends``, ``spec`` and ``conformance``.
+
+Anything that imports a framework runs in a subprocess of its own, one per
+backend, so that frameworks that cannot share a process (tensorflow then
+paddle segfaults) never do, and a crash in one backend is reported, not fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import subprocess
+import sys
+from typing import Any
+
+from unifiedamp import __version__, _registry, spec
+
+_WORKER_TIMEOUT_S = 600
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _worker(task: str, name: str) -> dict[str, Any]:
+    """Runs in the subprocess: imports one backend and reports on it as JSON."""
+    try:
+        cls = _registry.load(name)
+    except ImportError as exc:
+        return {"backend": name, "status": "not installed", "detail": str(exc)}
+    if task == "info":
+        return {"backend": name, "status": "ok", "devices": list(cls.devices())}
+    from unifiedamp.conformance import run_vector
+
+    adapter = cls.conformance_adapter()
+    results = {}
+    for vector in spec.VECTORS:
+        try:
+            divergence = run_vector(adapter, vector)
+        except Exception as exc:  # a crash in one vector must not hide the others
+            results[vector.name] = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
+            continue
+        if divergence is None:
+            results[vector.name] = {"status": "pass"}
+        else:
+            results[vector.name] = {"status": "diverged", "step": divergence.step,
+                                    "detail": str(divergence)}
+    return {"backend": name, "status": "ok", "vectors": results}
+
+
+def _in_subprocess(task: str, name: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "unifiedamp.cli", "_worker", task, name]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_WORKER_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"backend": name, "status": "error",
+                "detail": f"timed out after {_WORKER_TIMEOUT_S} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"backend": name, "status": "error",
+                "detail": f"worker exited with {proc.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+# --------------------------------------------------------------------------- backends
+
+
+def _framework_version(row: _registry.BackendInfo) -> str | None:
+    try:
+        return importlib.metadata.version(row.framework)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def backends_report() -> list[dict[str, Any]]:
+    """One dict per known backend: installed or not, framework version, devices, install hint."""
+    report = []
+    for name, row in _registry.available().items():
+        installed = importlib.util.find_spec(row.modules[0]) is not None
+        entry = {"backend": name, "installed": installed, "framework": row.framework,
+                 "version": _framework_version(row), "devices": [], "install": row.install}
+        if installed:
+            info = _in_subprocess("info", name)
+            entry["devices"] = info.get("devices", [])
+            if info["status"] != "ok":
+                entry["installed"] = info["status"] != "not installed"
+                entry["error"] = info.get("detail")
+        report.append(entry)
+    return report
+
+
+def _cmd_backends(args: argparse.Namespace) -> int:
+    report = backends_report()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    rows = [("backend", "installed", "framework", "devices", "install")]
+    for e in report:
+        framework = f"{e['framework']} {e['version'] or ''}".strip()
+        rows.append((e["backend"], "yes" if e["installed"] else "no", framework,
+                     ", ".join(e["devices"]) or "-", e["install"]))
+    _print_table(rows)
+    return 0
+
+
+# --------------------------------------------------------------------------- spec
+
+
+def spec_markdown(doc: dict[str, Any]) -> str:
+    """Renders :func:`unifiedamp.spec.spec_document` as Markdown tables."""
+    out = [f"# unifiedamp loss-scaling spec, version {doc['spec_version']}", "",
+           "## Parameters", "",
+           "| name | default | positional | valid values | aliases |",
+           "|---|---|---|---|---|"]
+    for p in doc["parameters"]:
+        aliases = ", ".join(f"`{a}`" for a in p["aliases"]) or "-"
+        out.append(f"| `{p['name']}` | `{p['default']!r}` | {'yes' if p['positional'] else 'no'} "
+                   f"| {p['valid']} | {aliases} |")
+    frameworks = doc["frameworks"]
+    out += ["", "## Per-framework names (name / default / expressible natively)", "",
+            "| canonical | " + " | ".join(f"{fw} (`{v['api']}`)" for fw, v in frameworks.items())
+            + " |", "|---" * (len(frameworks) + 1) + "|"]
+    for p in doc["parameters"]:
+        cells = []
+        for fw in frameworks.values():
+            name = fw["names"].get(p["name"])
+            default = fw["defaults"].get(p["name"], "-")
+            cells.append(f"{'`' + name + '`' if name else '-'} / {default} / "
+                         f"{fw['native'][p['name']]}")
+        out.append(f"| `{p['name']}` | " + " | ".join(cells) + " |")
+    state = doc["state_format"]
+    out += ["", "## state_dict", "",
+            f"format `{state['format']}`, version {state['version']}, keys: "
+            + ", ".join(f"`{k}`" for k in state["keys"]), "",
+            "## Test vectors", "", "| name | config | steps | scales |", "|---|---|---|---|"]
+    for v in doc["vectors"]:
+        changes = f" changes {v['changes']}" if v["changes"] else ""
+        out.append(f"| {v['name']} | `{v['config']}`{changes} | `{v['steps']}` | "
+                   + " ".join(f"{s:g}" for s in v["scales"]) + " |")
+    return "\n".join(out)
+
+
+def _cmd_spec(args: argparse.Namespace) -> int:
+    doc = spec.spec_document()
+    print(json.dumps(doc, indent=2) if args.format == "json" else spec_markdown(doc))
+    return 0
+
+
+# --------------------------------------------------------------------------- conformance
+
+
+def conformance_report(names: list[str]) -> dict[str, Any]:
+    """Runs the vectors on each backend, each in its own subprocess."""
+    results = {}
+    for name in names:
+        row = _registry.available().get(name)
+        if row is not None and importlib.util.find_spec(row.modules[0]) is None:
+            results[name] = {"backend": name, "status": "not installed", "detail": row.install}
+        else:
+            results[name] = _in_subprocess("conformance", name)
+    failed = any(r["status"] == "error" or any(v["status"] != "pass"
+                 for v in r.get("vectors", {}).values()) for r in results.values())
+    return {"unifiedamp": __version__, "spec_version": spec.SPEC_VERSION,
+            "passed": not failed, "backends": results}
+
+
+def _cmd_conformance(args: argparse.Namespace) -> int:
+    names = args.backend or list(_registry.available())
+    report = conformance_report(names)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0 if report["passed"] else 1
+    rows = [("vector", *names)]
+    for vector in spec.VECTORS:
+        cells = []
+        for name in names:
+            r = report["backends"][name]
+            v = r.get("vectors", {}).get(vector.name)
+            if v is None:
+                cells.append(r["status"])
+            elif v["status"] == "diverged":
+                cells.append(f"diverged at step {v['step']}")
+            else:
+                cells.append(v["status"])
+        rows.append((vector.name, *cells))
+    print(f"unifiedamp {__version__} conformance, spec version {spec.SPEC_VERSION}")
+    _print_table(rows)
+    for name in names:
+        r = report["backends"][name]
+        if r["status"] != "ok":
+            print(f"\n{name}: {r['status']}: {r.get('detail', '')}")
+        for v in r.get("vectors", {}).values():
+            if v["status"] != "pass":
+                print(f"\n{name}: {v['detail']}")
+    print("\nresult:", "PASS" if report["passed"] else "FAIL")
+    return 0 if report["passed"] else 1
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    for j, row in enumerate(rows):
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="unifiedamp", description="One dynamic loss scaler for every framework.")
+    parser.add_argument("--version", action="version", version=f"unifiedamp {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("backends", help="list backends: installed, version, devices")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_cmd_backends)
+    p = sub.add_parser("spec", help="print the specification")
+    p.add_argument("--format", choices=["json", "markdown"], default="markdown")
+    p.set_defaults(func=_cmd_spec)
+    p = sub.add_parser("conformance", help="run the spec's vectors on every installed backend")
+    p.add_argument("--backend", action="append",
+                   help="a backend name or module:Class (repeatable; default: all known)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_conformance)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``unifiedamp`` console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_worker"]:
+        print(json.dumps(_worker(argv[1], argv[2])))
+        return 0
+    args = _parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

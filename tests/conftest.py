@@ -1,0 +1,45 @@
+"""Lets tests of every framework share one pytest process without crashing it.
+
+Tests that import a framework carry ``@pytest.mark.framework("name")`` and
+import it inside the test (never at module level, so collection imports
+nothing). Items are reordered so that frameworks which crash when imported
+after another one (paddle after tensorflow) run first.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from unifiedamp._isolation import import_rank
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "framework(name): the test imports this framework; ordered for import safety"
+    )
+
+
+def _framework_of(item: pytest.Item) -> str | None:
+    marker = item.get_closest_marker("framework")
+    return marker.args[0] if marker else None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A stable sort keeps each file's own order within a rank.
+    items.sort(key=lambda item: import_rank(_framework_of(item) or ""))
+
+
+@pytest.fixture
+def run_python():
+    """Runs Python code in a fresh interpreter (for import-time and CLI behaviour)."""
+
+    def run(code: str, timeout: float = 300, env: dict | None = None):
+        full_env = {**os.environ, **(env or {})}
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=timeout, env=full_env)
+
+    return run

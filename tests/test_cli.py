@@ -1,0 +1,133 @@
+"""The unifiedamp command: backends, spec, conformance."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from unifiedamp import spec
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "unifiedamp.cli", *args], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **(env or {})})
+
+
+def test_console_script_is_installed():
+    bindir = os.path.dirname(sys.executable)
+    proc = subprocess.run([os.path.join(bindir, "unifiedamp"), "--version"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("unifiedamp ")
+
+
+def test_conformance_prints_a_matrix_with_numpy_passing():
+    proc = cli("conformance")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("vector"))
+    assert header.split() == ["vector", "numpy"]
+    for vector in spec.VECTORS:
+        row = next(line for line in lines if line.startswith(vector.name + " "))
+        assert row.split()[1:] == ["pass"], row
+    assert lines[-1] == "result: PASS"
+
+
+@pytest.fixture
+def broken_backend(tmp_path):
+    (tmp_path / "brokenscaler.py").write_text(textwrap.dedent("""
+        from unifiedamp.backends.numpy import NumpyGradScaler
+
+        class NeverBacksOff(NumpyGradScaler):
+            def update(self, new_scale=None):
+                self._found_inf = {k: False for k in self._found_inf}
+                super().update(new_scale)
+    """))
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+def test_conformance_reports_the_diverging_step_and_fails(broken_backend):
+    proc = cli("conformance", "--backend", "numpy", "--backend",
+               "brokenscaler:NeverBacksOff", env=broken_backend)
+    assert proc.returncode == 1
+    out = proc.stdout
+    row = next(line for line in out.splitlines() if line.startswith("backoff_resets_growth "))
+    assert row.split()[1:] == ["pass", "diverged", "at", "step", "1"]
+    assert ("brokenscaler:NeverBacksOff: backoff_resets_growth: diverged at step 1: expected "
+            "scale 512.0 (0x44000000), growth_tracker 0, hysteresis_tracker 0; got scale 1024.0 "
+            "(0x44800000), growth_tracker 1") in out
+    assert out.splitlines()[-1] == "result: FAIL"
+
+
+def test_conformance_json_report(broken_backend):
+    proc = cli("conformance", "--json", "--backend", "numpy", "--backend",
+               "brokenscaler:NeverBacksOff", "--backend", "nosuchmodule:Scaler",
+               env=broken_backend)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and report["passed"] is False
+    assert report["spec_version"] == spec.SPEC_VERSION
+    numpy_results = report["backends"]["numpy"]["vectors"]
+    assert set(numpy_results) == {v.name for v in spec.VECTORS}
+    assert all(v["status"] == "pass" for v in numpy_results.values())
+    broken = report["backends"]["brokenscaler:NeverBacksOff"]["vectors"]
+    assert broken["growth_on_nth_finite"]["status"] == "pass"
+    # the hysteresis tracker already differs at step 1, before any scale does
+    assert broken["hysteresis_two"] == {**broken["hysteresis_two"], "status": "diverged",
+                                        "step": 1}
+    missing = report["backends"]["nosuchmodule:Scaler"]
+    assert missing["status"] == "not installed" and "nosuchmodule" in missing["detail"]
+
+
+def test_a_crashing_backend_is_reported_not_fatal(tmp_path):
+    (tmp_path / "crashscaler.py").write_text(textwrap.dedent("""
+        import os
+        from unifiedamp.backends.numpy import NumpyGradScaler
+
+        class Crash(NumpyGradScaler):
+            @classmethod
+            def conformance_adapter(cls):
+                os.abort()
+    """))
+    proc = cli("conformance", "--backend", "crashscaler:Crash", "--backend", "numpy",
+               env={"PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 1
+    assert "crashscaler:Crash: error: worker exited with -6" in proc.stdout
+    assert "growth_on_nth_finite" in proc.stdout and "pass" in proc.stdout
+
+
+def test_backends_lists_each_backend_with_version_devices_and_install_hint():
+    proc = cli("backends")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["backend", "installed", "framework", "devices", "install"]
+    numpy_row = next(line for line in lines if line.startswith("numpy "))
+    assert numpy_row.split()[:4] == ["numpy", "yes", "numpy", __import__("numpy").__version__]
+    assert "cpu" in numpy_row and "pip install numpy" in numpy_row
+    report = json.loads(cli("backends", "--json").stdout)
+    assert report[0] == {**report[0], "backend": "numpy", "installed": True, "devices": ["cpu"]}
+
+
+def test_spec_json_is_the_spec_document():
+    proc = cli("spec", "--format", "json")
+    doc = json.loads(proc.stdout)
+    assert doc == json.loads(json.dumps(spec.spec_document()))
+    assert doc["schema"] == "unifiedamp.spec" and doc["spec_version"] == spec.SPEC_VERSION
+    assert doc["frameworks"]["paddle"]["names"]["growth_interval"] == "incr_every_n_steps"
+
+
+def test_spec_markdown_prints_the_tables():
+    out = cli("spec", "--format", "markdown").stdout
+    assert "| `init_scale` | `65536.0` | yes | a finite number > 0 that float32 can hold |" in out
+    assert ("| `growth_interval` | `growth_interval` / 2000 / any | `incr_every_n_steps` / 1000"
+            in out)
+    assert "| hysteresis_two |" in out
+    assert out == cli("spec").stdout  # markdown is the default
+
+
+def test_unknown_command_exits_with_usage():
+    proc = cli("frobnicate")
+    assert proc.returncode == 2 and "invalid choice: 'frobnicate'" in proc.stderr
