@@ -31,3 +31,30 @@ def test_readme_test_command_is_what_ci_runs():
     assert commands[1] in ci
     install = commands[0].split(" && ")
     assert install[-1] == ".venv/bin/unifiedamp conformance" and install[-1] in ci
+
+
+def test_worked_third_party_example_passes_the_suite(tmp_path):
+    import subprocess
+    import sys
+
+    ini = tmp_path / "pytest.ini"
+    ini.write_text("[pytest]\n")
+    examples = ROOT / "docs" / "examples"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ini), "--rootdir",
+                           str(examples), "-p", "no:cacheprovider", "-q",
+                           "--unifiedamp-max-examples", "50", str(examples)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "TestMyScaler: backend myscaler (numpy" in proc.stdout
+
+
+def test_spec_schema_doc_names_every_key_of_the_spec_document():
+    from unifiedamp import spec
+
+    doc = spec.spec_document()
+    table = (ROOT / "docs" / "spec-schema.md").read_text()
+    keys = set(doc) | {f"parameters[].{k}" for k in doc["parameters"][0]}
+    keys |= {f"vectors[].{k}" for k in doc["vectors"][0]}
+    keys |= {f"frameworks.<fw>.{k}" for k in doc["frameworks"]["torch"]}
+    for key in keys:
+        assert f"| `{key}` |" in table, f"{key} is not documented in docs/spec-schema.md"

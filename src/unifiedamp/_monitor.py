@@ -56,11 +56,17 @@ class CollapseMonitor:
         """Records one update: ``step`` counts updates from 1, ``scale`` is the new scale."""
         self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
         reasons = []
-        if scale < FLOAT32_MIN_NORMAL:
-            reasons.append(f"it is below float32's smallest normal number {FLOAT32_MIN_NORMAL:.8g}")
         limit = self.max_consecutive_skips
         if limit is not None and self.consecutive_skips >= limit:
-            reasons.append(f"the last {self.consecutive_skips} steps were all skipped")
+            reasons.append(
+                f"the gradients were inf/NaN at each of the last {self.consecutive_skips} steps, "
+                "so none of them trained: look for NaN/inf in the loss, the inputs or the "
+                "model, or lower the learning rate")
+        if scale < FLOAT32_MIN_NORMAL:
+            reasons.append(
+                f"it is below float32's smallest normal number {FLOAT32_MIN_NORMAL:.8g}, so "
+                "scaled values lose precision: usually the result of many skipped steps; "
+                "set min_scale to keep a floor")
         if not reasons:
             self._reported = False
             return
@@ -69,10 +75,8 @@ class CollapseMonitor:
         self._reported = True
         message = (
             f"Loss scale collapsed at step {step}: scale {scale!r} ({f32_hex(scale)}); "
-            f"{' and '.join(reasons)}. The gradients are non-finite at almost every step: "
-            "look for NaN/inf in the loss, the inputs or the model, or lower the learning "
-            "rate. Pass on_collapse='raise' to stop instead, max_consecutive_skips=None "
-            "to watch only the scale."
+            f"{'; and '.join(reasons)}. (on_collapse='raise' stops training instead; "
+            "max_consecutive_skips=None watches only the scale.)"
         )
         if self.on_collapse == "raise":
             raise ScaleCollapseError(message)

@@ -1,8 +1,9 @@
 """The ``unifiedamp`` command: ``backends``, ``spec`` and ``conformance``.
 
 Anything that imports a framework runs in a subprocess of its own, one per
-backend, so that frameworks that cannot share a process (tensorflow then
-paddle segfaults) never do, and a crash in one backend is reported, not fatal.
+backend (``conformance`` runs the shipped pytest suite there), so that
+frameworks that cannot share a process (tensorflow then paddle segfaults)
+never do, and a crash in one backend is reported, not fatal.
 """
 
 from __future__ import annotations
@@ -11,8 +12,11 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import os
+import re
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 from unifiedamp import __version__, _registry, spec
@@ -23,34 +27,17 @@ _WORKER_TIMEOUT_S = 600
 # --------------------------------------------------------------------------- workers
 
 
-def _worker(task: str, name: str) -> dict[str, Any]:
-    """Runs in the subprocess: imports one backend and reports on it as JSON."""
+def _worker(name: str) -> dict[str, Any]:
+    """Runs in the subprocess: imports one backend and reports its devices as JSON."""
     try:
         cls = _registry.load(name)
     except ImportError as exc:
         return {"backend": name, "status": "not installed", "detail": str(exc)}
-    if task == "info":
-        return {"backend": name, "status": "ok", "devices": list(cls.devices())}
-    from unifiedamp.conformance import run_vector
-
-    adapter = cls.conformance_adapter()
-    results = {}
-    for vector in spec.VECTORS:
-        try:
-            divergence = run_vector(adapter, vector)
-        except Exception as exc:  # a crash in one vector must not hide the others
-            results[vector.name] = {"status": "error", "detail": f"{type(exc).__name__}: {exc}"}
-            continue
-        if divergence is None:
-            results[vector.name] = {"status": "pass"}
-        else:
-            results[vector.name] = {"status": "diverged", "step": divergence.step,
-                                    "detail": str(divergence)}
-    return {"backend": name, "status": "ok", "vectors": results}
+    return {"backend": name, "status": "ok", "devices": list(cls.devices())}
 
 
-def _in_subprocess(task: str, name: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "unifiedamp.cli", "_worker", task, name]
+def _info_in_subprocess(name: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "unifiedamp.cli", "_worker", name]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_WORKER_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -58,10 +45,14 @@ def _in_subprocess(task: str, name: str) -> dict[str, Any]:
                 "detail": f"timed out after {_WORKER_TIMEOUT_S} s"}
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"backend": name, "status": "error",
-                "detail": f"worker exited with {proc.returncode}: {tail}"}
+                "detail": f"worker exited with {proc.returncode}: {_last_line(proc)}"}
     return json.loads(lines[-1])
+
+
+def _last_line(proc: subprocess.CompletedProcess) -> str:
+    lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+    return lines[-1] if lines else "no output"
 
 
 # --------------------------------------------------------------------------- backends
@@ -82,7 +73,7 @@ def backends_report() -> list[dict[str, Any]]:
         entry = {"backend": name, "installed": installed, "framework": row.framework,
                  "version": _framework_version(row), "devices": [], "install": row.install}
         if installed:
-            info = _in_subprocess("info", name)
+            info = _info_in_subprocess(name)
             entry["devices"] = info.get("devices", [])
             if info["status"] != "ok":
                 entry["installed"] = info["status"] != "not installed"
@@ -151,49 +142,96 @@ def _cmd_spec(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- conformance
 
 
-def conformance_report(names: list[str]) -> dict[str, Any]:
-    """Runs the vectors on each backend, each in its own subprocess."""
+def run_suite(name: str, max_examples: int | None = None) -> dict[str, Any]:
+    """Runs the shipped pytest suite on one backend in a subprocess; its JSON report."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ini, out = os.path.join(tmp, "pytest.ini"), os.path.join(tmp, "report.json")
+        with open(ini, "w") as f:
+            f.write("[pytest]\n")  # keeps any project's pytest config out of the run
+        cmd = [sys.executable, "-m", "pytest", "-c", ini, "--rootdir", tmp, "-q",
+               "-p", "no:cacheprovider", "--pyargs", "unifiedamp.conformance",
+               "--unifiedamp-backend", name, "--unifiedamp-json", out]
+        if max_examples is not None:
+            cmd += ["--unifiedamp-max-examples", str(max_examples)]
+        try:
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True,
+                                  timeout=_WORKER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            return {"status": "error", "detail": f"timed out after {_WORKER_TIMEOUT_S} s"}
+        if not os.path.exists(out):
+            return {"status": "error",
+                    "detail": f"pytest exited with {proc.returncode}: {_last_line(proc)}"}
+        with open(out) as f:
+            report = json.load(f)
+    report.setdefault("status", "ok")
+    return report
+
+
+def _failed(result: dict[str, Any]) -> bool:
+    return result["status"] == "error" or any(
+        t["outcome"] in ("failed", "error", "xpassed") for t in result.get("tests", {}).values())
+
+
+def conformance_report(names: list[str], max_examples: int | None = None) -> dict[str, Any]:
+    """Runs the conformance suite on each backend, each in its own subprocess."""
     results = {}
     for name in names:
         row = _registry.available().get(name)
         if row is not None and importlib.util.find_spec(row.modules[0]) is None:
-            results[name] = {"backend": name, "status": "not installed", "detail": row.install}
+            results[name] = {"status": "not installed", "detail": row.install}
         else:
-            results[name] = _in_subprocess("conformance", name)
-    failed = any(r["status"] == "error" or any(v["status"] != "pass"
-                 for v in r.get("vectors", {}).values()) for r in results.values())
+            results[name] = run_suite(name, max_examples)
     return {"unifiedamp": __version__, "spec_version": spec.SPEC_VERSION,
-            "passed": not failed, "backends": results}
+            "passed": not any(_failed(r) for r in results.values()), "backends": results}
+
+
+_CELL = {"passed": "pass", "failed": "FAIL", "error": "ERROR", "skipped": "skip",
+         "xfailed": "xfail", "xpassed": "XPASS"}
+
+
+def _cell(result: dict[str, Any], test: str) -> str:
+    if result["status"] != "ok":
+        return result["status"]
+    t = result["tests"].get(test)
+    if t is None:
+        return "-"
+    step = re.search(r"diverged at step (\d+)", t["detail"])
+    return f"FAIL at step {step.group(1)}" if t["outcome"] == "failed" and step else _CELL[
+        t["outcome"]]
 
 
 def _cmd_conformance(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("pytest") is None or importlib.util.find_spec("hypothesis") is None:
+        print("unifiedamp conformance runs a pytest suite: pip install 'unifiedamp[conformance]'",
+              file=sys.stderr)
+        return 2
     names = args.backend or list(_registry.available())
-    report = conformance_report(names)
+    report = conformance_report(names, args.max_examples)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0 if report["passed"] else 1
-    rows = [("vector", *names)]
-    for vector in spec.VECTORS:
-        cells = []
-        for name in names:
-            r = report["backends"][name]
-            v = r.get("vectors", {}).get(vector.name)
-            if v is None:
-                cells.append(r["status"])
-            elif v["status"] == "diverged":
-                cells.append(f"diverged at step {v['step']}")
-            else:
-                cells.append(v["status"])
-        rows.append((vector.name, *cells))
+    tests: list[str] = []
+    for r in report["backends"].values():
+        tests += [t for t in r.get("tests", {}) if t not in tests]
     print(f"unifiedamp {__version__} conformance, spec version {spec.SPEC_VERSION}")
-    _print_table(rows)
+    reasons = {}
+    _print_table([("test", *names)]
+                 + [(t, *(_cell(report["backends"][n], t) for n in names)) for t in tests])
     for name in names:
         r = report["backends"][name]
         if r["status"] != "ok":
             print(f"\n{name}: {r['status']}: {r.get('detail', '')}")
-        for v in r.get("vectors", {}).values():
-            if v["status"] != "pass":
-                print(f"\n{name}: {v['detail']}")
+            continue
+        for test, t in r["tests"].items():
+            first_line = t["detail"].splitlines()[0] if t["detail"] else ""
+            if t["outcome"] in ("failed", "error", "xpassed"):
+                print(f"\n{name}: {test}: {first_line}")
+            elif t["outcome"] in ("skipped", "xfailed"):
+                reasons.setdefault(f"{name}: {t['outcome']}: {first_line}", test)
+        for e in r.get("unmatched_xfails", []):
+            print(f"\n{name}: xfail entry matched no test: {e['where']}: {e['pattern']}")
+    for reason in reasons:
+        print(f"\n{reason}")
     print("\nresult:", "PASS" if report["passed"] else "FAIL")
     return 0 if report["passed"] else 1
 
@@ -220,9 +258,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("spec", help="print the specification")
     p.add_argument("--format", choices=["json", "markdown"], default="markdown")
     p.set_defaults(func=_cmd_spec)
-    p = sub.add_parser("conformance", help="run the spec's vectors on every installed backend")
+    p = sub.add_parser("conformance", help="run the conformance suite on every installed backend")
     p.add_argument("--backend", action="append",
                    help="a backend name or module:Class (repeatable; default: all known)")
+    p.add_argument("--max-examples", type=int, default=None,
+                   help="hypothesis examples per property (default 200)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_conformance)
     return parser
@@ -232,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``unifiedamp`` console script."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_worker"]:
-        print(json.dumps(_worker(argv[1], argv[2])))
+        print(json.dumps(_worker(argv[1])))
         return 0
     args = _parser().parse_args(argv)
     return args.func(args)

@@ -53,6 +53,7 @@ __all__ = [
     "FRAMEWORKS",
     "STATE_FORMAT",
     "STATE_VERSION",
+    "SCHEMA_VERSION",
     "SPEC_VERSION",
     "VECTORS",
     "ScalerConfig",
@@ -69,6 +70,9 @@ __all__ = [
 ]
 
 SPEC_VERSION = 1
+# The layout of spec_document() (docs/spec-schema.md); bumped only when a key
+# changes meaning or disappears.
+SCHEMA_VERSION = 1
 STATE_FORMAT = "unifiedamp.GradScaler"
 STATE_VERSION = 1
 FLOAT32_MIN_NORMAL = 2.0**-126
@@ -625,6 +629,7 @@ def spec_document() -> dict[str, Any]:
         aliases[name].append(alias)
     return {
         "schema": "unifiedamp.spec",
+        "schema_version": SCHEMA_VERSION,
         "spec_version": SPEC_VERSION,
         "state_format": {"format": STATE_FORMAT, "version": STATE_VERSION,
                          "keys": list(_STATE_KEYS)},
@@ -707,6 +712,7 @@ VECTORS: tuple[Vector, ...] = (
            # float32 after every multiply. Carrying the scale in float64 and rounding
            # once at the end gives 0.9316999912261963 at the last step instead.
            (_G, 1.2100000381469727, 1.3310000896453857, 0.9317000508308411)),
+    Vector("backoff_below_one", {"init_scale": 2.0}, "IIIF", (1, 0.5, 0.25, 0.25)),
     Vector("growth_factor_one", {"init_scale": 8.0, "growth_factor": 1.0,
                                  "growth_interval": 1}, "FFI", (8, 8, 4)),
     Vector("backoff_factor_one", {"init_scale": 8.0, "backoff_factor": 1.0,

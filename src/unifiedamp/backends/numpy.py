@@ -259,8 +259,10 @@ class NumpyGradScaler(GradScaler):
 
     def _inv_scale(self) -> np.float32:
         # The reciprocal in float64, rounded once: what torch does, so that
-        # unscaled gradients match torch's bit for bit.
-        return np.float32(1.0 / self._state.scale)
+        # unscaled gradients match torch's bit for bit (inf for a scale below ~2.9e-39,
+        # as in torch).
+        with np.errstate(over="ignore"):
+            return np.float32(1.0 / self._state.scale)
 
     def unscale(self, grads: Any) -> tuple[Any, bool]:
         """Functional unscale: returns ``(unscaled copy of grads, all finite)``.
@@ -330,7 +332,8 @@ class NumpyGradScaler(GradScaler):
             # Checked before unscaling, as torch's kernel does: the spec's
             # found_inf is about the gradients backpropagated from the scaled loss.
             found_inf = found_inf or not bool(np.isfinite(g).all())
-            np.multiply(g, inv, out=g, casting="same_kind")
+            with np.errstate(over="ignore", invalid="ignore"):
+                np.multiply(g, inv, out=g, casting="same_kind")
         if grads:
             self._found_inf[id(optimizer)] = found_inf
         self._stages[id(optimizer)] = _Stage.UNSCALED
@@ -385,13 +388,18 @@ class NumpyGradScaler(GradScaler):
             if not checks:
                 raise _NoInfChecksError("No inf checks were recorded prior to update.")
             found_inf = any(checks)
-            self._state = spec.update(self._config, self._state, found_inf)
+            self._state = self._next_state(found_inf)
             self._updates += 1
         self._stages.clear()
         self._found_inf.clear()
         self._functional_found_inf.clear()
         if new_scale is None:
             self._monitor.observe(self._updates, self._state.scale, found_inf)
+
+    def _next_state(self, found_inf: bool) -> ScalerState:
+        # The one place the rule is applied, so that a variant (or a deliberately
+        # broken scaler in the conformance meta-tests) changes only this.
+        return spec.update(self._config, self._state, found_inf)
 
     # ------------------------------------------------------------ tooling
 
@@ -402,17 +410,26 @@ class NumpyGradScaler(GradScaler):
 
     @classmethod
     def conformance_adapter(cls) -> Any:
-        """How the conformance suite drives this backend: SGD on one float32 parameter."""
-        from unifiedamp.conformance import ImperativeAdapter
+        """How the conformance suite drives this backend: SGD with momentum, float32 params.
 
-        def make_problem() -> tuple[SGD, Any]:
-            opt = SGD([np.zeros(4, np.float32)], lr=0.1)
+        Example:
+            >>> NumpyGradScaler.conformance_adapter().name
+            'numpy'
+        """
+        from unifiedamp.conformance import ImperativeAdapter, Problem
+
+        def make_problem() -> Problem:
+            opt = SGD([np.zeros(4, np.float32), np.ones(2, np.float16)], lr=0.1, momentum=0.9)
 
             def set_grads(kind: str) -> None:
                 grad = np.full(4, 0.5, np.float32)
                 grad[1] = {"F": 0.5, "I": np.inf, "N": np.nan}[kind]
-                opt.grads = [grad]
+                opt.grads = [grad, np.full(2, 0.25, np.float16)]
 
-            return opt, set_grads
+            def snapshot() -> list[np.ndarray]:
+                return [*opt.params, *opt.velocity, np.array(opt.step_count)]
 
-        return ImperativeAdapter(cls, make_problem)
+            return Problem(opt, set_grads, snapshot)
+
+        return ImperativeAdapter(cls, make_problem, info={
+            "framework": "numpy", "version": np.__version__, "device": "cpu"})

@@ -1,0 +1,166 @@
+"""How the conformance suite drives a scaler: the adapter interface.
+
+An adapter turns the suite's framework-neutral requests (a config, a step
+whose gradients are finite or not, a tree of NumPy arrays) into calls on one
+framework's scaler. Methods a backend cannot support are left out and the
+capability is not declared; the tests that need it are skipped with a reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+#: Every capability the suite knows, with what declaring it promises.
+CAPABILITIES: dict[str, str] = {
+    "multi_optimizer": "new(config, optimizers=2) and iterate(handle, 'IF') step two optimizers",
+    "inplace_unscale": "the scaler unscales optimizer gradients in place (unscale_)",
+    "functional_unscale": "unscale_tree(handle, tree) -> (tree, finite)",
+    "scale_tree": "scale_tree(handle, tree) scales a nested tree of arrays",
+    "set_config": "reconfigure(handle, changes) changes the config at run time",
+    "disable": "enabled=False makes every verb a pass-through",
+    "state_dict": "save(handle) / load(handle, state_dict) with the canonical format",
+    "jit": "compiled_iterate(handle, kinds) runs the step under the framework's compiler",
+    "distributed": "distributed_iterate(handle, kinds_per_rank) -> one ScalerState per rank",
+}
+
+
+class Problem(NamedTuple):
+    """One optimizer to train: fill its gradients, and read everything a step changes.
+
+    Attributes:
+        optimizer: What ``scaler.step`` receives.
+        set_grads: ``set_grads(kind)`` fills the gradients as if backpropagated
+            from a scaled loss: all finite (``"F"``), one inf (``"I"``) or one NaN (``"N"``).
+        snapshot: Returns parameters and optimizer state (moments, step counts)
+            as NumPy arrays.
+    """
+
+    optimizer: Any
+    set_grads: Callable[[str], None]
+    snapshot: Callable[[], list[np.ndarray]]
+
+
+class Adapter:
+    """The interface the suite calls. Subclass it, or write any object with these methods.
+
+    Attributes:
+        name: The backend's name in reports.
+        capabilities: Names from :data:`CAPABILITIES` this backend supports.
+        dtypes: Floating dtypes (NumPy names) the scale/unscale checks use.
+    """
+
+    name: str = "?"
+    capabilities: frozenset[str] = frozenset()
+    dtypes: tuple[str, ...] = ("float16", "float32", "float64")
+
+    def info(self) -> dict[str, Any]:
+        """``framework``, ``version`` and ``device`` for the report header."""
+        return {}
+
+    def new(self, config: ScalerConfig, optimizers: int = 1) -> Any:
+        """A fresh scaler for ``config`` and ``optimizers`` problems to train; returns a handle."""
+        raise NotImplementedError
+
+    def iterate(self, handle: Any, kinds: str) -> Any:
+        """One iteration: optimizer ``i`` gets gradients of kind ``kinds[i]``; step all, update."""
+        raise NotImplementedError
+
+    def read(self, handle: Any) -> ScalerState:
+        """The scale and both trackers now."""
+        raise NotImplementedError
+
+    def snapshot(self, handle: Any) -> list[np.ndarray]:
+        """Every parameter and optimizer-state value a step could change."""
+        raise NotImplementedError
+
+
+class ImperativeAdapter(Adapter):
+    """The adapter of any scaler with torch's verbs (``step``, ``update``, ``set_*``...).
+
+    Args:
+        scaler_cls: Builds the scaler from canonical keyword arguments.
+        make_problem: Returns a fresh :class:`Problem`.
+        to_native: Converts a NumPy array to the framework's array type.
+        to_numpy: Converts back.
+        capabilities: What the scaler supports (default: everything but jit
+            and distributed).
+        info: Report header fields.
+    """
+
+    def __init__(
+        self,
+        scaler_cls: Callable[..., Any],
+        make_problem: Callable[[], Problem],
+        *,
+        name: str | None = None,
+        to_native: Callable[[np.ndarray], Any] = lambda a: a,
+        to_numpy: Callable[[Any], np.ndarray] = np.asarray,
+        capabilities: frozenset[str] | None = None,
+        dtypes: tuple[str, ...] = ("float16", "float32", "float64"),
+        info: dict[str, Any] | None = None,
+    ):
+        self.scaler_cls = scaler_cls
+        self.make_problem = make_problem
+        self.name = name or getattr(scaler_cls, "backend", None) or scaler_cls.__name__
+        self.to_native = to_native
+        self.to_numpy = to_numpy
+        self.capabilities = capabilities if capabilities is not None else frozenset(
+            {"multi_optimizer", "inplace_unscale", "functional_unscale", "scale_tree",
+             "set_config", "disable", "state_dict"})
+        self.dtypes = dtypes
+        self._info = info or {}
+
+    def info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+    def new(self, config: ScalerConfig, optimizers: int = 1) -> Any:
+        return self.scaler_cls(**config.to_dict()), [self.make_problem() for _ in range(optimizers)]
+
+    def iterate(self, handle: Any, kinds: str) -> Any:
+        scaler, problems = handle
+        if len(kinds) != len(problems):
+            raise ValueError(f"{len(kinds)} kinds for {len(problems)} optimizers")
+        for kind, problem in zip(kinds, problems, strict=True):
+            problem.set_grads(kind)
+            scaler.step(problem.optimizer)
+        scaler.update()
+        return handle
+
+    def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
+        for name, value in changes.items():
+            getattr(handle[0], f"set_{name}")(value)
+        return handle
+
+    def read(self, handle: Any) -> ScalerState:
+        d = handle[0].state_dict()
+        return ScalerState(d["scale"], d["growth_tracker"], d["hysteresis_tracker"])
+
+    def save(self, handle: Any) -> dict[str, Any]:
+        return handle[0].state_dict()
+
+    def load(self, handle: Any, state_dict: dict[str, Any]) -> Any:
+        handle[0].load_state_dict(state_dict)
+        return handle
+
+    def snapshot(self, handle: Any) -> list[np.ndarray]:
+        return [a.copy() for problem in handle[1] for a in problem.snapshot()]
+
+    def scale_tree(self, handle: Any, tree: Any) -> Any:
+        return _map(self.to_numpy, handle[0].scale(_map(self.to_native, tree)))
+
+    def unscale_tree(self, handle: Any, tree: Any) -> tuple[Any, bool]:
+        out, finite = handle[0].unscale(_map(self.to_native, tree))
+        return _map(self.to_numpy, out), bool(finite)
+
+
+def _map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _map(fn, v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_map(fn, v) for v in tree)
+    return fn(tree)

@@ -1,0 +1,275 @@
+"""The contract every scaler must honour, as pytest test methods to inherit.
+
+Subclass :class:`ScalerContract` in a test module and provide an ``adapter``
+fixture (see :mod:`unifiedamp.conformance.adapters`)::
+
+    import pytest
+    from unifiedamp.conformance import ScalerContract
+
+    class TestMyScaler(ScalerContract):
+        backend = "mine"            # selects entries of an xfails file, if any
+
+        @pytest.fixture
+        def adapter(self):
+            return MyScaler.conformance_adapter()
+
+Each test checks one behaviour and is named after it. A test that needs a
+capability the adapter does not declare is skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from unifiedamp import spec
+from unifiedamp.conformance import strategies
+from unifiedamp.conformance._runner import normalise, run_steps, run_vector, same
+from unifiedamp.conformance.adapters import CAPABILITIES
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+DEFAULT_MAX_EXAMPLES = 200
+
+#: Test class -> what its adapter said about itself; the plugin prints it at the end.
+SEEN: dict[str, dict[str, Any]] = {}
+
+__all__ = ["DEFAULT_MAX_EXAMPLES", "ScalerContract", "require"]
+
+
+def require(adapter: Any, capability: str) -> None:
+    """Skips the calling test unless the adapter declares ``capability``."""
+    if capability not in adapter.capabilities:
+        pytest.skip(f"{adapter.name} does not declare capability {capability!r} "
+                    f"({CAPABILITIES[capability]})")
+
+
+def _hex_tree(tree: Any) -> Any:
+    # Bitwise comparison of trees, NaN-safe and dtype-aware.
+    if isinstance(tree, dict):
+        return {k: _hex_tree(v) for k, v in sorted(tree.items())}
+    if isinstance(tree, (list, tuple)):
+        return [_hex_tree(v) for v in tree]
+    a = np.asarray(tree)
+    return (str(a.dtype), a.shape, a.tobytes().hex())
+
+
+# Random configs reach subnormal scales on purpose; the collapse warning is for training loops.
+@pytest.mark.filterwarnings("ignore::unifiedamp.ScaleCollapseWarning")
+class ScalerContract:
+    """Contract tests for one scaler, driven through the ``adapter`` fixture."""
+
+    #: The backend name used to look up known deviations in an xfails file.
+    backend: str | None = None
+
+    @pytest.fixture
+    def adapter(self) -> Any:
+        raise NotImplementedError(
+            "provide an 'adapter' fixture returning your scaler's conformance adapter"
+        )
+
+    @pytest.fixture(autouse=True)
+    def _record_adapter(self, adapter: Any) -> None:
+        if type(self).__name__ not in SEEN:
+            SEEN[type(self).__name__] = {
+                "adapter": adapter.name, **adapter.info(),
+                "capabilities": sorted(adapter.capabilities),
+                "not_declared": sorted(set(CAPABILITIES) - set(adapter.capabilities))}
+
+    @pytest.fixture
+    def max_examples(self, request: pytest.FixtureRequest) -> int:
+        """Hypothesis examples per property: --unifiedamp-max-examples, then
+        UNIFIEDAMP_MAX_EXAMPLES, then 200."""
+        option = None
+        try:
+            option = request.config.getoption("unifiedamp_max_examples")
+        except ValueError:  # the plugin is not loaded
+            pass
+        return int(option or os.environ.get("UNIFIEDAMP_MAX_EXAMPLES") or DEFAULT_MAX_EXAMPLES)
+
+    def _settings(self, max_examples: int) -> settings:
+        return settings(max_examples=max_examples, deadline=None, database=None,
+                        suppress_health_check=[HealthCheck.too_slow,
+                                               HealthCheck.function_scoped_fixture])
+
+    # ------------------------------------------------------------ the update rule
+
+    @pytest.mark.parametrize("vector", spec.VECTORS, ids=lambda v: v.name)
+    def test_vector(self, adapter: Any, vector: spec.Vector) -> None:
+        """The fixed table: growth timing, backoff, hysteresis, clamps, inf guard, NaN,
+        interval 1, lowered interval, static mode, non-power-of-two factors in float32."""
+        if vector.changes:
+            require(adapter, "set_config")
+        divergence = run_vector(adapter, vector)
+        assert divergence is None, str(divergence)
+
+    def test_random_configs_and_steps_match_reference(self, adapter: Any,
+                                                      max_examples: int) -> None:
+        @self._settings(max_examples)
+        @given(strategies.configs(), strategies.step_sequences())
+        def check(config: ScalerConfig, steps: str) -> None:
+            divergence = run_steps(adapter, config, steps, name="random")
+            assert divergence is None, f"steps {steps!r}: {divergence}"
+
+        check()
+
+    def test_inf_in_any_of_two_optimizers_backs_off_once(self, adapter: Any) -> None:
+        require(adapter, "multi_optimizer")
+        config = ScalerConfig(1024.0, growth_interval=2)
+        for kinds in ("IF", "FI", "NF", "II"):
+            handle = adapter.new(config, optimizers=2)
+            handle = adapter.iterate(handle, "FF")
+            handle = adapter.iterate(handle, kinds)
+            got = normalise(adapter.read(handle))
+            expected = ScalerState(512.0, 0, 0)
+            assert same(expected, got), (
+                f"optimizer gradients {kinds!r} after one finite step: expected {expected}, "
+                f"got {got}; config {config.to_dict()}")
+
+    # ------------------------------------------------------------ skipping
+
+    def test_skipped_step_leaves_params_and_optimizer_state_untouched(self,
+                                                                       adapter: Any) -> None:
+        handle = adapter.new(ScalerConfig(1024.0))
+        handle = adapter.iterate(adapter.iterate(handle, "F"), "F")
+        for kind in "IN":
+            before = adapter.snapshot(handle)
+            handle = adapter.iterate(handle, kind)
+            after = adapter.snapshot(handle)
+            assert _hex_tree(after) == _hex_tree(before), (
+                f"a step with {'an inf' if kind == 'I' else 'a NaN'} gradient changed the "
+                "parameters or the optimizer state")
+        handle = adapter.iterate(handle, "F")
+        assert _hex_tree(adapter.snapshot(handle)) != _hex_tree(before), (
+            "a finite step changed nothing: the snapshot does not see the optimizer")
+
+    # ------------------------------------------------------------ scale / unscale
+
+    def test_scale_then_unscale_is_identity_and_keeps_dtype(self, adapter: Any,
+                                                            max_examples: int) -> None:
+        require(adapter, "scale_tree")
+        require(adapter, "functional_unscale")
+
+        @self._settings(max_examples)
+        @given(strategies.powers_of_two(-4, 8), strategies.finite_trees(adapter.dtypes))
+        def check(scale: float, tree: Any) -> None:
+            handle = adapter.new(ScalerConfig(scale))
+            scaled = adapter.scale_tree(handle, tree)
+            assert [d for d, _, _ in _flat(_hex_tree(scaled))] == [
+                d for d, _, _ in _flat(_hex_tree(tree))], "scale() changed a dtype"
+            unscaled, finite = adapter.unscale_tree(handle, scaled)
+            assert finite is True
+            assert _hex_tree(unscaled) == _hex_tree(tree), (
+                f"unscale(scale(x)) != x with scale {scale}")
+
+        check()
+
+    def test_found_inf_for_any_inf_or_nan_leaf(self, adapter: Any, max_examples: int) -> None:
+        require(adapter, "functional_unscale")
+
+        @self._settings(max_examples)
+        @given(strategies.nonfinite_trees(adapter.dtypes))
+        def check(tree: Any) -> None:
+            _, finite = adapter.unscale_tree(adapter.new(ScalerConfig(8.0)), tree)
+            assert finite is False, "a tree with an inf/NaN leaf was reported finite"
+
+        check()
+
+    def test_no_inf_found_in_empty_or_finite_trees(self, adapter: Any,
+                                                   max_examples: int) -> None:
+        require(adapter, "functional_unscale")
+        handle = adapter.new(ScalerConfig(8.0))
+        for empty in ([], {}, [[], {}]):
+            assert adapter.unscale_tree(handle, empty)[1] is True, f"{empty!r} reported non-finite"
+
+        @self._settings(max_examples)
+        @given(strategies.finite_trees(adapter.dtypes))
+        def check(tree: Any) -> None:
+            assert adapter.unscale_tree(adapter.new(ScalerConfig(8.0)), tree)[1] is True
+
+        check()
+
+    # ------------------------------------------------------------ state_dict
+
+    def test_state_dict_round_trip_mid_interval(self, adapter: Any) -> None:
+        require(adapter, "state_dict")
+        config = ScalerConfig(1024.0, growth_interval=4, hysteresis=2)
+        for prefix in ("FF", "FFFFFI"):  # mid-growth, then mid-hysteresis
+            _check_resume(adapter, adapter, config, prefix, "FFIIFFFFIF")
+
+    def test_state_dict_moves_between_backends(self, adapter: Any) -> None:
+        require(adapter, "state_dict")
+        from unifiedamp.backends.numpy import NumpyGradScaler
+
+        reference = NumpyGradScaler.conformance_adapter()
+        config = ScalerConfig(1024.0, 3.0, 0.25, 3, hysteresis=2, min_scale=2.0)
+        for source, target in ((adapter, reference), (reference, adapter)):
+            for prefix in ("FF", "FFFI"):
+                _check_resume(source, target, config, prefix, "FIIFFFIIIF")
+
+    # ------------------------------------------------------------ enabled=False
+
+    def test_disabled_scaler_is_a_pass_through(self, adapter: Any) -> None:
+        require(adapter, "disable")
+        config = ScalerConfig(1024.0, growth_interval=1, enabled=False)
+        handle = adapter.new(config)
+        if "scale_tree" in adapter.capabilities:
+            tree = {"loss": np.array([3.0], adapter.dtypes[0])}
+            assert _hex_tree(adapter.scale_tree(handle, tree)) == _hex_tree(tree)
+        for kind in "IF":
+            before = adapter.snapshot(handle)
+            handle = adapter.iterate(handle, kind)
+            assert _hex_tree(adapter.snapshot(handle)) != _hex_tree(before), (
+                f"a disabled scaler skipped a step ({kind})")
+            assert normalise(adapter.read(handle)) == ScalerState(1024.0, 0, 0)
+        if "state_dict" in adapter.capabilities:
+            assert adapter.save(handle)["config"]["enabled"] is False
+
+    # ------------------------------------------------------------ compilation, ranks
+
+    def test_vectors_under_compilation(self, adapter: Any) -> None:
+        require(adapter, "jit")
+        for vector in spec.VECTORS:
+            if vector.changes and "set_config" not in adapter.capabilities:
+                continue
+            divergence = run_vector(adapter, vector, compiled=True)
+            assert divergence is None, f"compiled: {divergence}"
+
+    def test_inf_on_one_rank_skips_on_every_rank(self, adapter: Any) -> None:
+        require(adapter, "distributed")
+        config = ScalerConfig(1024.0, growth_interval=2)
+        handle = adapter.new(config)
+        states = adapter.distributed_iterate(handle, ["F", "I"])
+        expected = spec.update(config, ScalerState.initial(config), True)
+        for rank, state in enumerate(states):
+            assert same(expected, normalise(state)), (
+                f"rank {rank}: expected {expected}, got {state} after an inf on rank 1 only")
+
+
+def _flat(tree: Any) -> list[Any]:
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in _flat(v)]
+    if isinstance(tree, list):
+        return [x for v in tree for x in _flat(v)]
+    return [tree]
+
+
+def _check_resume(source: Any, target: Any, config: ScalerConfig, prefix: str,
+                  rest: str) -> None:
+    handle = source.new(config)
+    for kind in prefix:
+        handle = source.iterate(handle, kind)
+    saved_state = normalise(source.read(handle))
+    saved = json.loads(json.dumps(source.save(handle)))  # through JSON, as a checkpoint would
+    resumed = target.load(target.new(ScalerConfig()), saved)
+    got = normalise(target.read(resumed))
+    where = f"saved by {source.name} after {prefix!r}, loaded by {target.name}"
+    assert same(saved_state, got), f"{where}: expected {saved_state}, got {got}"
+    assert target.save(resumed)["config"] == config.to_dict(), f"{where}: config not restored"
+    divergence = run_steps(target, config, rest, name=where, handle=resumed, start=saved_state)
+    assert divergence is None, str(divergence)
+

@@ -1,0 +1,239 @@
+"""The pytest plugin (entry point ``pytest11``) that runs the shipped suite on any backend.
+
+``pytest --pyargs unifiedamp.conformance --unifiedamp-backend NAME_OR_module:Class``.
+Without a backend, it changes nothing in a pytest run: the shipped test module
+is not collected. It imports only the standard library and pytest until the
+suite is asked for.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import pathlib
+import sys
+from typing import Any, NamedTuple
+
+import pytest
+
+_HERE = pathlib.Path(__file__).resolve().parent
+_SHIPPED_TESTS = _HERE / "test_conformance.py"
+_BUILTIN_XFAILS = _HERE / "xfails.txt"
+_ENV = {"backend": "UNIFIEDAMP_BACKEND", "max_examples": "UNIFIEDAMP_MAX_EXAMPLES",
+        "xfails": "UNIFIEDAMP_XFAILS", "json": "UNIFIEDAMP_JSON"}
+
+
+class XfailEntry(NamedTuple):
+    backend: str
+    pattern: str
+    reason: str
+    where: str
+
+
+def read_xfails(path: pathlib.Path) -> list[XfailEntry]:
+    """Parses an xfails file: ``<backend> <test name pattern>  # <reason>`` per line.
+
+    In a pattern, ``*`` and ``?`` are wildcards and brackets are literal.
+    """
+    entries = []
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line, _, reason = raw.partition("#")
+        if not line.strip():
+            continue
+        fields = line.split()
+        if len(fields) != 2:
+            raise pytest.UsageError(
+                f"{path}:{number}: expected '<backend> <test pattern>  # reason', got {raw!r}")
+        entries.append(XfailEntry(fields[0], fields[1], reason.strip() or "known deviation",
+                                  f"{path.name}:{number}"))
+    return entries
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("unifiedamp", "unifiedamp conformance suite")
+    group.addoption("--unifiedamp-backend", default=None, metavar="NAME_OR_module:Class",
+                    help="run the shipped conformance suite on this backend "
+                         f"(env {_ENV['backend']})")
+    group.addoption("--unifiedamp-max-examples", type=int, default=None, metavar="N",
+                    help=f"hypothesis examples per property, default 200 "
+                         f"(env {_ENV['max_examples']})")
+    group.addoption("--unifiedamp-xfails", default=None, metavar="FILE",
+                    help="extra known-deviations file, same format as the shipped "
+                         f"xfails.txt (env {_ENV['xfails']})")
+    group.addoption("--unifiedamp-json", default=None, metavar="FILE",
+                    help=f"write a JSON report of every test's outcome (env {_ENV['json']})")
+
+
+def _option(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(f"unifiedamp_{name}")
+    return value if value is not None else os.environ.get(_ENV[name]) or None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _option(config, "max_examples") is not None:
+        # The contract reads the option; the environment variable is folded in here.
+        config.option.unifiedamp_max_examples = int(_option(config, "max_examples"))
+    config.stash[_UNMATCHED] = []
+    path = _option(config, "json")
+    if path is not None:
+        config.pluginmanager.register(_JsonReport(config, path), "unifiedamp-json-report")
+    name = _option(config, "backend")
+    if name is not None:
+        try:
+            _adapter(config)
+        except ImportError as exc:
+            if path is not None:
+                pathlib.Path(path).write_text(json.dumps(
+                    {"header": {"backend": name}, "status": "not installed", "detail": str(exc)}))
+            raise pytest.UsageError(f"unifiedamp backend {name!r} is not installed: {exc}") \
+                from None
+
+
+def pytest_ignore_collect(collection_path: pathlib.Path, config: pytest.Config) -> bool | None:
+    if collection_path.resolve() == _SHIPPED_TESTS and _option(config, "backend") is None:
+        return True
+    return None
+
+
+@pytest.fixture(scope="session")
+def unifiedamp_adapter(pytestconfig: pytest.Config) -> Any:
+    """The adapter of the backend named by ``--unifiedamp-backend``."""
+    return _adapter(pytestconfig)
+
+
+def _adapter(config: pytest.Config) -> Any:
+    cached = config.stash.get(_ADAPTER, None)
+    if cached is not None:
+        return cached
+    name = _option(config, "backend")
+    if name is None:
+        raise pytest.UsageError("pass --unifiedamp-backend NAME_OR_module:Class")
+    from unifiedamp import _registry
+
+    cls = _registry.load(name)
+    if not hasattr(cls, "conformance_adapter"):
+        raise pytest.UsageError(
+            f"{name} has no conformance_adapter() class method; give it one, or subclass "
+            "unifiedamp.conformance.ScalerContract with your own 'adapter' fixture")
+    adapter = cls.conformance_adapter()
+    config.stash[_ADAPTER] = adapter
+    return adapter
+
+
+_ADAPTER = pytest.StashKey[Any]()
+_UNMATCHED = pytest.StashKey[list]()
+
+
+def header_fields(config: pytest.Config) -> dict[str, Any]:
+    """What the report header shows, also written to the JSON report."""
+    from unifiedamp import __version__, spec
+    from unifiedamp.conformance.adapters import CAPABILITIES
+
+    adapter = _adapter(config)
+    info = adapter.info()
+    return {"backend": _option(config, "backend"), "adapter": adapter.name,
+            "framework": info.get("framework"), "framework_version": info.get("version"),
+            "device": info.get("device"), "unifiedamp": __version__,
+            "spec_version": spec.SPEC_VERSION,
+            "capabilities": sorted(adapter.capabilities),
+            "not_declared": sorted(set(CAPABILITIES) - set(adapter.capabilities))}
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    if _option(config, "backend") is None:
+        return None
+    h = header_fields(config)
+    return [
+        f"unifiedamp {h['unifiedamp']} conformance, spec version {h['spec_version']}",
+        f"backend: {h['backend']} ({h['framework']} {h['framework_version']}), "
+        f"device: {h['device']}",
+        f"capabilities: {', '.join(h['capabilities']) or 'none'}; not declared (skipped): "
+        f"{', '.join(h['not_declared']) or 'none'}",
+    ]
+
+
+def _backend_of(item: pytest.Item, config: pytest.Config) -> str | None:
+    if getattr(item, "path", None) is not None and item.path.resolve() == _SHIPPED_TESTS:
+        return _option(config, "backend")
+    return getattr(item.cls, "backend", None) if getattr(item, "cls", None) else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from unifiedamp.conformance.contract import ScalerContract
+
+    contract_items = [i for i in items
+                      if getattr(i, "cls", None) and issubclass(i.cls, ScalerContract)]
+    if not contract_items:
+        return
+    entries = read_xfails(_BUILTIN_XFAILS)
+    extra = _option(config, "xfails")
+    if extra:
+        entries += read_xfails(pathlib.Path(extra))
+    backends = {_backend_of(i, config) for i in contract_items}
+    matched: set[XfailEntry] = set()
+    for item in contract_items:
+        backend = _backend_of(item, config)
+        for entry in entries:
+            # '*' and '?' are wildcards; '[' is literal, as in parametrized test ids.
+            pattern = entry.pattern.replace("[", "[[]")
+            if entry.backend == backend and fnmatch.fnmatchcase(item.name, pattern):
+                item.add_marker(pytest.mark.xfail(reason=f"{entry.reason} ({entry.where})",
+                                                  strict=True))
+                matched.add(entry)
+    config.stash[_UNMATCHED] = [e for e in entries if e.backend in backends and e not in matched]
+
+
+class _JsonReport:
+    """Collects every test's outcome and writes them, with the header, as JSON."""
+
+    def __init__(self, config: pytest.Config, path: str):
+        self.config, self.path = config, path
+        self.tests: dict[str, dict[str, str]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call" and report.passed:
+            return
+        name = report.nodeid.rpartition("::")[2]
+        if hasattr(report, "wasxfail"):
+            outcome = "xfailed" if report.skipped else "xpassed"
+            detail = report.wasxfail
+        elif report.skipped:
+            outcome = "skipped"
+            detail = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+            detail = detail.removeprefix("Skipped: ")
+        elif report.failed:
+            outcome = "failed" if report.when == "call" else "error"
+            crash = getattr(report.longrepr, "reprcrash", None)
+            detail = crash.message if crash else str(report.longrepr)[-2000:]
+        else:
+            outcome, detail = "passed", ""
+        if self.tests.get(name, {}).get("outcome") in ("failed", "error"):
+            return  # a teardown report must not hide the call's failure
+        self.tests[name] = {"outcome": outcome, "detail": detail}
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        header = header_fields(self.config) if _option(self.config, "backend") else {}
+        report = {"header": header, "exitstatus": int(exitstatus), "tests": self.tests,
+                  "unmatched_xfails": [e._asdict() for e in self.config.stash[_UNMATCHED]]}
+        pathlib.Path(self.path).write_text(json.dumps(report, indent=2))
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    contract = sys.modules.get("unifiedamp.conformance.contract")
+    if contract is not None and contract.SEEN:
+        from unifiedamp import __version__, spec
+
+        terminalreporter.section("unifiedamp conformance")
+        terminalreporter.line(f"unifiedamp {__version__}, spec version {spec.SPEC_VERSION}")
+        for test_class, info in contract.SEEN.items():
+            terminalreporter.line(
+                f"{test_class}: backend {info['adapter']} ({info.get('framework')} "
+                f"{info.get('version')}), device {info.get('device')}; capabilities "
+                f"{', '.join(info['capabilities']) or 'none'}; not declared (skipped): "
+                f"{', '.join(info['not_declared']) or 'none'}")
+    unmatched = config.stash.get(_UNMATCHED, [])
+    if unmatched:
+        terminalreporter.section("unifiedamp xfails that matched no test")
+        for e in unmatched:
+            terminalreporter.line(f"{e.where}: {e.backend} {e.pattern}  # {e.reason}")

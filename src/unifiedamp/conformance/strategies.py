@@ -1,0 +1,107 @@
+"""Hypothesis strategies for scaler configs, step sequences and gradient trees.
+
+Example:
+    >>> from hypothesis import given
+    >>> @given(configs(), step_sequences())
+    ... def check(config, steps):
+    ...     assert set(steps) <= set("FIN")
+    >>> check()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+
+from unifiedamp.spec import ScalerConfig
+
+__all__ = ["configs", "finite_trees", "nonfinite_trees", "powers_of_two", "step_sequences"]
+
+
+def powers_of_two(lo: int = -20, hi: int = 40) -> st.SearchStrategy[float]:
+    """Scales of the form 2**k: exact in every float format, as usual in practice."""
+    return st.integers(lo, hi).map(lambda k: 2.0**k)
+
+
+@st.composite
+def configs(draw: Any) -> ScalerConfig:
+    """Valid dynamic-scaling configs, biased towards the edges the spec cares about:
+    factors of 1, non-power-of-two factors, short intervals, hysteresis, clamps,
+    scales near float32's limits, static mode.
+    """
+    init = draw(powers_of_two(-130, 127) | st.floats(1e-30, 3e38))
+    growth = draw(st.sampled_from([1.0, 2.0, 4.0]) | st.floats(1.0, 8.0))
+    backoff = draw(st.sampled_from([0.5, 0.25, 1.0]) | st.floats(0.05, 1.0))
+    bounds = sorted(draw(st.lists(st.floats(1e-30, 1e30), min_size=2, max_size=2)))
+    min_scale = bounds[0] if draw(st.booleans()) else None
+    max_scale = bounds[1] if draw(st.booleans()) else None
+    return ScalerConfig(
+        init, growth, backoff, draw(st.integers(1, 6)),
+        hysteresis=draw(st.integers(1, 3)), min_scale=min_scale, max_scale=max_scale,
+        dynamic=draw(st.sampled_from([True, True, True, False])),
+    )
+
+
+def step_sequences(max_size: int = 30) -> st.SearchStrategy[str]:
+    """Iterations whose gradients are finite (F), hold an inf (I) or a NaN (N)."""
+    return st.text(alphabet="FIN", max_size=max_size)
+
+
+def _leaf(dtype: str) -> st.SearchStrategy[np.ndarray]:
+    # Magnitudes 2**-8 .. 2**4 or zero, so that scaling by 2**-4 .. 2**8 neither
+    # overflows nor leaves the normal range, even in float16: scale-then-unscale
+    # is then exact.
+    value = st.builds(lambda m, k, sign: sign * m * 2.0**k,
+                      st.integers(1, 7), st.integers(-8, 1), st.sampled_from([1.0, -1.0]))
+    return st.lists(value | st.just(0.0), min_size=1, max_size=6).map(
+        lambda xs: np.array(xs, dtype=dtype))
+
+
+def finite_trees(dtypes: tuple[str, ...]) -> st.SearchStrategy[Any]:
+    """Nested dicts/lists of finite arrays of the given dtypes (possibly empty)."""
+    leaves = st.sampled_from(dtypes).flatmap(_leaf)
+    return st.recursive(
+        st.lists(leaves, max_size=3),
+        lambda children: st.dictionaries(st.sampled_from("abcd"), children, max_size=3)
+        | st.lists(children, max_size=3),
+        max_leaves=8,
+    )
+
+
+@st.composite
+def nonfinite_trees(draw: Any, dtypes: tuple[str, ...]) -> Any:
+    """A finite tree with one element of one leaf set to +inf, -inf or NaN."""
+    tree = draw(finite_trees(dtypes).filter(lambda t: _count(t) > 0))
+    target = draw(st.integers(0, _count(tree) - 1))
+    bad = draw(st.sampled_from([np.inf, -np.inf, np.nan]))
+    counter = iter(range(_count(tree)))
+
+    def poison(leaf: np.ndarray) -> np.ndarray:
+        leaf = leaf.copy()
+        if next(counter) == target:
+            leaf[draw(st.integers(0, leaf.size - 1))] = bad
+        return leaf
+
+    return _map_leaves(poison, tree)
+
+
+def _map_leaves(fn: Any, tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _map_leaves(fn, v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_map_leaves(fn, v) for v in tree]
+    return fn(tree)
+
+
+def _count(tree: Any) -> int:
+    n = 0
+
+    def one(leaf: np.ndarray) -> np.ndarray:
+        nonlocal n
+        n += 1
+        return leaf
+
+    _map_leaves(one, tree)
+    return n

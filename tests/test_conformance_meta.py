@@ -1,0 +1,168 @@
+"""The conformance suite catches broken scalers, reports xfails, and stays out of the way."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def run_suite(tmp_path, *args, env=None):
+    """The shipped suite in a subprocess, outside this project's pytest config; its JSON."""
+    ini = tmp_path / "pytest.ini"
+    ini.write_text("[pytest]\n")
+    out = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "pytest", "-c", str(ini), "--rootdir", str(tmp_path),
+           "-p", "no:cacheprovider", "-q", "--pyargs", "unifiedamp.conformance",
+           "--unifiedamp-json", str(out), *args]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(HERE), **(env or {})})
+    report = json.loads(out.read_text()) if out.exists() else None
+    return proc, report
+
+
+BROKEN = {
+    "NeverBacksOff": ["test_vector[backoff_resets_growth]", "test_vector[hysteresis_two]",
+                      "test_random_configs_and_steps_match_reference",
+                      "test_inf_in_any_of_two_optimizers_backs_off_once"],
+    "GrowsOneStepLate": ["test_vector[growth_on_nth_finite]", "test_vector[interval_one]",
+                         "test_random_configs_and_steps_match_reference"],
+    "DropsTrackerOnLoad": ["test_state_dict_round_trip_mid_interval",
+                           "test_state_dict_moves_between_backends"],
+    "ClampsAtOne": ["test_vector[backoff_below_one]",
+                    "test_vector[non_power_of_two_factors_float32]",
+                    "test_random_configs_and_steps_match_reference"],
+    "ForgetsFirstOptimizerInf": ["test_inf_in_any_of_two_optimizers_backs_off_once"],
+    "RoundsInFloat64": ["test_vector[non_power_of_two_factors_float32]",
+                        "test_random_configs_and_steps_match_reference"],
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BROKEN))
+def test_each_broken_scaler_fails_the_named_tests(broken, tmp_path):
+    proc, report = run_suite(tmp_path, "--unifiedamp-backend", f"broken_scalers:{broken}",
+                             "--unifiedamp-max-examples", "50")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    tests = report["tests"]
+    failed = sorted(name for name, t in tests.items() if t["outcome"] == "failed")
+    for name in BROKEN[broken]:
+        assert name in failed, f"{broken} was not caught by {name}; failed: {failed}"
+    # Only this defect is caught: the suite does not fail everything.
+    assert tests["test_skipped_step_leaves_params_and_optimizer_state_untouched"][
+        "outcome"] == "passed"
+    assert tests["test_disabled_scaler_is_a_pass_through"]["outcome"] == "passed"
+
+
+def test_a_failure_names_the_step_expected_and_got_in_hex_and_the_config(tmp_path):
+    _, report = run_suite(tmp_path, "--unifiedamp-backend", "broken_scalers:GrowsOneStepLate",
+                          "--unifiedamp-max-examples", "10")
+    detail = report["tests"]["test_vector[growth_on_nth_finite]"]["detail"]
+    assert ("growth_on_nth_finite: diverged at step 3: expected scale 2048.0 (0x45000000), "
+            "growth_tracker 0, hysteresis_tracker 0; got scale 1024.0 (0x44800000), "
+            "growth_tracker 3, hysteresis_tracker 0; config {'init_scale': 1024.0") in detail
+
+
+def test_the_suite_passes_on_numpy_with_a_header_and_capability_skips(tmp_path):
+    proc, report = run_suite(tmp_path, "--unifiedamp-backend", "numpy", "-rs", "-v",
+                             "--unifiedamp-max-examples", "20")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    out = proc.stdout
+    assert "unifiedamp 0.1.0 conformance, spec version 1" in out
+    assert "backend: numpy (numpy " in out and "device: cpu" in out
+    assert "not declared (skipped): distributed, jit" in out
+    assert "numpy does not declare capability 'jit'" in out
+    h = report["header"]
+    assert h["backend"] == "numpy" and "multi_optimizer" in h["capabilities"]
+    outcomes = {t["outcome"] for t in report["tests"].values()}
+    assert outcomes == {"passed", "skipped"}
+
+
+def test_env_vars_select_the_backend_and_examples(tmp_path):
+    proc, report = run_suite(tmp_path, env={"UNIFIEDAMP_BACKEND": "numpy",
+                                            "UNIFIEDAMP_MAX_EXAMPLES": "5"})
+    assert proc.returncode == 0 and report["header"]["backend"] == "numpy"
+
+
+def test_xfails_file_marks_known_deviations_and_reports_stale_entries(tmp_path):
+    xfails = tmp_path / "xfails.txt"
+    xfails.write_text(textwrap.dedent("""
+        # a known deviation, and one entry that matches no test
+        broken_scalers:ClampsAtOne  test_vector[backoff_below_one]  # floors at 1 like tf-keras
+        broken_scalers:ClampsAtOne  test_vector[non_power_of_two_factors_float32]  # same
+        broken_scalers:ClampsAtOne  test_random_*  # same
+        broken_scalers:ClampsAtOne  test_no_such_behaviour  # stale
+        numpy  test_vector[growth_on_nth_finite]  # for another backend: ignored
+    """))
+    proc, report = run_suite(tmp_path, "--unifiedamp-backend", "broken_scalers:ClampsAtOne",
+                             "--unifiedamp-xfails", str(xfails), "--unifiedamp-max-examples", "50")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    t = report["tests"]["test_vector[backoff_below_one]"]
+    assert t == {"outcome": "xfailed", "detail": "floors at 1 like tf-keras (xfails.txt:3)"}
+    assert [e["pattern"] for e in report["unmatched_xfails"]] == ["test_no_such_behaviour"]
+    assert "unifiedamp xfails that matched no test" in proc.stdout
+    assert "xfails.txt:6: broken_scalers:ClampsAtOne test_no_such_behaviour  # stale" in proc.stdout
+
+
+def test_an_xfail_on_a_passing_test_fails_the_run(tmp_path):
+    xfails = tmp_path / "xfails.txt"
+    xfails.write_text("numpy  test_vector[interval_one]  # not really a deviation\n")
+    proc, report = run_suite(tmp_path, "--unifiedamp-backend", "numpy", "--unifiedamp-xfails",
+                             str(xfails), "--unifiedamp-max-examples", "5")
+    assert proc.returncode == 1
+    assert report["tests"]["test_vector[interval_one]"]["outcome"] == "failed"
+
+
+def test_a_missing_backend_is_a_clear_usage_error(tmp_path):
+    proc, report = run_suite(tmp_path, "--unifiedamp-backend", "nosuchmodule:Scaler")
+    assert proc.returncode == 4
+    assert "unifiedamp backend 'nosuchmodule:Scaler' is not installed" in proc.stderr
+    assert report["status"] == "not installed"
+
+
+def test_without_a_backend_the_plugin_collects_nothing(tmp_path):
+    proc, report = run_suite(tmp_path)
+    assert proc.returncode == 5, proc.stdout  # pytest: no tests collected
+    assert report["tests"] == {} and report["header"] == {}
+
+
+def test_the_plugin_imports_nothing_heavy(run_python):
+    proc = run_python("import sys, unifiedamp.conformance.plugin; print(sorted(m for m in "
+                      "('numpy', 'hypothesis', 'unifiedamp.backends', 'torch', 'jax') "
+                      "if m in sys.modules))")
+    assert proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_the_plugin_is_registered_as_a_pytest11_entry_point():
+    from importlib.metadata import entry_points
+
+    plugins = {ep.name: ep.value for ep in entry_points(group="pytest11")}
+    assert plugins.get("unifiedamp") == "unifiedamp.conformance.plugin"
+
+
+def test_a_third_party_scaler_uses_the_mixin(tmp_path):
+    (tmp_path / "test_mine.py").write_text(textwrap.dedent("""
+        import pytest
+        from unifiedamp.conformance import ScalerContract
+        from broken_scalers import NeverBacksOff
+
+        class TestMine(ScalerContract):
+            @pytest.fixture
+            def adapter(self):
+                return NeverBacksOff.conformance_adapter()
+    """))
+    ini = tmp_path / "pytest.ini"
+    ini.write_text("[pytest]\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ini), "-q",
+                           "-p", "no:cacheprovider", "--unifiedamp-max-examples", "10",
+                           str(tmp_path / "test_mine.py")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(HERE)})
+    assert proc.returncode == 1
+    assert "FAILED test_mine.py::TestMine::test_vector[backoff_resets_growth]" in proc.stdout
