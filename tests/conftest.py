@@ -1,9 +1,10 @@
 """Lets tests of every framework share one pytest process without crashing it.
 
-Tests that import a framework carry ``@pytest.mark.framework("name")`` and
-import it inside the test (never at module level, so collection imports
-nothing). Items are reordered so that frameworks which crash when imported
-after another one (paddle after tensorflow) run first.
+Tests that import a framework carry ``@pytest.mark.framework("name")``.
+Frameworks whose import order matters (paddle, tensorflow and keras) are
+imported inside the tests, never at module level, so that collection imports
+neither; items are reordered so that paddle's tests run before tensorflow's
+(paddle 3.3.1 imported after tensorflow 2.21 segfaults).
 """
 
 from __future__ import annotations

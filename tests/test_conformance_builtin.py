@@ -14,3 +14,57 @@ class TestNumpyConformance(ScalerContract):
     @pytest.fixture
     def adapter(self):
         return NumpyGradScaler.conformance_adapter()
+
+
+def torch_adapter(optimizer, device):
+    torch = pytest.importorskip("torch")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine")
+    from unifiedamp.backends.torch import TorchGradScaler
+
+    return TorchGradScaler.conformance_adapter(optimizer=optimizer, device=device)
+
+
+@pytest.mark.framework("torch")
+class TestTorchConformance(ScalerContract):
+    """Plain Adam on CPU: torch's unscale kernel, one host read per step."""
+
+    backend = "torch"
+
+    @pytest.fixture
+    def adapter(self):
+        return torch_adapter("adam", "cpu")
+
+
+@pytest.mark.framework("torch")
+class TestTorchFusedConformance(TestTorchConformance):
+    """Fused AdamW: grad_scale/found_inf handed to the optimizer, skipping on the device."""
+
+    @pytest.fixture
+    def adapter(self):
+        return torch_adapter("adamw_fused", "cpu")
+
+    @pytest.fixture
+    def max_examples(self):
+        return 50
+
+
+@pytest.mark.framework("torch")
+class TestTorchForeachConformance(TestTorchFusedConformance):
+    @pytest.fixture
+    def adapter(self):
+        return torch_adapter("sgd_foreach", "cpu")
+
+
+@pytest.mark.framework("torch")
+class TestTorchCudaConformance(TestTorchConformance):
+    @pytest.fixture
+    def adapter(self):
+        return torch_adapter("adam", "cuda")
+
+
+@pytest.mark.framework("torch")
+class TestTorchCudaFusedConformance(TestTorchFusedConformance):
+    @pytest.fixture
+    def adapter(self):
+        return torch_adapter("adamw_fused", "cuda")

@@ -20,9 +20,9 @@ class SGD:
 def make_problem():
     opt = SGD()
 
-    def set_grads(kind):
+    def set_grads(kind, scaler):
         bad = {"F": 1.0, "I": np.inf, "N": np.nan}[kind]
-        opt.grads = [np.array([1.0, bad, 2.0], np.float32)]
+        opt.grads = [scaler.scale(np.array([1.0, bad, 2.0], np.float32))]
 
     return Problem(opt, set_grads, lambda: [opt.params[0], np.array(opt.steps)])
 

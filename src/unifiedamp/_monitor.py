@@ -54,7 +54,16 @@ class CollapseMonitor:
 
     def observe(self, step: int, scale: float, skipped: bool) -> None:
         """Records one update: ``step`` counts updates from 1, ``scale`` is the new scale."""
-        self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
+        self.report(step, scale, self.consecutive_skips + 1 if skipped else 0)
+
+    def clear(self) -> None:
+        """Ends an episode: the scale is normal and the last step was not skipped."""
+        self.consecutive_skips = 0
+        self._reported = False
+
+    def report(self, step: int, scale: float, consecutive_skips: int) -> None:
+        """Checks a state read at ``step``: the scale and the skips in a row up to it."""
+        self.consecutive_skips = consecutive_skips
         reasons = []
         limit = self.max_consecutive_skips
         if limit is not None and self.consecutive_skips >= limit:

@@ -41,6 +41,8 @@ class BackendInfo(NamedTuple):
 BUILTIN: dict[str, BackendInfo] = {
     "numpy": BackendInfo("numpy", "unifiedamp.backends.numpy:NumpyGradScaler", "numpy",
                          ("numpy",), "pip install numpy"),
+    "torch": BackendInfo("torch", "unifiedamp.backends.torch:TorchGradScaler", "torch",
+                         ("torch",), "pip install 'unifiedamp[torch]'"),
 }
 
 # Frameworks whose backend ships in a later release: detecting them must give a

@@ -419,12 +419,14 @@ class NumpyGradScaler(GradScaler):
         from unifiedamp.conformance import ImperativeAdapter, Problem
 
         def make_problem() -> Problem:
-            opt = SGD([np.zeros(4, np.float32), np.ones(2, np.float16)], lr=0.1, momentum=0.9)
+            # |c| <= 0.5 keeps a finite step finite at every float32 scale.
+            opt = SGD([np.zeros(4, np.float32), np.ones(2, np.float64)], lr=0.1, momentum=0.9)
 
-            def set_grads(kind: str) -> None:
-                grad = np.full(4, 0.5, np.float32)
-                grad[1] = {"F": 0.5, "I": np.inf, "N": np.nan}[kind]
-                opt.grads = [grad, np.full(2, 0.25, np.float16)]
+            def set_grads(kind: str, scaler: NumpyGradScaler) -> None:
+                # d(loss)/dw of loss = sum(w * c), scaled: c * scale (NumPy has no autodiff)
+                c = np.full(4, 0.5, np.float32)
+                c[1] = {"F": 0.5, "I": np.inf, "N": np.nan}[kind]
+                opt.grads = [scaler.scale(c), scaler.scale(np.full(2, 0.25, np.float64))]
 
             def snapshot() -> list[np.ndarray]:
                 return [*opt.params, *opt.velocity, np.array(opt.step_count)]

@@ -34,14 +34,15 @@ class Problem(NamedTuple):
 
     Attributes:
         optimizer: What ``scaler.step`` receives.
-        set_grads: ``set_grads(kind)`` fills the gradients as if backpropagated
-            from a scaled loss: all finite (``"F"``), one inf (``"I"``) or one NaN (``"N"``).
+        set_grads: ``set_grads(kind, scaler)`` fills the gradients as backpropagated
+            from a scaled loss (``scaler.scale(loss).backward()`` where the framework
+            has autodiff): all finite (``"F"``), one inf (``"I"``) or one NaN (``"N"``).
         snapshot: Returns parameters and optimizer state (moments, step counts)
             as NumPy arrays.
     """
 
     optimizer: Any
-    set_grads: Callable[[str], None]
+    set_grads: Callable[[str, Any], None]
     snapshot: Callable[[], list[np.ndarray]]
 
 
@@ -126,7 +127,7 @@ class ImperativeAdapter(Adapter):
         if len(kinds) != len(problems):
             raise ValueError(f"{len(kinds)} kinds for {len(problems)} optimizers")
         for kind, problem in zip(kinds, problems, strict=True):
-            problem.set_grads(kind)
+            problem.set_grads(kind, scaler)
             scaler.step(problem.optimizer)
         scaler.update()
         return handle

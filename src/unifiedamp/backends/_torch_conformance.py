@@ -1,0 +1,149 @@
+"""How the conformance suite drives the torch backend: real models, optimizers and autograd."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from typing import Any
+
+import numpy as np
+import torch
+
+from unifiedamp.conformance import ImperativeAdapter, Problem
+from unifiedamp.spec import ScalerState
+
+OPTIMIZERS = {
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+    "adamw_fused": lambda params: torch.optim.AdamW(params, lr=1e-3, fused=True),
+    "sgd_foreach": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=True),
+}
+_KIND = {"F": 0.5, "I": float("inf"), "N": float("nan")}
+
+
+def _loss(weight: torch.Tensor, bias: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    # |loss| < 1 and d(loss)/d(weight) = x.sum(0) / 16 do not depend on the
+    # parameters, so a finite step stays finite at every float32 scale.
+    return torch.nn.functional.linear(x, weight, bias).sum() * 2.0**-4
+
+
+_compiled_loss = None
+
+
+def compiled_loss() -> Any:
+    global _compiled_loss
+    if _compiled_loss is None:
+        _compiled_loss = torch.compile(_loss, fullgraph=True)
+    return _compiled_loss
+
+
+def make_problem(optimizer: str, device: str) -> tuple[Problem, Any]:
+    model = torch.nn.Linear(4, 1).to(device)
+    with torch.no_grad():
+        model.weight.fill_(0.1)
+        model.bias.fill_(0.1)
+    opt = OPTIMIZERS[optimizer](model.parameters())
+
+    def backward(kind: str, scaler: Any, loss_fn: Any = _loss) -> None:
+        opt.zero_grad(set_to_none=True)
+        x = torch.full((2, 4), 0.5, device=device)
+        x[0, 1] = _KIND[kind]
+        scaler.scale(loss_fn(model.weight, model.bias, x)).backward()
+
+    def snapshot() -> list[np.ndarray]:
+        out = [p.detach().cpu().numpy().copy() for p in model.parameters()]
+        for state in opt.state.values():
+            out += [v.detach().cpu().numpy().copy() for _, v in sorted(state.items())
+                    if isinstance(v, torch.Tensor)]
+        return out
+
+    return Problem(opt, backward, snapshot), model
+
+
+class TorchAdapter(ImperativeAdapter):
+    """Real ``torch.nn.Linear`` + optimizer per problem; ``scale(loss).backward()`` each step."""
+
+    def __init__(self, scaler_cls: Any, optimizer: str = "adam", device: str = "cpu"):
+        self.optimizer, self.device = optimizer, device
+        capabilities = {"multi_optimizer", "inplace_unscale", "functional_unscale", "scale_tree",
+                        "set_config", "disable", "state_dict", "jit", "distributed"}
+        super().__init__(
+            lambda **config: scaler_cls(**config, device=device),
+            lambda: make_problem(optimizer, device)[0],
+            name=f"torch[{optimizer},{device}]",
+            to_native=lambda a: torch.from_numpy(a.copy()).to(device),
+            to_numpy=lambda t: t.detach().cpu().numpy(),
+            capabilities=frozenset(capabilities),
+            info={"framework": "torch", "version": torch.__version__, "device": device},
+        )
+        self.scaler_type = scaler_cls
+
+    def unscale_tree(self, handle: Any, tree: Any) -> tuple[Any, bool]:
+        out, finite = super().unscale_tree(handle, tree)
+        return out, bool(finite)
+
+    def compiled_iterate(self, handle: Any, kinds: str) -> Any:
+        """One iteration whose loss runs through ``torch.compile(fullgraph=True)``."""
+        scaler, problems = handle
+        for kind, problem in zip(kinds, problems, strict=True):
+            problem.set_grads(kind, scaler, compiled_loss())
+            scaler.step(problem.optimizer)
+        scaler.update()
+        return handle
+
+    def distributed_iterate(self, handle: Any, kinds_per_rank: list[str]) -> list[ScalerState]:
+        """One iteration on len(kinds_per_rank) gloo ranks, each with its own gradients."""
+        results = run_ranks(handle[0].config.to_dict(), kinds_per_rank, self.optimizer)
+        return [ScalerState(*r["state"]) for r in results]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(config: dict[str, Any], kinds_per_rank: list[str], optimizer: str = "adam",
+              iterations: int = 1) -> list[dict[str, Any]]:
+    """Spawns one gloo process per rank; rank r trains on gradients of kind kinds[r].
+
+    Returns per rank: ``state`` (scale, trackers), ``stepped`` (did any parameter
+    change) and ``skipped`` (skipped steps).
+    """
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_rank_main, args=(len(kinds_per_rank), _free_port(), config, kinds_per_rank,
+                                   optimizer, iterations, tmp),
+                 nprocs=len(kinds_per_rank), join=True)
+        results = []
+        for rank in range(len(kinds_per_rank)):
+            with open(os.path.join(tmp, f"{rank}.json")) as f:
+                results.append(json.load(f))
+    return results
+
+
+def _rank_main(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
+               optimizer: str, iterations: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from unifiedamp.backends.torch import TorchGradScaler
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        scaler = TorchGradScaler(**config, device="cpu")
+        problem, model = make_problem(optimizer, "cpu")
+        before = [p.detach().clone() for p in model.parameters()]
+        for _ in range(iterations):
+            problem.set_grads(kinds[rank], scaler)
+            scaler.step(problem.optimizer)
+            scaler.update()
+        stepped = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(),
+                                                                strict=True))
+        with open(os.path.join(out, f"{rank}.json"), "w") as f:
+            json.dump({"state": list(scaler.state), "stepped": stepped,
+                       "skipped": scaler.num_skipped_steps}, f)
+    finally:
+        dist.destroy_process_group()

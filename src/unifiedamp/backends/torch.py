@@ -1,0 +1,566 @@
+"""The PyTorch backend: a real ``torch.amp.GradScaler`` that follows the spec bit for bit.
+
+Where torch can express the config (growth_factor > 1, backoff_factor < 1,
+hysteresis 1, no min/max scale, dynamic) the update runs torch's own kernel
+``torch._amp_update_scale_`` with the factors rounded to float32, which gives
+the spec's bits. Otherwise the same rule runs as a few tensor ops on the
+scale's device. Either way ``unscale_`` and ``update`` never wait for the
+device; the plain (non-fused) ``step`` reads one flag to decide whether to
+call ``optimizer.step()``, as torch's does, and fused optimizers get
+``grad_scale``/``found_inf`` and skip on the device with no read at all.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
+
+from unifiedamp import spec
+from unifiedamp._monitor import CollapseMonitor
+from unifiedamp._scaler import GradScaler
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+__all__ = ["TorchGradScaler"]
+
+_EXTRA_NAMES = ("device", "process_group", "distributed", "max_consecutive_skips",
+                "on_collapse", "backend")
+
+
+class _NoInfChecksError(RuntimeError, AssertionError):
+    # torch raises AssertionError; also a RuntimeError like the other call-order errors.
+    pass
+
+
+def torch_expressible(config: ScalerConfig) -> bool:
+    """Whether ``torch._amp_update_scale_`` computes this config's update.
+
+    Example:
+        >>> torch_expressible(ScalerConfig()), torch_expressible(ScalerConfig(hysteresis=2))
+        (True, False)
+    """
+    return (config.growth_factor > 1.0 and config.backoff_factor < 1.0 and config.hysteresis == 1
+            and config.min_scale is None and config.max_scale is None and config.dynamic)
+
+
+def _spec_update_(scale: torch.Tensor, growth: torch.Tensor, hyst: torch.Tensor,
+                  found_inf: torch.Tensor, config: ScalerConfig) -> None:
+    """The spec's update as tensor ops, in place, with no host sync."""
+    if not config.dynamic:
+        growth.zero_()
+        hyst.zero_()
+        return
+    # Few, small ops: each is a kernel launch (a few microseconds) on any device.
+    inf = found_inf > 0
+    new_hyst = (hyst + 1).mul_(inf)
+    new_growth = (growth + 1).masked_fill_(inf, 0)
+    back_off = new_hyst >= config.hysteresis
+    grow = new_growth >= config.growth_interval  # never after an inf: new_growth is 0 then
+    # One multiply by backoff, growth or 1.0 (exact). A float32 tensor times a
+    # float32 value rounds once: the spec's f32(scale * f32(factor)).
+    factor = torch.where(back_off, spec.f32(config.backoff_factor),
+                         torch.where(grow, spec.f32(config.growth_factor), 1.0))
+    candidate = scale * factor
+    if config.min_scale is not None:
+        candidate = torch.where(back_off, candidate.clamp(min=spec.f32(config.min_scale)),
+                                candidate)
+    if config.max_scale is not None:
+        candidate = torch.where(grow, candidate.clamp(max=spec.f32(config.max_scale)),
+                                candidate)
+    # Only a growth can overflow; then the old scale stays.
+    scale.copy_(torch.where(torch.isfinite(candidate), candidate, scale))
+    hyst.copy_(new_hyst.masked_fill_(back_off, 0))
+    growth.copy_(new_growth.masked_fill_(grow, 0))
+
+
+def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            return param.device
+    return torch.device("cpu")
+
+
+class TorchGradScaler(torch.amp.GradScaler, GradScaler):
+    """``torch.amp.GradScaler`` with the unifiedamp spec, config, state and reporting.
+
+    It is a real ``torch.amp.GradScaler``: code and tools that take one take it.
+    Unlike ``torch.amp.GradScaler()``, it is never silently disabled on a CPU.
+
+    Args:
+        *args: ``init_scale, growth_factor, backoff_factor, growth_interval, enabled``.
+        device: Where the scale lives (``"cpu"``, ``"cuda"``, ``"cuda:1"``...). By
+            default, the device of the first tensor scaled or of the first
+            optimizer's parameters.
+        process_group: With ``torch.distributed`` initialised, the group whose
+            ranks must agree on found_inf (default: the world).
+        distributed: ``None`` (default) all-reduces found_inf whenever
+            ``torch.distributed`` is initialised with more than one rank; ``False`` never.
+        max_consecutive_skips: Warn once after this many skipped iterations in a
+            row (``None``: only when the scale drops below float32's smallest normal).
+        on_collapse: ``"warn"`` or ``"raise"``.
+        **kwargs: The other config parameters (canonical names or aliases).
+
+    Attributes:
+        num_steps: ``step()`` calls made while enabled.
+
+    Example:
+        >>> import torch
+        >>> import unifiedamp as ua
+        >>> model = torch.nn.Linear(3, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> scaler = ua.GradScaler(1024.0, growth_interval=2, backend="torch")
+        >>> isinstance(scaler, torch.amp.GradScaler)
+        True
+        >>> scaler.scale(model(torch.ones(2, 3)).sum()).backward()
+        >>> scaler.step(opt); scaler.update()
+        >>> scaler.get_scale(), scaler.last_step_skipped
+        (1024.0, False)
+    """
+
+    backend = "torch"
+
+    def __init__(
+        self,
+        *args: Any,
+        device: str | torch.device | None = None,
+        process_group: Any = None,
+        distributed: bool | None = None,
+        max_consecutive_skips: int | None = 100,
+        on_collapse: str = "warn",
+        **kwargs: Any,
+    ):
+        config = spec.config_from_args(args, kwargs, extra_names=_EXTRA_NAMES)
+        monitor = CollapseMonitor(max_consecutive_skips, on_collapse)
+        explicit = torch.device(device) if device is not None else None
+        # torch's own checks refuse factors of 1 and its default device "cuda"
+        # disables itself on a CPU-only machine: give it values it accepts and
+        # keep the real config here.
+        super().__init__(
+            device=explicit.type if explicit is not None else "cpu",
+            init_scale=spec.f32(config.init_scale), growth_factor=2.0, backoff_factor=0.5,
+            growth_interval=config.growth_interval, enabled=config.enabled,
+        )
+        if not config.enabled:
+            # torch leaves these unset on a disabled scaler; state_dict() still reads them.
+            self._scale = self._growth_tracker = None
+            self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        self._config = config
+        self._monitor = monitor
+        self._process_group = process_group
+        self._distributed = distributed
+        self._init_scale = spec.f32(config.init_scale)
+        self._init_growth_tracker = 0
+        self._init_hysteresis_tracker = 0
+        self._hysteresis_tracker: torch.Tensor | None = None
+        self._consecutive_skips: torch.Tensor | None = None
+        self._skipped_on_device: torch.Tensor | None = None
+        self._functional_found_inf: list[torch.Tensor] = []
+        self._sync_torch_attributes()
+        self._clamp_tracker = False
+        self._hysteresis_may_be_set = False
+        self._updates = 0
+        self._skipped_on_host = 0
+        self._last_skipped: bool | torch.Tensor = False
+        self._bf16_warned = False
+        self.num_steps = 0
+        if explicit is not None and config.enabled:
+            self._lazy_init_scale_growth_tracker(explicit)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.state}, {self._config})"
+
+    def _sync_torch_attributes(self) -> None:
+        # torch's own names, for tools that read them.
+        self._growth_factor = self._config.growth_factor
+        self._backoff_factor = self._config.backoff_factor
+        self._growth_interval = self._config.growth_interval
+
+    def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
+        super()._lazy_init_scale_growth_tracker(dev)
+        self._hysteresis_tracker = torch.full((), self._init_hysteresis_tracker,
+                                              dtype=torch.int32, device=dev)
+        self._consecutive_skips = torch.zeros((), dtype=torch.float32, device=dev)
+        self._skipped_on_device = torch.zeros((), dtype=torch.float32, device=dev)
+        self._hysteresis_may_be_set = self._init_hysteresis_tracker > 0
+        self._device = dev.type
+
+    def _ensure_scale(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._scale is None:
+            self._lazy_init_scale_growth_tracker(_device_of(optimizer))
+
+    # ------------------------------------------------------------ config and state
+
+    @property
+    def config(self) -> ScalerConfig:
+        return self._config
+
+    @property
+    def state(self) -> ScalerState:
+        """Scale and trackers as Python numbers (reads the device)."""
+        if self._scale is None:
+            return ScalerState(self._init_scale, self._init_growth_tracker,
+                               self._init_hysteresis_tracker)
+        return ScalerState(float(self._scale.item()), int(self._growth_tracker.item()),
+                           int(self._hysteresis_tracker.item()))
+
+    @property
+    def uses_native_update(self) -> bool:
+        """Whether ``update`` runs ``torch._amp_update_scale_`` (else the spec in tensor ops)."""
+        return torch_expressible(self._config)
+
+    def _set_config(self, **changes: Any) -> None:
+        self._config = self._config.replace(**changes)
+        self._sync_torch_attributes()
+
+    def get_growth_factor(self) -> float:
+        return self._config.growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._set_config(growth_factor=new_factor)
+
+    def get_backoff_factor(self) -> float:
+        return self._config.backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._set_config(backoff_factor=new_factor)
+
+    def get_growth_interval(self) -> int:
+        return self._config.growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        """Changes the interval; a tracker already past it grows on the next finite update
+        (torch's kernel tests ``tracker == interval`` and would never grow again)."""
+        self._set_config(growth_interval=new_interval)
+        self._clamp_tracker = True
+
+    def get_hysteresis(self) -> int:
+        return self._config.hysteresis
+
+    def set_hysteresis(self, new_hysteresis: int) -> None:
+        self._set_config(hysteresis=new_hysteresis)
+
+    def _get_hysteresis_tracker(self) -> int:
+        if self._hysteresis_tracker is None:
+            return self._init_hysteresis_tracker
+        return int(self._hysteresis_tracker.item())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The canonical dict (a disabled scaler returns it too, with ``enabled`` False).
+
+        ``native_state_dict()`` gives torch's own format.
+        """
+        return spec.to_state_dict(self._config, self.state, self.backend)
+
+    def native_state_dict(self) -> dict[str, Any]:
+        """``torch.amp.GradScaler``'s own state dict, for tools that expect one.
+
+        Raises:
+            ValueError: The config uses options torch's format cannot carry.
+        """
+        if not torch_expressible(self._config):
+            raise ValueError(
+                f"torch.amp.GradScaler's state dict cannot carry this config ({self._config}: "
+                "torch has no hysteresis, min/max scale or static mode, and refuses factors "
+                "of 1); use state_dict(), which every unifiedamp backend loads")
+        state = self.state
+        return {"scale": state.scale, "growth_factor": self._config.growth_factor,
+                "backoff_factor": self._config.backoff_factor,
+                "growth_interval": self._config.growth_interval,
+                "_growth_tracker": state.growth_tracker}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a canonical dict of any backend, or a native torch or paddle dict.
+
+        ``enabled`` stays as this scaler was built. A dict that fails validation
+        raises ``ValueError`` and changes nothing.
+        """
+        config, state = spec.parse_state_dict(state_dict, base=self._config)
+        self._config = config.replace(enabled=self._config.enabled)
+        self._sync_torch_attributes()
+        self._init_scale = state.scale
+        self._init_growth_tracker = state.growth_tracker
+        self._init_hysteresis_tracker = state.hysteresis_tracker
+        if self._scale is not None:
+            self._scale.fill_(state.scale)
+            self._growth_tracker.fill_(state.growth_tracker)
+            self._hysteresis_tracker.fill_(state.hysteresis_tracker)
+        self._clamp_tracker = True
+        self._hysteresis_may_be_set = state.hysteresis_tracker > 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = super().__getstate__()
+        # Device tensors and process groups do not pickle well; carry numbers.
+        d["_init_hysteresis_tracker"] = self._get_hysteresis_tracker()
+        d["_skipped_on_host"] = self.num_skipped_steps
+        d["_last_skipped"] = self.last_step_skipped
+        for name in ("_hysteresis_tracker", "_consecutive_skips", "_skipped_on_device",
+                     "_process_group"):
+            d[name] = None
+        return d
+
+    # ------------------------------------------------------------ skipped-step reporting
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the last ``step()`` skipped ``optimizer.step()`` (reads the device
+        after a fused step; free after a plain one)."""
+        skipped = self._last_skipped
+        return bool(skipped.item()) if isinstance(skipped, torch.Tensor) else skipped
+
+    @property
+    def num_skipped_steps(self) -> int:
+        """How many ``step()`` calls skipped the optimizer (reads the device if any step
+        was fused)."""
+        on_device = self._skipped_on_device
+        extra = int(on_device.item()) if on_device is not None else 0
+        return self._skipped_on_host + extra
+
+    # ------------------------------------------------------------ the verbs
+
+    def scale(self, outputs: Any) -> Any:
+        """Multiplies a tensor, or a list/tuple/dict of them, by the scale (dtype kept)."""
+        if not self._enabled:
+            return outputs
+        if not self._bf16_warned:
+            self._warn_if_bf16(outputs)
+        return self._scale_tree(outputs)
+
+    def _scale_tree(self, tree: Any) -> Any:
+        # torch's scale() takes a tensor or an iterable of them; dicts (named
+        # losses) and nesting are mapped here. The multiply is written here rather
+        # than through torch.amp.GradScaler.scale, which torch.compile refuses to
+        # trace (a graph break in a compiled train step).
+        if isinstance(tree, dict):
+            return {k: self._scale_tree(v) for k, v in tree.items()}
+        if isinstance(tree, (list, tuple)):
+            return type(tree)(self._scale_tree(v) for v in tree)
+        if not isinstance(tree, torch.Tensor):
+            raise ValueError(f"outputs must be a Tensor or a list/tuple/dict of Tensors, got "
+                             f"{type(tree).__name__}")
+        if self._scale is None:
+            self._lazy_init_scale_growth_tracker(tree.device)
+        # .to(dtype): a 0-dim float16 loss times the 0-dim float32 scale would
+        # otherwise come back float32 (torch's own scale() does that); every
+        # backend keeps the input's dtype. A no-op for every other input.
+        return (tree * self._scale.to(device=tree.device, non_blocking=True)).to(tree.dtype)
+
+    def _warn_if_bf16(self, outputs: Any) -> None:
+        first = outputs
+        while isinstance(first, (list, tuple)) and first:
+            first = first[0]
+        if not isinstance(first, torch.Tensor):
+            return
+        device_type = first.device.type
+        autocast_bf16 = (torch.is_autocast_enabled(device_type)
+                         and torch.get_autocast_dtype(device_type) == torch.bfloat16)
+        if first.dtype == torch.bfloat16 or autocast_bf16:
+            self._bf16_warned = True
+            warnings.warn(
+                "Loss scaling is unnecessary with bfloat16: it has float32's exponent range, "
+                "so gradients do not underflow. Build the scaler with enabled=False (every verb "
+                "becomes a pass-through) or drop it.", UserWarning, stacklevel=3)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divides the optimizer's gradients by the scale in place and records inf/NaN,
+        agreed across ranks when ``torch.distributed`` is initialised. No host sync."""
+        if not self._enabled:
+            return
+        self._ensure_scale(optimizer)
+        try:
+            super().unscale_(optimizer)
+        except ValueError as exc:
+            if "FP16" not in str(exc):
+                raise
+            raise ValueError(
+                "Attempting to unscale FP16 gradients. Keep the parameters (and so their "
+                "gradients) in float32 and run the float16 compute under torch.autocast: "
+                "unscaled float16 gradients flush small values to zero, which is what loss "
+                "scaling exists to prevent. (Fused optimizers take float16 gradients.)"
+            ) from None
+        self._agree_across_ranks(optimizer)
+
+    def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        # The fused path's check: no unscaling (the fused kernel does it).
+        self._ensure_scale(optimizer)
+        super()._check_inf_per_device(optimizer)
+        self._agree_across_ranks(optimizer)
+        return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+
+    def _group(self) -> Any:
+        if self._distributed is False or not (dist.is_available() and dist.is_initialized()):
+            return None
+        group = self._process_group or dist.group.WORLD
+        return group if dist.get_world_size(group) > 1 else None
+
+    def _agree_across_ranks(self, optimizer: torch.optim.Optimizer) -> None:
+        group = self._group()
+        if group is None:
+            return
+        state = self._per_optimizer_states[id(optimizer)]
+        found = torch.zeros((), dtype=torch.float32, device=self._scale.device)
+        for value in state["found_inf_per_device"].values():
+            found += value.to(found.device, non_blocking=True)
+        # Every rank joins the collective, also one whose shard has no gradient.
+        on_wire = found.cuda() if dist.get_backend(group) == "nccl" else found
+        dist.all_reduce(on_wire, op=dist.ReduceOp.MAX, group=group)
+        state["found_inf_per_device"] = {found.device: on_wire.to(found.device)}
+
+    def _maybe_opt_step(self, optimizer: torch.optim.Optimizer, optimizer_state: dict[str, Any],
+                        *args: Any, **kwargs: Any) -> Any:
+        # The plain path's one host read: Python must decide whether to step.
+        skipped = bool(sum(v.item() for v in optimizer_state["found_inf_per_device"].values()))
+        self._last_skipped = skipped
+        self._skipped_on_host += skipped
+        return None if skipped else optimizer.step(*args, **kwargs)
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        """Unscales (unless ``unscale_`` was called) and steps unless a gradient was inf/NaN.
+
+        A fused optimizer (``fused=True``) gets ``grad_scale`` and ``found_inf`` and
+        skips on the device; nothing waits for the device then.
+        """
+        if not self._enabled:
+            return optimizer.step(*args, **kwargs)
+        self._ensure_scale(optimizer)
+        retval = super().step(optimizer, *args, **kwargs)
+        self.num_steps += 1
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            found = sum(v.to(self._scale.device) for v in
+                        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
+            found = torch.as_tensor(found, dtype=torch.float32, device=self._scale.device)
+            self._last_skipped = found > 0
+            self._skipped_on_device += (found > 0).float()
+        return retval
+
+    def unscale(self, grads: Any) -> tuple[Any, torch.Tensor]:
+        """Functional unscale: ``(unscaled copies of grads, all finite)``, no host sync.
+
+        ``grads`` is a tensor or a list/tuple/dict of them; ``all finite`` is a 0-dim
+        bool tensor. The check counts towards the next ``update()``.
+        """
+        leaves: list[torch.Tensor] = []
+
+        def collect(tree: Any) -> Any:
+            if isinstance(tree, dict):
+                return {k: collect(v) for k, v in tree.items()}
+            if isinstance(tree, (list, tuple)):
+                return type(tree)(collect(v) for v in tree)
+            leaves.append(tree.detach().clone())
+            return leaves[-1]
+
+        out = collect(grads)
+        if not self._enabled:
+            return out, torch.tensor(True)
+        if self._scale is None:
+            self._lazy_init_scale_growth_tracker(leaves[0].device if leaves else
+                                                 torch.device("cpu"))
+        found = torch.zeros((), dtype=torch.float32, device=self._scale.device)
+        inv = self._scale.double().reciprocal().float()
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
+        for leaf in leaves:
+            groups[(leaf.device, leaf.dtype)].append(leaf)
+        for (device, _), tensors in groups.items():
+            found_here = torch.zeros((), dtype=torch.float32, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_here, inv.to(device))
+            found += found_here.to(found.device)
+        self._functional_found_inf.append(found)
+        return out, found == 0
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """Adapts the scale from every check since the last update, per the spec; no host sync.
+
+        ``new_scale`` (a float, finite and > 0, or a 1-element float tensor) sets
+        the scale instead, leaving the trackers, as torch does.
+        """
+        if not self._enabled:
+            return
+        scale, growth = self._check_scale_growth_tracker("update")
+        if new_scale is not None:
+            self._set_scale(new_scale)
+        else:
+            found_infs = [found.to(scale.device, non_blocking=True)
+                          for state in self._per_optimizer_states.values()
+                          for found in state["found_inf_per_device"].values()]
+            found_infs += self._functional_found_inf
+            if not found_infs:
+                raise _NoInfChecksError("No inf checks were recorded prior to update.")
+            found = torch.stack(found_infs).sum() if len(found_infs) > 1 else found_infs[0]
+            self._apply_update(scale, growth, found)
+            self._updates += 1
+            self._watch_collapse(found)
+        self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
+        self._functional_found_inf = []
+
+    def _set_scale(self, new_scale: float | torch.Tensor) -> None:
+        if isinstance(new_scale, torch.Tensor):
+            if new_scale.numel() != 1 or new_scale.requires_grad or \
+                    not new_scale.dtype.is_floating_point:
+                raise TypeError(
+                    "new_scale must be a float or a 1-element floating-point tensor with "
+                    f"requires_grad=False, got {new_scale!r}")
+            # The value is not checked: that would wait for the device.
+            self._scale.copy_(new_scale.reshape(()))
+            return
+        if isinstance(new_scale, bool) or not isinstance(new_scale, (int, float)):
+            raise TypeError(f"new_scale must be a float or a 1-element tensor, got {new_scale!r}")
+        value = spec.f32(float(new_scale))
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"new_scale must be finite and > 0 in float32, got {new_scale!r}")
+        self._scale.fill_(value)
+
+    def _apply_update(self, scale: torch.Tensor, growth: torch.Tensor,
+                      found: torch.Tensor) -> None:
+        config = self._config
+        if torch_expressible(config):
+            if self._clamp_tracker:
+                # torch grows on tracker + 1 == interval; the spec on >=.
+                growth.clamp_(max=config.growth_interval - 1)
+                self._clamp_tracker = False
+            torch._amp_update_scale_(scale, growth, found, spec.f32(config.growth_factor),
+                                     spec.f32(config.backoff_factor), config.growth_interval)
+            if self._hysteresis_may_be_set:
+                # With hysteresis 1 the spec leaves the tracker at 0 after any update.
+                self._hysteresis_tracker.zero_()
+                self._hysteresis_may_be_set = False
+        else:
+            _spec_update_(scale, growth, self._hysteresis_tracker, found, config)
+            self._hysteresis_may_be_set = True
+
+    def _watch_collapse(self, found: torch.Tensor) -> None:
+        self._consecutive_skips.add_(1).mul_(found > 0)
+        # Read the device only every `period` updates, so update() stays free of
+        # host syncs in between.
+        limit = self._monitor.max_consecutive_skips
+        if self._updates % (limit or 100) == 0:
+            bad = self._scale < spec.FLOAT32_MIN_NORMAL
+            if limit is not None:
+                bad = bad | (self._consecutive_skips >= limit)
+            if bad.item():  # the one read per period; the rest only when reporting
+                self._monitor.report(self._updates, float(self._scale.item()),
+                                     int(self._consecutive_skips.item()))
+            else:
+                self._monitor.clear()
+
+    # ------------------------------------------------------------ tooling
+
+    @classmethod
+    def devices(cls) -> list[str]:
+        """``cpu`` and every CUDA device torch sees."""
+        return ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+    @classmethod
+    def conformance_adapter(cls, optimizer: str = "adam", device: str = "cpu") -> Any:
+        """Drives this backend with real autograd: ``scaler.scale(loss).backward()``.
+
+        Args:
+            optimizer: ``"adam"`` (plain), ``"adamw_fused"`` or ``"sgd_foreach"``.
+            device: ``"cpu"`` or ``"cuda"``.
+        """
+        from unifiedamp.backends._torch_conformance import TorchAdapter
+
+        return TorchAdapter(cls, optimizer=optimizer, device=device)

@@ -1,0 +1,596 @@
+"""The PyTorch backend: what is specific to torch (the shared contract runs in
+test_conformance_builtin.py)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import random
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import unifiedamp as ua  # noqa: E402
+from unifiedamp import spec  # noqa: E402
+from unifiedamp.backends._torch_conformance import run_ranks  # noqa: E402
+from unifiedamp.backends.torch import TorchGradScaler  # noqa: E402
+
+pytestmark = pytest.mark.framework("torch")
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+
+
+def mlp(device="cpu", seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 4)).to(device)
+
+
+def batch(device="cpu", seed=1, poison=None):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+    if poison is not None:
+        x[0, 0] = poison
+    return x.to(device), y.to(device)
+
+
+def loss_of(model, x, y):
+    return torch.nn.functional.mse_loss(model(x), y)
+
+
+class CountHostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts aten._local_scalar_dense: what .item(), bool() and float() of a tensor run,
+    i.e. every point where Python waits for the device's value."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+class RecordOps(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket.__name__))
+        return func(*args, **(kwargs or {}))
+
+
+# ---------------------------------------------------------------- direct mapping
+
+
+def test_it_is_a_real_torch_grad_scaler_and_detected_from_torch_objects():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for scaler in (ua.GradScaler(backend="torch"), ua.GradScaler(backend=opt),
+                   ua.GradScaler(backend=torch.ones(1))):
+        assert isinstance(scaler, torch.amp.GradScaler) and isinstance(scaler, ua.GradScaler)
+        assert type(scaler) is TorchGradScaler
+
+
+def test_with_only_torch_imported_detection_picks_torch(run_python):
+    proc = run_python("import torch, unifiedamp as ua; print(type(ua.GradScaler()).__name__)")
+    assert proc.stdout.strip() == "TorchGradScaler", proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="measures the CPU-only behaviour")
+def test_never_silently_disabled_on_cpu_unlike_torchs_default():
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        assert torch.amp.GradScaler().is_enabled() is False  # torch's default device "cuda"
+    scaler = ua.GradScaler(backend="torch")
+    assert scaler.is_enabled()
+    assert scaler.scale(torch.ones(())).item() == 65536.0
+
+
+def test_expressible_configs_run_torchs_kernels_and_others_the_tensor_rule():
+    def ops_of(**config):
+        scaler = ua.GradScaler(1024.0, backend="torch", **config)
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler.scale(loss_of(model, *batch())).backward()
+        with RecordOps() as rec:
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        return scaler, rec.ops
+
+    native, ops = ops_of()
+    assert native.uses_native_update
+    assert "_amp_foreach_non_finite_check_and_unscale_" in ops and "_amp_update_scale_" in ops
+    for config in ({"hysteresis": 2}, {"min_scale": 1.0}, {"max_scale": 1e6},
+                   {"growth_factor": 1.0}, {"backoff_factor": 1.0}, {"dynamic": False}):
+        custom, ops = ops_of(**config)
+        assert not custom.uses_native_update
+        assert "_amp_update_scale_" not in ops, config
+        assert "_amp_foreach_non_finite_check_and_unscale_" in ops
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_default_config_matches_torch_amp_grad_scaler_step_by_step(seed):
+    rng = random.Random(seed)
+    kinds = "".join(rng.choice("FFFI") for _ in range(60))
+    ours = ua.GradScaler(256.0, 2.0, 0.5, 3, backend="torch")
+    native = torch.amp.GradScaler("cpu", 256.0, 2.0, 0.5, 3)
+    for step, kind in enumerate(kinds, 1):
+        for scaler in (ours, native):
+            model = mlp()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            x, y = batch(poison=float("inf") if kind == "I" else None)
+            scaler.scale(loss_of(model, x, y)).backward()
+            scaler.step(opt)
+            scaler.update()
+        assert spec.f32_hex(ours.get_scale()) == spec.f32_hex(native.get_scale()), f"step {step}"
+        assert ours._get_growth_tracker() == native._get_growth_tracker(), f"step {step}"
+
+
+# ---------------------------------------------------------------- the workflow
+
+
+OPTIMIZERS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    "sgd_foreach": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, foreach=True),
+    "sgd_fused": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, fused=True),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-2),
+    "adam_fused": lambda p: torch.optim.Adam(p, lr=1e-2, fused=True),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
+    "adamw_foreach": lambda p: torch.optim.AdamW(p, lr=1e-2, foreach=True),
+    "adamw_fused": lambda p: torch.optim.AdamW(p, lr=1e-2, fused=True),
+}
+
+
+def train(make_opt, device, scaler=None, steps=6, clip=None, accumulate=1):
+    model = mlp(device)
+    opt = make_opt(model.parameters())
+    for step in range(steps):
+        for micro in range(accumulate):
+            loss = loss_of(model, *batch(device, seed=10 * step + micro)) / accumulate
+            (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.unscale_(opt)
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad()
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_finite_training_with_the_scaler_equals_training_without_it(name, device):
+    # Powers of two scale and unscale exactly, so every parameter must be bitwise
+    # the same as without a scaler: unscale_ then clip_grad_norm_, accumulation too.
+    for scaler_config in ({"init_scale": 1024.0}, {"init_scale": 1024.0, "hysteresis": 2,
+                                                    "min_scale": 1.0}):
+        for kwargs in ({}, {"clip": 0.5}, {"accumulate": 2}):
+            plain = train(OPTIMIZERS[name], device, **kwargs)
+            scaler = ua.GradScaler(backend="torch", growth_interval=2, **scaler_config)
+            scaled = train(OPTIMIZERS[name], device, scaler=scaler, **kwargs)
+            for a, b in zip(plain, scaled, strict=True):
+                assert torch.equal(a, b), (name, scaler_config, kwargs)
+            assert scaler.num_skipped_steps == 0 and scaler.get_scale() == 8192.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw_fused", "sgd_foreach"])
+def test_inf_step_is_skipped_and_leaves_params_and_optimizer_state(name, device):
+    model = mlp(device)
+    opt = OPTIMIZERS[name](model.parameters())
+    scaler = ua.GradScaler(1024.0, backend="torch")
+    scaler.scale(loss_of(model, *batch(device))).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    params = copy.deepcopy(list(model.parameters()))
+    state = copy.deepcopy(opt.state_dict())
+    scaler.scale(loss_of(model, *batch(device, poison=float("nan")))).backward()
+    assert scaler.step(opt) is None
+    scaler.update()
+    assert scaler.last_step_skipped is True
+    assert all(torch.equal(a, b) for a, b in zip(params, model.parameters(), strict=True))
+    after = opt.state_dict()["state"]
+    for key, value in state["state"].items():
+        for field, tensor in value.items():
+            assert torch.equal(tensor, after[key][field]), (key, field)
+    assert scaler.get_scale() == 512.0
+    assert (scaler.num_steps, scaler.num_skipped_steps) == (2, 1)
+
+
+def test_two_optimizers_two_losses_inf_in_either_backs_off_once():
+    for poisoned in (0, 1):
+        a, b = mlp(seed=0), mlp(seed=1)
+        opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.Adam(b.parameters())
+        scaler = ua.GradScaler(1024.0, growth_interval=1, backend="torch")
+        losses = [loss_of(m, *batch(poison=float("inf") if i == poisoned else None))
+                  for i, m in enumerate((a, b))]
+        for loss in scaler.scale(losses):  # a list of losses scales in one call
+            loss.backward()
+        skipped = []
+        for opt in (opt_a, opt_b):
+            scaler.step(opt)
+            skipped.append(scaler.last_step_skipped)
+        scaler.update()
+        assert skipped == [poisoned == 0, poisoned == 1]  # each optimizer skips on its own
+        assert scaler.get_scale() == 512.0  # one backoff for the iteration
+
+
+def test_dict_of_named_losses_is_scaled():
+    scaler = ua.GradScaler(4.0, backend="torch")
+    out = scaler.scale({"a": torch.tensor(1.0), "b": [torch.tensor(2.0, dtype=torch.float16)]})
+    assert out["a"].item() == 4.0 and out["b"][0].dtype == torch.float16
+    with pytest.raises(ValueError, match="outputs must be a Tensor or a list/tuple/dict"):
+        scaler.scale(3.0)
+
+
+def test_update_with_new_scale_float_or_tensor():
+    scaler = ua.GradScaler(1024.0, growth_interval=5, backend="torch")
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler.scale(loss_of(model, *batch())).backward()
+    scaler.step(opt)
+    scaler.update()
+    scaler.update(8.0)
+    assert scaler.state == spec.ScalerState(8.0, 1, 0)
+    scaler.update(torch.tensor([0.1], dtype=torch.float64))
+    assert scaler.get_scale() == spec.f32(0.1)
+    for bad, exc in [(0.0, ValueError), (float("nan"), ValueError), ("8", TypeError),
+                     (torch.ones(2), TypeError), (torch.ones(1, requires_grad=True), TypeError),
+                     (torch.ones(1, dtype=torch.int32), TypeError)]:
+        with pytest.raises(exc, match="new_scale must be"):
+            scaler.update(bad)
+    assert scaler.get_scale() == spec.f32(0.1)
+
+
+def test_sparse_gradients_are_unscaled_and_checked():
+    for poison in (None, float("inf")):
+        emb = torch.nn.Embedding(10, 3, sparse=True)
+        opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+        scaler = ua.GradScaler(1024.0, backend="torch")
+        out = emb(torch.tensor([1, 2, 2]))
+        weight = torch.ones(3, 3)
+        if poison is not None:
+            weight[0, 0] = poison
+        scaler.scale((out * weight).sum()).backward()
+        assert emb.weight.grad.is_sparse
+        scaler.unscale_(opt)
+        if poison is None:
+            assert torch.equal(emb.weight.grad.to_dense()[2], torch.full((3,), 2.0))
+        scaler.step(opt)
+        scaler.update()
+        assert scaler.last_step_skipped is (poison is not None)
+
+
+def test_fp16_gradients_get_torchs_error_with_the_fix():
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
+    opt = torch.optim.SGD([p], lr=0.1)
+    scaler = ua.GradScaler(backend="torch")
+    scaler.scale(p.float().sum()).backward()
+    with pytest.raises(ValueError, match=r"^Attempting to unscale FP16 gradients\. Keep the "
+                                         r"parameters .* in float32"):
+        scaler.step(opt)
+
+
+def test_fp16_gradients_with_a_fused_optimizer_are_supported():
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
+    opt = torch.optim.Adam([p], lr=0.1, fused=True)
+    scaler = ua.GradScaler(1024.0, backend="torch")
+    scaler.scale(p.float().sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert not scaler.last_step_skipped and p.dtype == torch.float16 and p[0].item() < 1
+
+
+def test_bfloat16_gives_one_warning_that_scaling_is_unnecessary():
+    scaler = ua.GradScaler(backend="torch")
+    with pytest.warns(UserWarning, match="Loss scaling is unnecessary with bfloat16") as record:
+        scaler.scale(torch.ones((), dtype=torch.bfloat16))
+        scaler.scale(torch.ones((), dtype=torch.bfloat16))
+    assert len([w for w in record if "bfloat16" in str(w.message)]) == 1
+    other = ua.GradScaler(backend="torch")
+    model = mlp()
+    with pytest.warns(UserWarning, match="unnecessary with bfloat16"):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            other.scale(loss_of(model, *batch()))
+
+
+# ---------------------------------------------------------------- host syncs
+
+
+def host_reads_per_step(make_opt, scaler_factory, steps=4):
+    def run(use_scaler):
+        model = mlp()
+        opt = make_opt(model.parameters())
+        scaler = scaler_factory() if use_scaler else None
+        x, y = batch()
+        loss_of(model, x, y).backward()  # warm: optimizer state exists
+        opt.step()
+        with CountHostReads() as counter:
+            for _ in range(steps):
+                opt.zero_grad()
+                loss = loss_of(model, x, y)
+                if scaler:
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    loss.backward()
+                    opt.step()
+        return counter.count
+
+    return (run(True) - run(False)) / steps
+
+
+@pytest.mark.parametrize("config", [{}, {"hysteresis": 2, "min_scale": 1.0}])
+def test_host_reads_added_by_the_scaler_per_step(config):
+    def factory():
+        return ua.GradScaler(1024.0, backend="torch", **config)
+
+    # Plain optimizers: exactly one read per step, Python deciding whether to step.
+    assert host_reads_per_step(OPTIMIZERS["adam"], factory) == 1
+    assert host_reads_per_step(OPTIMIZERS["sgd"], factory) == 1
+    # Fused optimizers skip on the device: no read at all.
+    assert host_reads_per_step(OPTIMIZERS["adamw_fused"], factory) == 0
+    assert host_reads_per_step(OPTIMIZERS["sgd_fused"], factory) == 0
+
+
+def test_collapse_check_reads_the_device_once_per_period():
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    scaler = ua.GradScaler(1024.0, backend="torch", max_consecutive_skips=10)
+    reads = []
+    for _ in range(20):
+        with CountHostReads() as counter:
+            scaler.scale(loss_of(model, *batch())).backward()
+            scaler.step(opt)
+            scaler.update()
+        reads.append(counter.count)
+        opt.zero_grad()
+    assert reads == [0] * 9 + [1] + [0] * 9 + [1]
+
+
+def test_fused_optimizer_receives_grad_scale_and_found_inf():
+    seen = {}
+
+    class Spy(torch.optim.AdamW):
+        def step(self, closure=None):
+            seen["grad_scale"] = self.grad_scale.clone()
+            seen["found_inf"] = self.found_inf.clone()
+            return super().step(closure)
+
+    model = mlp()
+    opt = Spy(model.parameters(), fused=True)
+    scaler = ua.GradScaler(1024.0, backend="torch")
+    scaler.scale(loss_of(model, *batch(poison=float("inf")))).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert seen["grad_scale"].item() == 1024.0 and seen["found_inf"].item() == 1.0
+    assert scaler.last_step_skipped and scaler.num_skipped_steps == 1
+
+
+def test_collapse_warns_on_the_torch_path():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = ua.GradScaler(backend="torch", max_consecutive_skips=5)
+    with pytest.warns(ua.ScaleCollapseWarning, match="collapsed at step 5: scale 2048.0"):
+        for _ in range(7):
+            scaler.scale(loss_of(model, *batch(poison=float("nan")))).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+
+
+# ---------------------------------------------------------------- skipped-step reporting
+
+
+def test_lr_scheduler_steps_only_when_the_optimizer_stepped():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    scaler = ua.GradScaler(backend="torch")
+    for poison in (None, float("inf"), None, float("nan"), None):
+        scaler.scale(loss_of(model, *batch(poison=poison))).backward()
+        scaler.step(opt)
+        scaler.update()
+        if not scaler.last_step_skipped:
+            sched.step()
+        opt.zero_grad()
+    assert opt.param_groups[0]["lr"] == 0.5**3
+    assert (scaler.num_steps, scaler.num_skipped_steps) == (5, 2)
+
+
+# ---------------------------------------------------------------- state
+
+
+def test_native_state_dict_round_trips_through_a_real_torch_scaler():
+    ours = ua.GradScaler(256.0, growth_interval=4, backend="torch")
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for poison in (None, None, float("inf"), None):
+        ours.scale(loss_of(model, *batch(poison=poison))).backward()
+        ours.step(opt)
+        ours.update()
+        opt.zero_grad()
+    native = torch.amp.GradScaler("cpu")
+    native.load_state_dict(ours.native_state_dict())
+    assert native.get_scale() == ours.get_scale() == 128.0
+    assert native._get_growth_tracker() == ours._get_growth_tracker() == 1
+    back = ua.GradScaler(backend="torch")
+    back.load_state_dict(native.state_dict())
+    assert back.state == ours.state
+    # torch's format has no init_scale: the loading scaler keeps its own
+    assert back.config == ours.config.replace(init_scale=65536.0)
+    with pytest.raises(ValueError, match="cannot carry this config"):
+        ua.GradScaler(hysteresis=2, backend="torch").native_state_dict()
+
+
+def test_canonical_state_moves_from_numpy_to_torch_and_resumes(tmp_path):
+    source = ua.GradScaler(1024.0, 3.0, 0.25, 3, backend="numpy", hysteresis=2)
+    from unifiedamp.backends.numpy import SGD
+
+    opt = SGD([np.zeros(2, np.float32)])
+    for grad in ([1.0, 1.0], [1.0, np.inf], [1.0, 1.0]):
+        opt.grads = [np.array(grad, np.float32)]
+        source.step(opt)
+        source.update()
+    path = tmp_path / "scaler.json"
+    path.write_text(json.dumps(source.state_dict()))
+    target = ua.GradScaler(backend="torch")
+    target.load_state_dict(json.loads(path.read_text()))
+    assert target.state == source.state == spec.ScalerState(1024.0, 1, 0)
+    assert target.config == source.config
+
+
+def test_failed_load_changes_nothing():
+    scaler = ua.GradScaler(1024.0, backend="torch")
+    scaler.scale(torch.ones(()))
+    before = scaler.state_dict()
+    with pytest.raises(ValueError, match="nothing was loaded"):
+        scaler.load_state_dict({**before, "growth_tracker": -1})
+    with pytest.raises(ValueError, match="it is empty"):
+        scaler.load_state_dict({})
+    assert scaler.state_dict() == before
+
+
+def test_pickle_and_deepcopy_keep_config_and_state():
+    scaler = ua.GradScaler(1024.0, hysteresis=3, backend="torch")
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler.scale(loss_of(model, *batch(poison=float("inf")))).backward()
+    scaler.step(opt)
+    scaler.update()
+    for clone in (pickle.loads(pickle.dumps(scaler)), copy.deepcopy(scaler)):
+        assert clone.state == scaler.state == spec.ScalerState(1024.0, 0, 1)
+        assert clone.config == scaler.config and clone.num_skipped_steps == 1
+
+
+# ---------------------------------------------------------------- distributed
+
+
+def test_inf_on_rank_1_only_makes_both_ranks_skip_and_agree():
+    results = run_ranks({"init_scale": 1024.0, "growth_interval": 2}, ["F", "I"],
+                        iterations=1)
+    assert [r["stepped"] for r in results] == [False, False]
+    assert [r["skipped"] for r in results] == [1, 1]
+    assert [r["state"] for r in results] == [[512.0, 0, 0], [512.0, 0, 0]]
+
+
+def test_ranks_agree_with_hysteresis_on_the_tensor_path():
+    results = run_ranks({"init_scale": 1024.0, "hysteresis": 2, "min_scale": 1.0},
+                        ["I", "F"], iterations=2)
+    assert [r["state"] for r in results] == [[512.0, 0, 0], [512.0, 0, 0]]
+    assert [r["stepped"] for r in results] == [False, False]
+
+
+# ---------------------------------------------------------------- torch.compile
+
+
+def test_compiled_model_gives_the_eager_trajectory():
+    def run(compiled):
+        model = mlp()
+        forward = torch.compile(model) if compiled else model
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        scaler = ua.GradScaler(1024.0, growth_interval=2, hysteresis=2, backend="torch")
+        for step in range(6):
+            poison = float("inf") if step in (2, 3) else None
+            scaler.scale(loss_of(forward, *batch(seed=step, poison=poison))).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        return scaler.state, [p.detach() for p in model.parameters()]
+
+    (s1, p1), (s2, p2) = run(False), run(True)
+    assert s1 == s2
+    assert all(torch.allclose(a, b) for a, b in zip(p1, p2, strict=True))
+
+
+def test_scale_traces_into_a_full_graph():
+    model = mlp()
+    scaler = ua.GradScaler(1024.0, backend="torch")
+    scaler.scale(torch.ones(()))  # the scale tensor exists before tracing
+
+    @torch.compile(fullgraph=True)
+    def scaled_loss(x, y):
+        return scaler.scale(loss_of(model, x, y))
+
+    x, y = batch()
+    assert torch.allclose(scaled_loss(x, y), loss_of(model, x, y) * 1024)
+
+
+# ---------------------------------------------------------------- CUDA
+
+
+@CUDA
+def test_cuda_fused_step_never_waits_for_the_device():
+    model = mlp("cuda")
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    scaler = ua.GradScaler(1024.0, backend="torch", hysteresis=2, min_scale=1.0)
+    x, y = batch("cuda")
+    loss_of(model, x, y).backward()
+    opt.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(5):
+            opt.zero_grad()
+            scaler.scale(loss_of(model, x, y)).backward()
+            scaler.step(opt)
+            scaler.update()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert scaler.get_scale() == 1024.0 and scaler.num_skipped_steps == 0
+
+
+@CUDA
+def test_cuda_scale_lives_on_the_parameters_device():
+    model = mlp("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = ua.GradScaler(backend="torch")
+    scaler.scale(loss_of(model, *batch("cuda"))).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert scaler._scale.device.type == "cuda" and scaler.state.scale == 65536.0
+
+
+# ---------------------------------------------------------------- tools that take a torch scaler
+
+
+def test_lightning_mixed_precision_plugin_takes_the_scaler_unchanged():
+    L = pytest.importorskip("lightning")
+    from lightning.pytorch.plugins import MixedPrecision
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, index):
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    scaler = ua.GradScaler(1024.0, growth_interval=2, hysteresis=2, backend="torch")
+    trainer = L.Trainer(max_steps=8, accelerator=device, devices=1, logger=False,
+                        plugins=[MixedPrecision("16-mixed", device, scaler=scaler)],
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(Module(), data)
+    assert trainer.strategy.precision_plugin.scaler is scaler
+    assert scaler.num_steps == 8 and scaler.get_scale() == 1024.0 * 2**4
