@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
+from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
