@@ -21,8 +21,9 @@ def make_problem():
     opt = SGD()
 
     def set_grads(kind, scaler):
-        bad = {"F": 1.0, "I": np.inf, "N": np.nan}[kind]
-        opt.grads = [scaler.scale(np.array([1.0, bad, 2.0], np.float32))]
+        # |values| <= 0.5: a finite step must stay finite at every float32 scale.
+        bad = {"F": 0.5, "I": np.inf, "N": np.nan}[kind]
+        opt.grads = [scaler.scale(np.array([0.5, bad, 0.25], np.float32))]
 
     return Problem(opt, set_grads, lambda: [opt.params[0], np.array(opt.steps)])
 
