@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -32,6 +33,32 @@ def mlp(device: str) -> torch.nn.Module:
         torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024),
         torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
     ).to(device)
+
+
+def medians(cases: dict[str, Callable[[], None]], repeats: int, device: str,
+            per_call: int = 1) -> dict[str, float]:
+    """Median seconds per call (divided by per_call) of interleaved runs, in a rotating
+    order so that drift and position hit every case alike; one warm-up each."""
+    for fn in cases.values():
+        fn()
+    sync(device)
+    names = list(cases)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            cases[name]()
+            sync(device)
+            times[name].append((time.perf_counter() - t0) / per_call)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def report(title: str, med: dict[str, float], base: str, ratios: dict[str, str]) -> None:
+    print(title)
+    for name, t in med.items():
+        print(f"  {name:42s} {t * 1e3:8.2f} ms")
+    print("  " + "   ".join(f"ratio {label} = {med[name] / med[base]:.3f}"
+                            for label, name in ratios.items()))
 
 
 def train_step_bench(device: str, repeats: int, steps: int) -> dict[str, float]:
@@ -53,36 +80,24 @@ def train_step_bench(device: str, repeats: int, steps: int) -> dict[str, float]:
     params = sum(p.numel() for p in setups["a no scaler"][0].parameters())
 
     def run(model, opt, scaler):
-        for _ in range(steps):
-            opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            if scaler is None:
-                loss.backward()
-                opt.step()
-            else:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-        sync(device)
+        def go():
+            for _ in range(steps):
+                opt.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                if scaler is None:
+                    loss.backward()
+                    opt.step()
+                else:
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+        return go
 
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for name in variants:  # warm-up
-        run(*setups[name])
-    names = list(variants)
-    for r in range(repeats):
-        # Interleaved, in a rotating order, so that drift and position hit all alike.
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            run(*setups[name])
-            times[name].append((time.perf_counter() - t0) / steps)
-    med = {name: statistics.median(t) for name, t in times.items()}
-    print(f"train step, {params / 1e6:.1f}M-parameter MLP, AdamW, batch 64, {device}, "
-          f"median of {repeats} x {steps} steps")
-    for name, t in med.items():
-        print(f"  {name:42s} {t * 1e3:8.2f} ms")
-    b = med["b torch.amp.GradScaler"]
-    print(f"  ratio c/b = {med['c unifiedamp (torch kernels)'] / b:.3f}   "
-          f"ratio d/b = {med['d unifiedamp (hysteresis=2, min_scale)'] / b:.3f}")
+    med = medians({name: run(*setup) for name, setup in setups.items()}, repeats, device, steps)
+    report(f"train step, {params / 1e6:.1f}M-parameter MLP, AdamW, batch 64, {device}, "
+           f"median of {repeats} x {steps} steps", med, "b torch.amp.GradScaler",
+           {"c/b": "c unifiedamp (torch kernels)",
+            "d/b": "d unifiedamp (hysteresis=2, min_scale)"})
     return med
 
 
@@ -110,26 +125,11 @@ def unscale_bench(device: str, repeats: int, elements: int = 50_000_000) -> None
 
     cases = {"torch._foreach_mul_": foreach_mul, "unifiedamp unscale_+update": unscale_update(ours),
              "torch.amp unscale_+update": unscale_update(native)}
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for fn in cases.values():
-        fn()
-    sync(device)
-    names = list(cases)
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            fn = cases[name]
-            t0 = time.perf_counter()
-            fn()
-            sync(device)
-            times[name].append(time.perf_counter() - t0)
-    med = {name: statistics.median(t) for name, t in times.items()}
-    print(f"unscale_ + inf check of {elements / 1e6:.0f}M float32 gradient elements "
-          f"({len(grads)} tensors), {device}, median of {repeats}")
-    for name, t in med.items():
-        print(f"  {name:42s} {t * 1e3:8.2f} ms")
-    base = med["torch._foreach_mul_"]
-    print(f"  ratio unifiedamp/foreach_mul = {med['unifiedamp unscale_+update'] / base:.3f}   "
-          f"ratio torch.amp/foreach_mul = {med['torch.amp unscale_+update'] / base:.3f}")
+    report(f"unscale_ + inf check of {elements / 1e6:.0f}M float32 gradient elements "
+           f"({len(grads)} tensors), {device}, median of {repeats}",
+           medians(cases, repeats, device), "torch._foreach_mul_",
+           {"unifiedamp/foreach_mul": "unifiedamp unscale_+update",
+            "torch.amp/foreach_mul": "torch.amp unscale_+update"})
 
 
 def main() -> None:
