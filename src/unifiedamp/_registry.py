@@ -43,6 +43,8 @@ BUILTIN: dict[str, BackendInfo] = {
                          ("numpy",), "pip install numpy"),
     "torch": BackendInfo("torch", "unifiedamp.backends.torch:TorchGradScaler", "torch",
                          ("torch",), "pip install 'unifiedamp[torch]'"),
+    "jax": BackendInfo("jax", "unifiedamp.backends.jax:JaxGradScaler", "jax",
+                       ("jax", "jaxlib", "optax", "flax"), "pip install 'unifiedamp[jax]'"),
 }
 
 # Frameworks whose backend ships in a later release: detecting them must give a

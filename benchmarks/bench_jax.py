@@ -1,0 +1,138 @@
+"""The JAX backend's cost in a jitted train step, against no scaler and against jmp.
+
+Run: pip install -e '.[bench]'; python benchmarks/bench_jax.py [--repeats R] [--steps S]
+
+A ~10M-parameter MLP, AdamW, batch 64, the whole step under one jax.jit:
+(a) no scaler, (b) jmp.DynamicLossScale (scale, unscale, all_finite, adjust,
+select_tree), (c) unifiedamp by hand (scale, unscale, update, step_if_finite),
+(d) unifiedamp's optax wrapper loss_scaled(adamw). Interleaved runs in a
+rotating order; medians and the ratios to jmp and to no scaler printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import unifiedamp as ua
+from unifiedamp.backends.jax import find_scaler, loss_scaled, step_if_finite
+
+
+def init_mlp(key: jax.Array) -> list[dict[str, jax.Array]]:
+    sizes = [1024, 4096, 1024, 1024]
+    params = []
+    for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
+        key, sub = jax.random.split(key)
+        params.append({"w": jax.random.normal(sub, (n_in, n_out)) / n_in**0.5,
+                       "b": jnp.zeros(n_out)})
+    return params
+
+
+def loss_fn(params: list[dict[str, jax.Array]], x: jax.Array, y: jax.Array) -> jax.Array:
+    for i, layer in enumerate(params):
+        # float16 compute, float32 parameters: what loss scaling is for
+        x = x.astype(jnp.float16) @ layer["w"].astype(jnp.float16) + layer["b"]
+        if i < len(params) - 1:
+            x = jax.nn.relu(x)
+    return jnp.mean((x.astype(jnp.float32) - y) ** 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    import jmp
+
+    tx = optax.adamw(1e-4)
+    params = init_mlp(jax.random.key(0))
+    n_params = sum(p.size for p in jax.tree.leaves(params))
+    x = jax.random.normal(jax.random.key(1), (64, 1024))
+    y = jax.random.normal(jax.random.key(2), (64, 1024))
+
+    jit = partial(jax.jit, donate_argnums=(0, 1))  # donated, as a training loop would
+
+    @jit
+    def plain(params, opt_state, _):
+        grads = jax.grad(loss_fn)(params, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, _
+
+    @jit
+    def with_jmp(params, opt_state, ls):
+        grads = jax.grad(lambda p: ls.scale(loss_fn(p, x, y)))(params)
+        grads = ls.unscale(grads)
+        finite = jmp.all_finite(grads)
+        ls = ls.adjust(finite)
+        updates, new_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        return (jmp.select_tree(finite, new_params, params),
+                jmp.select_tree(finite, new_state, opt_state), ls)
+
+    @jit
+    def with_unifiedamp(params, opt_state, scaler):
+        grads = jax.grad(lambda p: scaler.scale(loss_fn(p, x, y)))(params)
+        grads, finite = scaler.unscale(grads)
+
+        def apply(state):
+            params, opt_state = state
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        return (*step_if_finite(finite, apply, (params, opt_state)), scaler.update(finite))
+
+    scaled_tx = loss_scaled(tx, ua.GradScaler(2.0**15, backend="jax"))
+
+    @jit
+    def with_loss_scaled(params, opt_state, _):
+        scaler = find_scaler(opt_state)
+        grads = jax.grad(lambda p: scaler.scale(loss_fn(p, x, y)))(params)
+        updates, opt_state = scaled_tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, _
+
+    cases = {
+        "a no scaler": (plain, tx, jnp.zeros(())),
+        "b jmp.DynamicLossScale": (with_jmp, tx, jmp.DynamicLossScale(jnp.float32(2.0**15))),
+        "c unifiedamp": (with_unifiedamp, tx, ua.GradScaler(2.0**15, backend="jax")),
+        "d unifiedamp loss_scaled(adamw)": (with_loss_scaled, scaled_tx, jnp.zeros(())),
+    }
+    carries = {name: (jax.tree.map(jnp.copy, params), opt.init(params), extra)
+               for name, (_, opt, extra) in cases.items()}
+
+    def run(name: str) -> None:
+        fn = cases[name][0]
+        carry = carries[name]
+        for _ in range(args.steps):
+            carry = fn(*carry)
+        jax.block_until_ready(carry)
+        carries[name] = carry
+
+    for name in cases:
+        run(name)  # compile and warm up
+    names = list(cases)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(args.repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            run(name)
+            times[name].append((time.perf_counter() - t0) / args.steps)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"jax {jax.__version__} on {jax.devices()[0]}; jitted train step, "
+          f"{n_params / 1e6:.1f}M-parameter MLP (float16 compute), AdamW, batch 64, "
+          f"median of {args.repeats} x {args.steps} steps")
+    for name, t in med.items():
+        print(f"  {name:26s} {t * 1e3:8.2f} ms")
+    a, b = med["a no scaler"], med["b jmp.DynamicLossScale"]
+    for name in ("c unifiedamp", "d unifiedamp loss_scaled(adamw)"):
+        print(f"  {name}: ratio to jmp = {med[name] / b:.3f}, to no scaler = {med[name] / a:.3f}")
+
+
+if __name__ == "__main__":
+    main()

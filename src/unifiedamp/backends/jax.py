@@ -1,0 +1,414 @@
+"""The JAX backend: the scaler as an immutable pytree value, with an optax wrapper.
+
+The scale and both trackers are leaves (arrays); the config is static aux
+data, so it survives ``jax.jit``, ``tree_flatten``/``tree_unflatten``,
+``lax.scan`` carries and checkpoints intact. Every verb is pure and traceable:
+``scale(tree)``, ``unscale(grads) -> (grads, finite)``, ``update(finite) -> scaler``.
+
+XLA flushes float32 subnormals to zero (inputs and results, on CPU and by
+default on GPU). The update therefore multiplies the scale by a factor with
+integer and float ops that never see a subnormal, so the scale follows the
+spec bit for bit also below float32's smallest normal number.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from unifiedamp import spec
+from unifiedamp._scaler import GradScaler
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+__all__ = ["JaxGradScaler", "LossScaledState", "LossScaledTransformation", "all_finite",
+           "find_scaler", "loss_scaled", "step_if_finite", "where_finite"]
+
+_EXP_MASK = 0x7F800000
+
+
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def _bits_f32(b: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", b))[0]
+
+
+def _mul_bits(x: jax.Array, c: float) -> jax.Array:
+    """The bits of f32(x * c), IEEE round to nearest even, subnormals included.
+
+    ``x`` is a non-negative float32 scalar array, ``c`` a positive float32 value
+    known when tracing. x = xn * 2**ex and c = cn * 2**ec with xn, cn in [1, 2);
+    xn * cn is computed exactly as hi + lo (Dekker's product, operands split on
+    their bits), then either reassembled with the exponent (normal result) or
+    rounded once to a multiple of 2**-149 (subnormal result).
+    """
+    mant_c, exp_c = math.frexp(c)
+    cn, ec = mant_c * 2, exp_c - 1
+    ch = _bits_f32(_f32_bits(cn) & 0xFFFFF000)
+    cl = cn - ch
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    ebits = (bits >> 23) & 0xFF
+    mant = bits & 0x7FFFFF
+    subnormal = ebits == 0
+    shift = jnp.where(subnormal, lax.clz(mant) - 8, 0)
+    ex = jnp.where(subnormal, -126 - shift, ebits - 127)
+    xn = lax.bitcast_convert_type((127 << 23) | ((mant << shift) & 0x7FFFFF), jnp.float32)
+    xh = lax.bitcast_convert_type(lax.bitcast_convert_type(xn, jnp.int32) & -4096, jnp.float32)
+    xl = xn - xh
+    hi = xn * jnp.float32(cn)
+    lo = ((xh * jnp.float32(ch) - hi) + xh * jnp.float32(cl) + xl * jnp.float32(ch)) \
+        + xl * jnp.float32(cl)
+    hbits = lax.bitcast_convert_type(hi, jnp.int32)
+    e_res = ((hbits >> 23) & 0xFF) + ex + ec
+    normal = (hbits & 0x7FFFFF) | (e_res << 23)
+    s = jnp.clip(149 + ex + ec, -60, 30)  # below -60 the result rounds to 0 anyway
+    two_s = lax.bitcast_convert_type((s + 127) << 23, jnp.float32)
+    v, lo_s = hi * two_s, lo * two_s
+    floor = jnp.floor(v)
+    frac = v - floor
+    odd = jnp.floor(floor * 0.5) * 2 != floor
+    up = (frac > 0.5) | ((frac == 0.5) & ((lo_s > 0) | ((lo_s == 0) & odd)))
+    tiny = (floor + up).astype(jnp.int32)
+    out = jnp.where(e_res >= 255, _EXP_MASK, jnp.where(e_res >= 1, normal, tiny))
+    return jnp.where(bits == 0, 0, out).astype(jnp.int32)
+
+
+def all_finite(tree: Any, axis_name: Any = None) -> jax.Array:
+    """True (a 0-d bool array) when every element of every leaf is finite.
+
+    With ``axis_name`` (inside ``shard_map``/``pmap``), true only if it holds on
+    every device of that axis, so all of them skip together.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> bool(all_finite({"a": jnp.ones(2), "b": jnp.array([1.0, jnp.inf])}))
+        False
+    """
+    finite = jnp.array(True)
+    for leaf in jax.tree.leaves(tree):
+        # sum(g * 0) is 0 for finite g and NaN as soon as one element is inf or NaN:
+        # one float reduction, which XLA runs about twice as fast as isfinite().all()
+        # (and never folds: x * 0 is not 0 for a float x).
+        finite = finite & jnp.isfinite(jnp.sum(leaf * 0))
+    if axis_name is not None:
+        finite = lax.psum((~finite).astype(jnp.int32), axis_name) == 0
+    return finite
+
+
+def step_if_finite(finite: jax.Array, step: Callable[[Any], Any], state: Any) -> Any:
+    """``step(state)`` if ``finite`` else ``state``, as a ``lax.cond``: a skipped step
+    costs nothing and a taken one no select over parameters and optimizer state.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> step_if_finite(jnp.array(False), lambda w: w - 1.0, jnp.ones(2))
+        Array([1., 1.], dtype=float32)
+    """
+    return lax.cond(finite, step, lambda s: s, state)
+
+
+def where_finite(finite: jax.Array, new: Any, old: Any) -> Any:
+    """``new`` where ``finite``, else ``old``, leaf by leaf: keeps parameters and optimizer
+    state of a skipped step without a host sync.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> where_finite(jnp.array(False), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})["w"]
+        Array([0., 0.], dtype=float32)
+    """
+    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class JaxGradScaler(GradScaler):
+    """A dynamic loss scaler for JAX, as an immutable value.
+
+    Args:
+        *args: ``init_scale, growth_factor, backoff_factor, growth_interval, enabled``.
+        **kwargs: The other config parameters, by canonical name or alias.
+
+    Attributes:
+        loss_scale: The scale, a float32 0-d array (a pytree leaf).
+        growth_tracker: An int32 0-d array (a leaf).
+        hysteresis_tracker: An int32 0-d array (a leaf).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import unifiedamp as ua
+        >>> scaler = ua.GradScaler(1024.0, growth_interval=2, backend="jax")
+        >>> def loss(w):
+        ...     return (w ** 2).sum()
+        >>> @jax.jit
+        ... def step(w, scaler):
+        ...     grads = jax.grad(lambda w: scaler.scale(loss(w)))(w)
+        ...     grads, finite = scaler.unscale(grads)
+        ...     w = jax.tree.map(lambda w, g: jnp.where(finite, w - 0.1 * g, w), w, grads)
+        ...     return w, scaler.update(finite)
+        >>> w, scaler = step(jnp.ones(3), scaler)
+        >>> w, scaler = step(w, scaler)
+        >>> scaler.get_scale(), w
+        (2048.0, Array([0.64, 0.64, 0.64], dtype=float32))
+    """
+
+    backend = "jax"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        config = spec.config_from_args(args, kwargs, extra_names=("backend",))
+        init = ScalerState.initial(config)
+        self._set(config, jnp.asarray(init.scale, jnp.float32), jnp.asarray(0, jnp.int32),
+                  jnp.asarray(0, jnp.int32))
+
+    def _set(self, config: ScalerConfig, scale: Any, growth: Any, hyst: Any) -> None:
+        object.__setattr__(self, "_config", config)
+        object.__setattr__(self, "loss_scale", scale)
+        object.__setattr__(self, "growth_tracker", growth)
+        object.__setattr__(self, "hysteresis_tracker", hyst)
+
+    @classmethod
+    def _make(cls, config: ScalerConfig, scale: Any, growth: Any, hyst: Any) -> JaxGradScaler:
+        new = object.__new__(cls)
+        new._set(config, scale, growth, hyst)
+        return new
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable: update() and with_config() "
+                             "return a new scaler")
+
+    # Pytree: arrays are leaves, the (hashable) config is static aux data, so no
+    # jit, scan or flatten/unflatten round trip can drop an option.
+    def tree_flatten_with_keys(self) -> tuple[Any, ScalerConfig]:
+        key = jax.tree_util.GetAttrKey
+        return (((key("loss_scale"), self.loss_scale), (key("growth_tracker"), self.growth_tracker),
+                 (key("hysteresis_tracker"), self.hysteresis_tracker)), self._config)
+
+    @classmethod
+    def tree_unflatten(cls, config: ScalerConfig, children: Any) -> JaxGradScaler:
+        return cls._make(config, *children)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(loss_scale={self.loss_scale!r}, growth_tracker="
+                f"{self.growth_tracker!r}, hysteresis_tracker={self.hysteresis_tracker!r}, "
+                f"{self._config})")
+
+    # ------------------------------------------------------------ config and state
+
+    @property
+    def config(self) -> ScalerConfig:
+        return self._config
+
+    @property
+    def state(self) -> ScalerState:
+        """Scale and trackers as Python numbers (reads the device)."""
+        return ScalerState(float(self.loss_scale), int(self.growth_tracker),
+                           int(self.hysteresis_tracker))
+
+    def is_enabled(self) -> bool:
+        return self._config.enabled
+
+    def get_scale(self) -> float:
+        """The scale as a Python float (reads the device); 1.0 when disabled."""
+        return float(self.loss_scale) if self._config.enabled else 1.0
+
+    def with_config(self, **changes: Any) -> JaxGradScaler:
+        """A scaler with the same state and some parameters changed (validated).
+
+        Example:
+            >>> s = JaxGradScaler(8.0).with_config(growth_interval=5)
+            >>> s.config.growth_interval, s.get_scale()
+            (5, 8.0)
+        """
+        return self._make(self._config.replace(**changes), self.loss_scale, self.growth_tracker,
+                          self.hysteresis_tracker)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The canonical dict (reads the device)."""
+        return spec.to_state_dict(self._config, self.state, self.backend)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> JaxGradScaler:
+        """A new scaler from a canonical dict of any backend, or a native torch/paddle dict.
+
+        The scaler is a value: this returns the loaded one and leaves ``self`` as it
+        was. ``enabled`` stays as ``self`` was built. A bad dict raises ``ValueError``.
+
+        Example:
+            >>> a = JaxGradScaler(8.0)
+            >>> JaxGradScaler().load_state_dict(a.state_dict()).get_scale()
+            8.0
+        """
+        config, state = spec.parse_state_dict(state_dict, base=self._config)
+        return self._make(config.replace(enabled=self._config.enabled),
+                          jnp.asarray(state.scale, jnp.float32),
+                          jnp.asarray(state.growth_tracker, jnp.int32),
+                          jnp.asarray(state.hysteresis_tracker, jnp.int32))
+
+    # ------------------------------------------------------------ the verbs
+
+    def scale(self, tree: Any) -> Any:
+        """Multiplies every leaf (a loss, or a tree of outputs) by the scale; each leaf
+        keeps its dtype."""
+        if not self._config.enabled:
+            return tree
+        return jax.tree.map(lambda x: (x * self.loss_scale).astype(jnp.result_type(x)), tree)
+
+    def unscale(self, grads: Any, axis_name: Any = None) -> tuple[Any, jax.Array]:
+        """Divides every leaf by the scale; returns ``(grads, all finite)`` in one pass.
+
+        ``all finite`` is decided on the gradients as given (scaled), like every
+        backend; with ``axis_name`` it is agreed across that mapped axis.
+        """
+        if not self._config.enabled:
+            return grads, jnp.array(True)
+        inv = 1.0 / self.loss_scale
+        finite = all_finite(grads, axis_name)
+        return jax.tree.map(lambda g: (g * inv).astype(jnp.result_type(g)), grads), finite
+
+    def update(self, finite: Any) -> JaxGradScaler:
+        """The scaler after one iteration whose gradients were all ``finite`` (or not)."""
+        config = self._config
+        if not config.enabled:
+            return self
+        if not config.dynamic:
+            zero = jnp.zeros_like(self.growth_tracker)
+            return self._make(config, self.loss_scale, zero, zero)
+        inf = ~jnp.asarray(finite, bool)
+        hyst = jnp.where(inf, self.hysteresis_tracker + 1, 0)
+        growth = jnp.where(inf, 0, self.growth_tracker + 1)
+        back_off = inf & (hyst >= config.hysteresis)
+        grow = ~inf & (growth >= config.growth_interval)
+        # Scales are positive, so their bit patterns order like their values.
+        bits = lax.bitcast_convert_type(self.loss_scale, jnp.int32)
+        backed = _mul_bits(self.loss_scale, spec.f32(config.backoff_factor))
+        if config.min_scale is not None:
+            backed = jnp.maximum(backed, _f32_bits(spec.f32(config.min_scale)))
+        grown = _mul_bits(self.loss_scale, spec.f32(config.growth_factor))
+        if config.max_scale is not None:
+            grown = jnp.minimum(grown, _f32_bits(spec.f32(config.max_scale)))
+        grown = jnp.where((grown & _EXP_MASK) == _EXP_MASK, bits, grown)
+        new_bits = jnp.where(back_off, backed, jnp.where(grow, grown, bits))
+        return self._make(config, lax.bitcast_convert_type(new_bits, jnp.float32),
+                          jnp.where(grow, 0, growth).astype(jnp.int32),
+                          jnp.where(back_off, 0, hyst).astype(jnp.int32))
+
+    # ------------------------------------------------------------ tooling
+
+    @classmethod
+    def devices(cls) -> list[str]:
+        """The devices JAX sees."""
+        return [str(d) for d in jax.devices()]
+
+    @classmethod
+    def conformance_adapter(cls) -> Any:
+        """Drives this backend with real ``jax.grad`` and ``optax.adam``."""
+        from unifiedamp.backends._jax_conformance import JaxAdapter
+
+        return JaxAdapter(cls)
+
+
+# ---------------------------------------------------------------- optax
+
+
+class LossScaledState(NamedTuple):
+    """The state of :func:`loss_scaled`: the scaler (its scale scales the loss) and the
+    inner transformation's state."""
+
+    scaler: JaxGradScaler
+    inner_state: Any
+
+
+class LossScaledTransformation(NamedTuple):
+    """An optax gradient transformation with Praxis's ``init_partition_spec``."""
+
+    init: Callable[..., Any]
+    update: Callable[..., Any]
+    init_partition_spec: Callable[..., Any]
+
+
+def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
+                axis_name: Any = None) -> LossScaledTransformation:
+    """Wraps an optax transformation with dynamic loss scaling.
+
+    ``update`` takes the gradients of the *scaled* loss, unscales them, checks
+    them, and either applies ``inner`` or, if any was inf/NaN, returns zero
+    updates and keeps ``inner``'s state as it was; then it updates the scaler.
+    Read the scaler to scale the loss with :func:`find_scaler` (works through
+    ``optax.chain`` and ``optax.MultiSteps``).
+
+    Args:
+        inner: Any optax ``GradientTransformation``.
+        scaler: The initial :class:`JaxGradScaler`.
+        axis_name: Inside ``shard_map``/``pmap``, the axis whose devices must agree.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> tx = loss_scaled(optax.sgd(0.1), JaxGradScaler(8.0, growth_interval=1))
+        >>> params = {"w": jnp.ones(2)}
+        >>> state = tx.init(params)
+        >>> scaled = {"w": jnp.array([8.0, jnp.inf])}          # gradients of scale(loss)
+        >>> updates, state = tx.update(scaled, state, params)
+        >>> updates["w"], find_scaler(state).get_scale()
+        (Array([0., 0.], dtype=float32), 4.0)
+    """
+
+    def init(params: Any) -> LossScaledState:
+        return LossScaledState(scaler, inner.init(params))
+
+    def update(updates: Any, state: LossScaledState, params: Any = None,
+               **extra_args: Any) -> tuple[Any, LossScaledState]:
+        scaler = state.scaler
+        finite = all_finite(updates, axis_name) if scaler.is_enabled() else jnp.array(True)
+
+        def apply(_: Any) -> tuple[Any, Any]:
+            # Unscaling inside the branch lets XLA fuse it into the inner update.
+            grads = scaler.unscale(updates)[0]
+            return _inner_update(inner, grads, state.inner_state, params, extra_args)
+
+        out_shape = jax.eval_shape(apply, None)
+
+        def skip(_: Any) -> tuple[Any, Any]:
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape[0])
+            return zeros, state.inner_state
+
+        new_updates, new_inner = lax.cond(finite, apply, skip, None)
+        return new_updates, LossScaledState(scaler.update(finite), new_inner)
+
+    def init_partition_spec(params_spec: Any) -> LossScaledState:
+        if not hasattr(inner, "init_partition_spec"):
+            raise TypeError("init_partition_spec needs an inner transformation that has one "
+                            "(a Praxis ShardedGradientTransformation)")
+        replicated = jax.tree.map(lambda _: jax.sharding.PartitionSpec(), scaler)
+        return LossScaledState(replicated, inner.init_partition_spec(params_spec))
+
+    return LossScaledTransformation(init, update, init_partition_spec)
+
+
+def _inner_update(inner: Any, grads: Any, state: Any, params: Any,
+                  extra_args: dict[str, Any]) -> tuple[Any, Any]:
+    try:
+        import optax
+
+        if isinstance(inner, optax.GradientTransformationExtraArgs):
+            return inner.update(grads, state, params, **extra_args)
+    except ImportError:  # optax is optional for the scaler itself
+        pass
+    return inner.update(grads, state, params)
+
+
+def find_scaler(opt_state: Any) -> JaxGradScaler:
+    """The scaler inside an optimizer state (also within chain, MultiSteps, flax nnx).
+
+    Raises:
+        ValueError: There is none (the transformation was not built with :func:`loss_scaled`).
+    """
+    found = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(
+        x, JaxGradScaler)) if isinstance(x, JaxGradScaler)]
+    if not found:
+        raise ValueError("no JaxGradScaler in this optimizer state: build the optimizer with "
+                         "unifiedamp.backends.jax.loss_scaled(inner, scaler)")
+    return found[0]
