@@ -68,3 +68,31 @@ class TestTorchCudaFusedConformance(TestTorchFusedConformance):
     @pytest.fixture
     def adapter(self):
         return torch_adapter("adamw_fused", "cuda")
+
+
+@pytest.mark.framework("jax")
+class TestJaxConformance(ScalerContract):
+    """jax.grad of a scaled loss, optax.adam; jit and shard_map over host devices."""
+
+    backend = "jax"
+
+    @pytest.fixture
+    def adapter(self):
+        pytest.importorskip("optax")
+        from unifiedamp.backends.jax import JaxGradScaler
+
+        return JaxGradScaler.conformance_adapter()
+
+
+@pytest.mark.framework("mlx")
+class TestMlxConformance(ScalerContract):
+    """nn.value_and_grad of a scaled loss, mlx.optimizers.Adam; mx.compile."""
+
+    backend = "mlx"
+
+    @pytest.fixture
+    def adapter(self):
+        pytest.importorskip("mlx.core")
+        from unifiedamp.backends.mlx import MlxGradScaler
+
+        return MlxGradScaler.conformance_adapter()

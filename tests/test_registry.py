@@ -97,7 +97,7 @@ def test_a_known_framework_without_a_backend_in_this_version_says_so():
 
 def test_unknown_backend_name_lists_the_available_ones():
     with pytest.raises(ua.UnknownBackendError, match=r"Unknown backend 'nmpy'; available: "
-                                                     r"\['numpy', 'torch'\]"):
+                                                     r"\['jax', 'mlx', 'numpy', 'torch'\]"):
         ua.GradScaler(backend="nmpy")
 
 

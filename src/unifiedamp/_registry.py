@@ -45,6 +45,8 @@ BUILTIN: dict[str, BackendInfo] = {
                          ("torch",), "pip install 'unifiedamp[torch]'"),
     "jax": BackendInfo("jax", "unifiedamp.backends.jax:JaxGradScaler", "jax",
                        ("jax", "jaxlib", "optax", "flax"), "pip install 'unifiedamp[jax]'"),
+    "mlx": BackendInfo("mlx", "unifiedamp.backends.mlx:MlxGradScaler", "mlx", ("mlx",),
+                       "pip install 'unifiedamp[mlx]'"),
 }
 
 # Frameworks whose backend ships in a later release: detecting them must give a

@@ -338,7 +338,10 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
     them, and either applies ``inner`` or, if any was inf/NaN, returns zero
     updates and keeps ``inner``'s state as it was; then it updates the scaler.
     Read the scaler to scale the loss with :func:`find_scaler` (works through
-    ``optax.chain`` and ``optax.MultiSteps``).
+    ``optax.chain`` and ``optax.MultiSteps``). For gradient accumulation, wrap
+    ``optax.MultiSteps`` (``loss_scaled(optax.MultiSteps(inner, k), scaler)``): each
+    micro-batch is checked and an inf is dropped before it reaches the accumulator,
+    which optax (0.2.8) never clears of an inf once it holds one.
 
     Args:
         inner: Any optax ``GradientTransformation``.

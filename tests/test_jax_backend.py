@@ -1,0 +1,322 @@
+"""The JAX backend: pytree behaviour, optax, flax nnx, no host sync, devices (the shared
+contract runs in test_conformance_builtin.py)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+optax = pytest.importorskip("optax")
+
+import jax.numpy as jnp  # noqa: E402
+
+import unifiedamp as ua  # noqa: E402
+from unifiedamp import spec  # noqa: E402
+from unifiedamp.backends._jax_conformance import run_devices  # noqa: E402
+from unifiedamp.backends.jax import (  # noqa: E402
+    JaxGradScaler,
+    _mul_bits,
+    all_finite,
+    find_scaler,
+    loss_scaled,
+    step_if_finite,
+    where_finite,
+)
+
+pytestmark = pytest.mark.framework("jax")
+
+EXTRAS = {"init_scale": 1024.0, "growth_factor": 3.0, "backoff_factor": 0.25,
+          "growth_interval": 3, "hysteresis": 2, "min_scale": 4.0, "max_scale": 1e6,
+          "dynamic": True}
+
+
+def test_detected_from_jax_arrays_and_is_a_grad_scaler():
+    scaler = ua.GradScaler(backend=jnp.ones(2))
+    assert type(scaler) is JaxGradScaler and isinstance(scaler, ua.GradScaler)
+
+
+def test_it_is_immutable():
+    scaler = JaxGradScaler(8.0)
+    with pytest.raises(AttributeError, match="immutable"):
+        scaler.loss_scale = jnp.float32(1.0)
+
+
+def test_arrays_are_leaves_and_every_option_is_static_aux_data():
+    scaler = JaxGradScaler(**EXTRAS).update(jnp.array(False))
+    leaves, treedef = jax.tree.flatten(scaler)
+    assert [leaf.dtype for leaf in leaves] == [jnp.float32, jnp.int32, jnp.int32]
+    back = jax.tree.unflatten(treedef, leaves)
+    assert back.config == scaler.config == spec.ScalerConfig(**EXTRAS)
+    assert back.state == scaler.state == spec.ScalerState(1024.0, 0, 1)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(scaler)[0]]
+    assert paths == [".loss_scale", ".growth_tracker", ".hysteresis_tracker"]
+
+
+def test_config_survives_jit_and_scan_where_jmp_loses_min_loss_scale():
+    scaler = JaxGradScaler(**EXTRAS)
+    out = jax.jit(lambda s: s.update(jnp.array(False)))(scaler)
+    assert out.config == scaler.config  # min_scale, max_scale, hysteresis... intact
+
+    def body(s, finite):
+        s = s.update(finite)
+        return s, s.loss_scale
+
+    finites = jnp.array([False] * 8 + [True] * 3)
+    final, scales = jax.lax.scan(body, scaler, finites)
+    assert final.config == scaler.config
+    # the trajectory equals the reference, min_scale clamp included
+    state, expected = spec.ScalerState.initial(scaler.config), []
+    for f in finites.tolist():
+        state = spec.update(scaler.config, state, not f)
+        expected.append(state.scale)
+    assert np.asarray(scales).tolist() == expected and min(expected) == 4.0
+
+
+def test_checkpointing_round_trips_through_json_pickle_and_array_checkpoints(tmp_path):
+    scaler = JaxGradScaler(**EXTRAS).update(jnp.array(True))
+    assert JaxGradScaler().load_state_dict(json.loads(json.dumps(
+        scaler.state_dict()))).state == scaler.state
+    assert pickle.loads(pickle.dumps(scaler)).config == scaler.config
+    # Array checkpointers (orbax and the like) save leaves and restore them into a
+    # template's structure: the config comes back with the structure.
+    np.savez(tmp_path / "ckpt.npz", *[np.asarray(x) for x in jax.tree.leaves(scaler)])
+    saved = np.load(tmp_path / "ckpt.npz")
+    template = JaxGradScaler(**EXTRAS)
+    restored = jax.tree.unflatten(jax.tree.structure(template),
+                                  [jnp.asarray(saved[f"arr_{i}"]) for i in range(3)])
+    assert restored.state == scaler.state and restored.config == scaler.config
+
+
+def test_load_state_dict_returns_a_new_scaler_and_validates():
+    scaler = JaxGradScaler(8.0)
+    loaded = scaler.load_state_dict({"scale": 64.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                                     "growth_interval": 7, "_growth_tracker": 3})
+    assert loaded.state == spec.ScalerState(64.0, 3, 0) and loaded.config.growth_interval == 7
+    assert scaler.get_scale() == 8.0
+    with pytest.raises(ValueError, match="nothing was loaded"):
+        scaler.load_state_dict({**scaler.state_dict(), "scale": -1.0})
+
+
+def test_scale_keeps_dtypes_and_unscale_checks_in_one_pass():
+    scaler = JaxGradScaler(1024.0)
+    tree = {"a": jnp.ones(3, jnp.float16), "b": [jnp.full(2, 0.5, jnp.bfloat16)]}
+    scaled = scaler.scale(tree)
+    assert scaled["a"].dtype == jnp.float16 and scaled["b"][0].dtype == jnp.bfloat16
+    grads, finite = scaler.unscale(scaled)
+    assert bool(finite) and float(grads["a"][0]) == 1.0 and grads["a"].dtype == jnp.float16
+    _, finite = scaler.unscale({"a": jnp.array([1.0, jnp.nan])})
+    assert not bool(finite)
+    assert bool(all_finite([])) and not bool(all_finite([jnp.array([-jnp.inf])]))
+
+
+def test_disabled_is_a_pass_through():
+    scaler = JaxGradScaler(8.0, enabled=False)
+    x = jnp.ones(2)
+    assert scaler.scale(x) is x
+    assert scaler.unscale(x)[0] is x and scaler.update(jnp.array(False)) is scaler
+    assert scaler.get_scale() == 1.0
+
+
+def test_exact_float32_multiply_under_flush_to_zero():
+    # XLA flushes subnormals; the update's multiply must not.
+    rng = np.random.default_rng(0)
+    xs = np.concatenate([rng.integers(1, 0x00800000, 3000, dtype=np.uint32),
+                         rng.integers(0x00800000, 0x7F7FFFFF, 3000, dtype=np.uint32)]
+                        ).view(np.float32)
+    for c in (0.5, 0.7, 1.1, 3.3, 0.999, 1e-20, 2.5e30):
+        c = spec.f32(c)
+        got = np.asarray(jax.jit(jax.vmap(lambda x, c=c: _mul_bits(x, c)))(jnp.asarray(xs)))
+        with np.errstate(over="ignore"):
+            expected = (xs * np.float32(c)).view(np.uint32)
+        assert (got.view(np.uint32) == expected).all(), c
+
+
+def test_subnormal_scales_follow_the_spec():
+    config = spec.ScalerConfig(2.0**-140, growth_factor=1.1, backoff_factor=0.7,
+                               growth_interval=1)
+    scaler, state = JaxGradScaler(**config.to_dict()), spec.ScalerState.initial(config)
+    for finite in [True, True, False, True, False, False]:
+        scaler, state = scaler.update(jnp.array(finite)), spec.update(config, state, not finite)
+        assert spec.f32_hex(scaler.get_scale()) == spec.f32_hex(state.scale)
+
+
+def loss(params, x):
+    return ((x @ params["w"] + params["b"]) ** 2).mean()
+
+
+def data(poison=None):
+    x = jnp.ones((8, 3)) * 0.5
+    return x if poison is None else x.at[0, 0].set(poison)
+
+
+def test_whole_train_step_is_one_jit_with_no_host_transfer():
+    scaler = JaxGradScaler(1024.0, growth_interval=2, hysteresis=2, min_scale=1.0)
+    tx = optax.adam(1e-2)
+    params = {"w": jnp.ones(3), "b": jnp.zeros(())}
+    opt_state = tx.init(params)
+
+    @jax.jit
+    def step(params, opt_state, scaler, x):
+        grads = jax.grad(lambda p: scaler.scale(loss(p, x)))(params)
+        grads, finite = scaler.unscale(grads)
+
+        def apply(state):
+            params, opt_state = state
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        return (*step_if_finite(finite, apply, (params, opt_state)), scaler.update(finite))
+
+    x_good, x_bad = jax.device_put(data()), jax.device_put(data(jnp.inf))
+    step(params, opt_state, scaler, x_good)  # compile outside the guard
+    with jax.transfer_guard("disallow"):
+        for x in (x_good, x_bad, x_bad, x_good):
+            params, opt_state, scaler = step(params, opt_state, scaler, x)
+    assert scaler.state == spec.ScalerState(512.0, 1, 0)
+    assert len(jax.jit(step).lower(params, opt_state, scaler, x_good).as_text()) > 0
+
+
+def test_step_if_finite_and_where_finite_keep_the_old_state():
+    old, new = {"w": jnp.ones(2)}, {"w": jnp.zeros(2)}
+    assert (where_finite(jnp.array(False), new, old)["w"] == 1).all()
+    assert (step_if_finite(jnp.array(True), lambda s: new, old)["w"] == 0).all()
+
+
+def train_optax(tx, poison_steps=(), steps=6):
+    params = {"w": jnp.ones(3), "b": jnp.zeros(())}
+    opt_state = tx.init(params)
+    history = []
+
+    @jax.jit
+    def step(params, opt_state, x):
+        scaler = find_scaler(opt_state)
+        grads = jax.grad(lambda p: scaler.scale(loss(p, x)))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    for i in range(steps):
+        before = jax.tree.map(np.asarray, (params, opt_state))
+        params, opt_state = step(params, opt_state, data(jnp.nan if i in poison_steps else None))
+        history.append((before, jax.tree.map(np.asarray, (params, opt_state))))
+    return params, opt_state, history
+
+
+def test_loss_scaled_skips_and_keeps_params_and_inner_state():
+    tx = loss_scaled(optax.adam(1e-2), JaxGradScaler(1024.0, growth_interval=2))
+    params, opt_state, history = train_optax(tx, poison_steps=(2,))
+    before, after = history[2]
+    inner = lambda s: jax.tree.leaves(s[1].inner_state)  # noqa: E731
+    assert all((a == b).all() for a, b in zip(jax.tree.leaves(before[0]),
+                                             jax.tree.leaves(after[0]), strict=True))
+    assert all((a == b).all() for a, b in zip(inner(before), inner(after), strict=True))
+    # F F I F F F: 1024 -> 2048 at step 2, 1024 after the inf, 2048 after two more finite
+    assert find_scaler(opt_state).state == spec.ScalerState(2048.0, 1, 0)
+
+
+def test_unscaled_training_equals_training_without_a_scaler():
+    plain_tx = optax.adam(1e-2)
+    params = {"w": jnp.ones(3), "b": jnp.zeros(())}
+    state = plain_tx.init(params)
+    for _ in range(4):
+        grads = jax.grad(loss)(params, data())
+        updates, state = plain_tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+    scaled, _, _ = train_optax(loss_scaled(optax.adam(1e-2), JaxGradScaler(1024.0)), steps=4)
+    # Not bitwise: XLA fuses the jitted scaled step differently from the eager one.
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(scaled), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_loss_scaled_in_chain_and_multisteps():
+    chained = optax.chain(optax.clip_by_global_norm(1.0),
+                          loss_scaled(optax.sgd(0.1), JaxGradScaler(8.0, growth_interval=1)))
+    _, opt_state, _ = train_optax(chained, poison_steps=(1,), steps=3)
+    assert find_scaler(opt_state).get_scale() == 16.0  # 16, 8, 16
+    # Gradient accumulation: loss_scaled around MultiSteps checks every micro-batch, so an
+    # inf is dropped before it reaches the accumulator (inside MultiSteps it would stay:
+    # optax 0.2.8 resets the accumulator as (1 - emit) * acc, and 0 * inf is NaN).
+    multi = loss_scaled(optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2),
+                        JaxGradScaler(8.0, growth_interval=2))
+    params, opt_state, history = train_optax(multi, poison_steps=(0,), steps=5)
+    # micro-steps I F F F F: 4, 4, 8, 8, 16; the windows are micro-steps 2-3 and 4-5
+    assert find_scaler(opt_state).state == spec.ScalerState(16.0, 0, 0)
+    w = [h[1][0]["w"] for h in history]
+    np.testing.assert_array_equal(w[0], np.ones(3))  # skipped
+    np.testing.assert_array_equal(w[1], np.ones(3))  # accumulating
+    assert (w[2] != 1).all() and (w[3] == w[2]).all() and (w[4] != w[3]).all()
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(history[-1][1]))
+
+
+def test_init_partition_spec_replicates_the_scaler():
+    class Sharded:  # the shape of a Praxis ShardedGradientTransformation
+        init = staticmethod(optax.sgd(0.1).init)
+        update = staticmethod(optax.sgd(0.1).update)
+
+        @staticmethod
+        def init_partition_spec(params_spec):
+            return {"inner": params_spec}
+
+    tx = loss_scaled(Sharded(), JaxGradScaler(8.0))
+    specs = tx.init_partition_spec({"w": "P(data)"})
+    assert jax.tree.leaves(specs.scaler, is_leaf=lambda x: x is not None) == [
+        jax.sharding.PartitionSpec()] * 3 or all(
+        isinstance(x, jax.sharding.PartitionSpec) for x in jax.tree.leaves(
+            specs.scaler, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
+    assert specs.inner_state == {"inner": {"w": "P(data)"}}
+    with pytest.raises(TypeError, match="needs an inner transformation that has one"):
+        loss_scaled(optax.sgd(0.1), JaxGradScaler()).init_partition_spec({})
+
+
+def test_find_scaler_explains_a_missing_scaler():
+    with pytest.raises(ValueError, match="build the optimizer with"):
+        find_scaler(optax.sgd(0.1).init({"w": jnp.ones(2)}))
+
+
+def test_flax_nnx_training_loop_in_float16_and_bfloat16():
+    from flax import nnx
+
+    for dtype in (jnp.float16, jnp.bfloat16):
+        class MLP(nnx.Module):
+            def __init__(self, rngs, dtype=dtype):
+                self.l1 = nnx.Linear(4, 16, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+                self.l2 = nnx.Linear(16, 1, dtype=dtype, param_dtype=jnp.float32, rngs=rngs)
+
+            def __call__(self, x):
+                return self.l2(nnx.relu(self.l1(x)))
+
+        model = MLP(nnx.Rngs(0))
+        tx = loss_scaled(optax.adam(1e-2), JaxGradScaler(2.0**15, growth_interval=10))
+        optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+        @nnx.jit
+        def train_step(model, optimizer, x, y):
+            scaler = find_scaler(optimizer.opt_state)
+
+            def loss_fn(model):
+                pred = model(x).astype(jnp.float32)
+                return scaler.scale(((pred - y) ** 2).mean())
+
+            scaled_loss, grads = nnx.value_and_grad(loss_fn)(model)
+            optimizer.update(model, grads)
+            return scaled_loss / scaler.loss_scale
+
+        x = jax.random.normal(jax.random.key(0), (64, 4))
+        y = x.sum(1, keepdims=True)
+        first = float(train_step(model, optimizer, x, y))
+        for _ in range(60):
+            last = float(train_step(model, optimizer, x, y))
+        assert last < first / 4, dtype
+        assert find_scaler(optimizer.opt_state).get_scale() >= 2.0**15
+
+
+@pytest.mark.parametrize("mode", ["shard_map", "pmap"])
+def test_inf_on_one_of_four_devices_skips_and_backs_off_everywhere(mode):
+    out = run_devices({"init_scale": 1024.0, "growth_interval": 2}, ["F", "F", "I", "F"], mode)
+    assert out["states"] == [[512.0, 0, 0]] * 4
+    assert out["stepped"] == [False] * 4
+    out = run_devices({"init_scale": 1024.0, "growth_interval": 1}, ["F"] * 4, mode)
+    assert out["states"] == [[2048.0, 0, 0]] * 4 and out["stepped"] == [True] * 4
