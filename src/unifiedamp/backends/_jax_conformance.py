@@ -15,7 +15,7 @@ import numpy as np
 import optax
 
 from unifiedamp.backends.jax import where_finite
-from unifiedamp.conformance import Adapter
+from unifiedamp.conformance.adapters import FunctionalAdapter
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 _KIND = {"F": 0.5, "I": float("inf"), "N": float("nan")}
@@ -49,7 +49,7 @@ def train_step(scaler: Any, groups: list[Any], xs: list[jax.Array]) -> tuple[Any
 _jitted_step = jax.jit(train_step)
 
 
-class JaxAdapter(Adapter):
+class JaxAdapter(FunctionalAdapter):
     """Handles are ``(scaler, [(params, opt_state), ...])``, new at every step."""
 
     capabilities = frozenset({"multi_optimizer", "functional_unscale", "scale_tree",
@@ -75,18 +75,6 @@ class JaxAdapter(Adapter):
     def compiled_iterate(self, handle: Any, kinds: str) -> Any:
         """The whole step, every group, under one ``jax.jit``."""
         return self.iterate(handle, kinds, _jitted_step)
-
-    def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
-        return handle[0].with_config(**changes), handle[1]
-
-    def read(self, handle: Any) -> ScalerState:
-        return handle[0].state
-
-    def save(self, handle: Any) -> dict[str, Any]:
-        return handle[0].state_dict()
-
-    def load(self, handle: Any, state_dict: dict[str, Any]) -> Any:
-        return handle[0].load_state_dict(state_dict), handle[1]
 
     def snapshot(self, handle: Any) -> list[np.ndarray]:
         return [np.asarray(leaf) for leaf in jax.tree.leaves(handle[1])]

@@ -10,8 +10,8 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
-from unifiedamp.conformance import Adapter
-from unifiedamp.spec import ScalerConfig, ScalerState
+from unifiedamp.conformance.adapters import FunctionalAdapter
+from unifiedamp.spec import ScalerConfig
 
 _KIND = {"F": 0.5, "I": float("inf"), "N": float("nan")}
 
@@ -42,7 +42,7 @@ def train_step(scaler: Any, groups: list[Any], xs: list[mx.array]) -> Any:
     return scaler.update(mx.all(mx.stack(finites)))
 
 
-class MlxAdapter(Adapter):
+class MlxAdapter(FunctionalAdapter):
     capabilities = frozenset({"multi_optimizer", "functional_unscale", "scale_tree",
                               "set_config", "disable", "state_dict", "jit"})
     dtypes = ("float16", "float32")  # MLX has no float64 on the GPU path
@@ -78,18 +78,6 @@ class MlxAdapter(Adapter):
         tree = compiled(scaler.tree(), *[inputs(k) for k in kinds])
         mx.eval(tree, state)
         return scaler.with_tree(tree), groups
-
-    def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
-        return handle[0].with_config(**changes), handle[1]
-
-    def read(self, handle: Any) -> ScalerState:
-        return handle[0].state
-
-    def save(self, handle: Any) -> dict[str, Any]:
-        return handle[0].state_dict()
-
-    def load(self, handle: Any, state_dict: dict[str, Any]) -> Any:
-        return handle[0].load_state_dict(state_dict), handle[1]
 
     def snapshot(self, handle: Any) -> list[np.ndarray]:
         out = []

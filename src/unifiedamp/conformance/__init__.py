@@ -26,8 +26,8 @@ from typing import Any
 
 _LAZY = {
     "CAPABILITIES": "adapters", "Adapter": "adapters", "ImperativeAdapter": "adapters",
-    "Problem": "adapters", "Divergence": "_runner", "run_steps": "_runner",
-    "run_vector": "_runner", "ScalerContract": "contract",
+    "Problem": "adapters", "FunctionalAdapter": "adapters", "Divergence": "_runner",
+    "run_steps": "_runner", "run_vector": "_runner", "ScalerContract": "contract",
 }
 
 __all__ = sorted(_LAZY)

@@ -80,6 +80,23 @@ class Adapter:
         raise NotImplementedError
 
 
+class FunctionalAdapter(Adapter):
+    """Shared by adapters of immutable scalers (JAX, MLX): handles are ``(scaler, rest)``
+    and the scaler's ``with_config``/``load_state_dict`` return new scalers."""
+
+    def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
+        return handle[0].with_config(**changes), handle[1]
+
+    def read(self, handle: Any) -> ScalerState:
+        return handle[0].state
+
+    def save(self, handle: Any) -> dict[str, Any]:
+        return handle[0].state_dict()
+
+    def load(self, handle: Any, state_dict: dict[str, Any]) -> Any:
+        return handle[0].load_state_dict(state_dict), handle[1]
+
+
 class ImperativeAdapter(Adapter):
     """The adapter of any scaler with torch's verbs (``step``, ``update``, ``set_*``...).
 
