@@ -9,6 +9,14 @@ from unifiedamp import _registry
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 
+class NoInfChecksError(RuntimeError, AssertionError):
+    """``update()``/``step()`` found no inf check to act on.
+
+    torch raises an AssertionError here; this is also a RuntimeError, like the
+    other call-order errors, so either except clause catches it.
+    """
+
+
 class _FacadeMeta(abc.ABCMeta):
     # Dispatch in the metaclass, not in __new__: a __new__ that returns a
     # GradScaler subclass would have Python call its __init__ a second time.

@@ -22,7 +22,7 @@ import numpy as np
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import GradScaler
+from unifiedamp._scaler import GradScaler, NoInfChecksError
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __all__ = ["NumpyGradScaler", "SGD"]
@@ -69,12 +69,6 @@ class _Stage(enum.Enum):
     READY = 0
     UNSCALED = 1
     STEPPED = 2
-
-
-class _NoInfChecksError(RuntimeError, AssertionError):
-    # torch raises AssertionError here; also a RuntimeError like every other
-    # call-order error, so either except clause catches it.
-    pass
 
 
 def _tree_map(fn: Any, tree: Any) -> Any:
@@ -354,7 +348,7 @@ class NumpyGradScaler(GradScaler):
         if stage is _Stage.READY:
             self.unscale_(optimizer)
         if id(optimizer) not in self._found_inf:
-            raise _NoInfChecksError("No inf checks were recorded for this optimizer.")
+            raise NoInfChecksError("No inf checks were recorded for this optimizer.")
         skipped = self._found_inf[id(optimizer)]
         retval = None if skipped else optimizer.step(*args, **kwargs)
         self._stages[id(optimizer)] = _Stage.STEPPED
@@ -386,7 +380,7 @@ class NumpyGradScaler(GradScaler):
         else:
             checks = [*self._found_inf.values(), *self._functional_found_inf]
             if not checks:
-                raise _NoInfChecksError("No inf checks were recorded prior to update.")
+                raise NoInfChecksError("No inf checks were recorded prior to update.")
             found_inf = any(checks)
             self._state = self._next_state(found_inf)
             self._updates += 1

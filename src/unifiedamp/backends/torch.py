@@ -23,18 +23,13 @@ from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import GradScaler
+from unifiedamp._scaler import GradScaler, NoInfChecksError
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __all__ = ["TorchGradScaler"]
 
 _EXTRA_NAMES = ("device", "process_group", "distributed", "max_consecutive_skips",
                 "on_collapse", "backend")
-
-
-class _NoInfChecksError(RuntimeError, AssertionError):
-    # torch raises AssertionError; also a RuntimeError like the other call-order errors.
-    pass
 
 
 def torch_expressible(config: ScalerConfig) -> bool:
@@ -488,7 +483,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                           for found in state["found_inf_per_device"].values()]
             found_infs += self._functional_found_inf
             if not found_infs:
-                raise _NoInfChecksError("No inf checks were recorded prior to update.")
+                raise NoInfChecksError("No inf checks were recorded prior to update.")
             found = torch.stack(found_infs).sum() if len(found_infs) > 1 else found_infs[0]
             self._apply_update(scale, growth, found)
             self._updates += 1
