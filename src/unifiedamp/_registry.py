@@ -49,8 +49,9 @@ BUILTIN: dict[str, BackendInfo] = {
                        "pip install 'unifiedamp[mlx]'"),
 }
 
-# Frameworks whose backend ships in a later release: detecting them must give a
-# clear answer instead of silently falling back to NumPy.
+# Every framework's top-level modules -> its backend name, also for frameworks
+# whose backend is not in this release (paddle, keras): detecting one of those
+# must give a clear answer instead of silently falling back to NumPy.
 _KNOWN_FRAMEWORKS = {
     "keras": "keras", "tensorflow": "keras", "torch": "torch", "paddle": "paddle",
     "jax": "jax", "jaxlib": "jax", "optax": "jax", "flax": "jax", "mlx": "mlx",

@@ -359,8 +359,13 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
         (Array([0., 0.], dtype=float32), 4.0)
     """
 
+    import optax
+
+    # optax's own adapter: passes extra args to transformations that take them.
+    inner_tx = optax.with_extra_args_support(inner)
+
     def init(params: Any) -> LossScaledState:
-        return LossScaledState(scaler, inner.init(params))
+        return LossScaledState(scaler, inner_tx.init(params))
 
     def update(updates: Any, state: LossScaledState, params: Any = None,
                **extra_args: Any) -> tuple[Any, LossScaledState]:
@@ -370,7 +375,7 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
         def apply(_: Any) -> tuple[Any, Any]:
             # Unscaling inside the branch lets XLA fuse it into the inner update.
             grads = scaler.unscale(updates)[0]
-            return _inner_update(inner, grads, state.inner_state, params, extra_args)
+            return inner_tx.update(grads, state.inner_state, params, **extra_args)
 
         out_shape = jax.eval_shape(apply, None)
 
@@ -389,18 +394,6 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
         return LossScaledState(replicated, inner.init_partition_spec(params_spec))
 
     return LossScaledTransformation(init, update, init_partition_spec)
-
-
-def _inner_update(inner: Any, grads: Any, state: Any, params: Any,
-                  extra_args: dict[str, Any]) -> tuple[Any, Any]:
-    try:
-        import optax
-
-        if isinstance(inner, optax.GradientTransformationExtraArgs):
-            return inner.update(grads, state, params, **extra_args)
-    except ImportError:  # optax is optional for the scaler itself
-        pass
-    return inner.update(grads, state, params)
 
 
 def find_scaler(opt_state: Any) -> JaxGradScaler:
