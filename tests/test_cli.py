@@ -118,8 +118,9 @@ def test_spec_json_is_the_spec_document():
 def test_spec_markdown_prints_the_tables():
     out = cli("spec", "--format", "markdown").stdout
     assert "| `init_scale` | `65536.0` | yes | a finite number > 0 that float32 can hold |" in out
-    assert ("| `growth_interval` | `growth_interval` / 2000 / any | `incr_every_n_steps` / 1000"
-            in out)
+    # paddle 3.x's defaults, then the paddle 2.x documentation's
+    assert ("| `growth_interval` | `growth_interval` / 2000 / any | `incr_every_n_steps` / 2000 "
+            "/ any | `incr_every_n_steps` / 1000 / any |" in out)
     assert "| hysteresis_two |" in out
     assert out == cli("spec").stdout  # markdown is the default
 

@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from unifiedamp.conformance._pytest_process import run_pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
 
 
 def run_suite(tmp_path, *args, env=None):
     """The shipped suite in a subprocess, outside this project's pytest config; its JSON."""
-    ini = tmp_path / "pytest.ini"
-    ini.write_text("[pytest]\n")
     out = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "pytest", "-c", str(ini), "--rootdir", str(tmp_path),
-           "-p", "no:cacheprovider", "-q", "--pyargs", "unifiedamp.conformance",
-           "--unifiedamp-json", str(out), *args]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(HERE), **(env or {})})
+    proc = run_pytest(["--pyargs", "unifiedamp.conformance", "--unifiedamp-json", str(out),
+                       *args], rootdir=tmp_path, env={"PYTHONPATH": str(HERE), **(env or {})})
     report = json.loads(out.read_text()) if out.exists() else None
     return proc, report
 
@@ -157,12 +151,7 @@ def test_a_third_party_scaler_uses_the_mixin(tmp_path):
             def adapter(self):
                 return NeverBacksOff.conformance_adapter()
     """))
-    ini = tmp_path / "pytest.ini"
-    ini.write_text("[pytest]\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ini), "-q",
-                           "-p", "no:cacheprovider", "--unifiedamp-max-examples", "10",
-                           str(tmp_path / "test_mine.py")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(HERE)})
+    proc = run_pytest(["--unifiedamp-max-examples", "10", str(tmp_path / "test_mine.py")],
+                      rootdir=tmp_path, env={"PYTHONPATH": str(HERE)})
     assert proc.returncode == 1
     assert "FAILED test_mine.py::TestMine::test_vector[backoff_resets_growth]" in proc.stdout

@@ -7,6 +7,8 @@ import re
 
 import pytest
 
+from unifiedamp.conformance._pytest_process import run_pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
@@ -31,19 +33,15 @@ def test_readme_test_command_is_what_ci_runs():
     assert commands[1] in ci
     install = commands[0].split(" && ")
     assert install[-1] == ".venv/bin/unifiedamp conformance" and install[-1] in ci
+    # Both install the tested versions: the same extras, through the constraints file.
+    pip_args = install[1].split("pip install ", 1)[1]
+    assert pip_args.startswith("-c constraints.txt ") and (ROOT / "constraints.txt").exists()
+    assert any(line.endswith(pip_args) for line in ci), pip_args
 
 
-def test_worked_third_party_example_passes_the_suite(tmp_path):
-    import subprocess
-    import sys
-
-    ini = tmp_path / "pytest.ini"
-    ini.write_text("[pytest]\n")
+def test_worked_third_party_example_passes_the_suite():
     examples = ROOT / "docs" / "examples"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ini), "--rootdir",
-                           str(examples), "-p", "no:cacheprovider", "-q",
-                           "--unifiedamp-max-examples", "50", str(examples)],
-                          capture_output=True, text=True, timeout=600)
+    proc = run_pytest(["--unifiedamp-max-examples", "50", str(examples)], rootdir=examples)
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert "TestMyScaler: backend myscaler (numpy" in proc.stdout
 

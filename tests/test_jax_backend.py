@@ -16,7 +16,6 @@ import jax.numpy as jnp  # noqa: E402
 
 import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
-from unifiedamp.backends._jax_conformance import run_devices  # noqa: E402
 from unifiedamp.backends.jax import (  # noqa: E402
     JaxGradScaler,
     _mul_bits,
@@ -26,6 +25,7 @@ from unifiedamp.backends.jax import (  # noqa: E402
     step_if_finite,
     where_finite,
 )
+from unifiedamp.conformance.backends.jax import run_devices  # noqa: E402
 
 pytestmark = pytest.mark.framework("jax")
 
@@ -43,6 +43,15 @@ def test_it_is_immutable():
     scaler = JaxGradScaler(8.0)
     with pytest.raises(AttributeError, match="immutable"):
         scaler.loss_scale = jnp.float32(1.0)
+
+
+def test_imperative_verbs_say_which_functional_verbs_to_use():
+    scaler = JaxGradScaler(8.0)
+    with pytest.raises(NotImplementedError, match=r"the 'jax' backend has no step\(\): .*"
+                                                  r"unscale\(grads\) -> \(grads, finite\)"):
+        scaler.step(optax.sgd(0.1))
+    with pytest.raises(NotImplementedError, match=r"has no unscale_\(\)"):
+        scaler.unscale_(optax.sgd(0.1))
 
 
 def test_arrays_are_leaves_and_every_option_is_static_aux_data():

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import pathlib
 import sys
 import textwrap
 
@@ -71,10 +73,11 @@ def test_detection_reads_sys_modules_and_asks_when_ambiguous(run_python):
         try:
             ua.GradScaler()
         except ua.UnknownBackendError as exc:
-            print(exc)
+            print(type(exc).__name__, exc)
     """)
     proc = run_python(code)
     assert "Several frameworks are imported (torch, jax); pass backend=" in proc.stdout, proc.stderr
+    assert proc.stdout.startswith("AmbiguousBackendError ")
 
 
 def test_keras_claims_the_framework_it_runs_on(run_python):
@@ -192,3 +195,53 @@ def test_one_pytest_run_with_tensorflow_and_paddle_tests_does_not_crash(tmp_path
                       f" {str(tmp_path)!r}]))", timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "2 passed" in proc.stdout
+
+
+# ---------------------------------------------------------------- the declared interface
+
+
+def test_every_public_exception_is_exported_from_unifiedamp():
+    src = pathlib.Path(ua.__file__).parent
+    defined = {node.name: path.relative_to(src)
+               for path in src.rglob("*.py")
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
+               and node.name.endswith(("Error", "Warning"))}
+    assert len(defined) >= 7
+    missing = {name: str(path) for name, path in defined.items() if name not in ua.__all__}
+    assert not missing, f"not exported from unifiedamp: {missing}"
+    assert all(issubclass(getattr(ua, name), Exception) for name in defined)
+
+
+def test_a_backend_missing_an_abstract_member_cannot_be_built():
+    class Partial(ua.GradScaler):
+        backend = "partial"
+
+        def state_dict(self):
+            return {}
+
+    with pytest.raises(TypeError, match="abstract") as info:
+        Partial()
+    required = {"config", "state", "get_scale", "is_enabled", "scale", "update", "load_state_dict"}
+    assert Partial.__abstractmethods__ == required
+    assert all(member in str(info.value) for member in required)
+
+
+def test_the_conformance_hook_finds_the_adapter_of_a_builtin_base_through_the_table():
+    from unifiedamp.conformance.backends.numpy import NumpyAdapter
+
+    class Mine(NumpyGradScaler):
+        pass
+
+    adapter = Mine.conformance_adapter()
+    assert type(adapter) is NumpyAdapter and adapter.scaler_cls is Mine
+    assert _registry.BUILTIN["numpy"].adapter.endswith("conformance.backends.numpy:NumpyAdapter")
+
+
+def test_the_conformance_hook_of_an_unrelated_backend_says_how_to_provide_one():
+    class Alone(ua.GradScaler):
+        pass
+
+    with pytest.raises(NotImplementedError, match=r"derives from no built-in backend.*give it "
+                                                  r"a conformance_adapter\(\) class method"):
+        Alone.conformance_adapter()

@@ -4,6 +4,8 @@ test_conformance_builtin.py)."""
 from __future__ import annotations
 
 import copy
+import importlib.metadata
+import inspect
 import json
 import pickle
 import random
@@ -15,8 +17,8 @@ torch = pytest.importorskip("torch")
 
 import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
-from unifiedamp.backends._torch_conformance import run_ranks  # noqa: E402
 from unifiedamp.backends.torch import TorchGradScaler  # noqa: E402
+from unifiedamp.conformance.backends.torch import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.framework("torch")
 
@@ -233,6 +235,20 @@ def test_dict_of_named_losses_is_scaled():
     assert out["a"].item() == 4.0 and out["b"][0].dtype == torch.float16
     with pytest.raises(ValueError, match="outputs must be a Tensor or a list/tuple/dict"):
         scaler.scale(3.0)
+
+
+def test_named_tuple_of_losses_keeps_its_type_in_scale_and_unscale():
+    from typing import NamedTuple
+
+    class Losses(NamedTuple):
+        main: torch.Tensor
+        aux: torch.Tensor
+
+    scaler = ua.GradScaler(4.0, backend="torch")
+    out = scaler.scale(Losses(torch.tensor(1.0), torch.tensor(0.5)))
+    assert type(out) is Losses and (out.main.item(), out.aux.item()) == (4.0, 2.0)
+    grads, finite = scaler.unscale(Losses(torch.tensor(8.0), torch.tensor(float("inf"))))
+    assert type(grads) is Losses and grads.main.item() == 2.0 and not bool(finite)
 
 
 def test_update_with_new_scale_float_or_tensor():
@@ -562,6 +578,81 @@ def test_cuda_scale_lives_on_the_parameters_device():
     scaler.step(opt)
     scaler.update()
     assert scaler._scale.device.type == "cuda" and scaler.state.scale == 65536.0
+
+
+# ---------------------------------------------------------------- torch's private surface
+
+# What the backend overrides or calls beyond torch.amp.GradScaler's public API:
+# parameter names of each method, and how torch's own step() calls the two it
+# overrides. A torch that changes any of them is outside the supported range.
+PRIVATE_METHODS = {
+    "_maybe_opt_step": ["self", "optimizer", "optimizer_state", "args", "kwargs"],
+    "_check_inf_per_device": ["self", "optimizer"],
+    "_lazy_init_scale_growth_tracker": ["self", "dev"],
+    "_check_scale_growth_tracker": ["self", "funcname"],
+}
+STEP_CALLS = ["retval = self._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)",
+              "self._check_inf_per_device(optimizer)"]
+OPS = {
+    "_amp_update_scale_": "aten::_amp_update_scale_(Tensor(a!) self, Tensor(b!) growth_tracker, "
+                          "Tensor found_inf, float scale_growth_factor, float "
+                          "scale_backoff_factor, int growth_interval) -> Tensor(a!)",
+    "_amp_foreach_non_finite_check_and_unscale_":
+        "aten::_amp_foreach_non_finite_check_and_unscale_(Tensor(a!)[] self, Tensor(b!) "
+        "found_inf, Tensor inv_scale) -> ()",
+}
+STATE_ATTRIBUTES = ["_scale", "_growth_tracker", "_per_optimizer_states", "_enabled", "_device",
+                    "_init_scale", "_init_growth_tracker", "_growth_factor", "_backoff_factor",
+                    "_growth_interval"]
+
+
+def private_api_changes(scaler_cls):
+    """How ``scaler_cls`` (torch.amp.GradScaler or a stand-in) differs from what we rely on."""
+    from torch.amp.grad_scaler import _refresh_per_optimizer_state
+
+    changes = []
+    for name, params in PRIVATE_METHODS.items():
+        got = list(inspect.signature(getattr(scaler_cls, name)).parameters)
+        if got != params:
+            changes.append(f"{name}{tuple(got)}, expected {tuple(params)}")
+    source = inspect.getsource(scaler_cls.step)
+    changes += [f"step() no longer calls {call!r}" for call in STEP_CALLS if call not in source]
+    for op, schema in OPS.items():
+        got = [str(s) for s in torch._C._jit_get_schemas_for_operator(f"aten::{op}")]
+        if got != [schema]:
+            changes.append(f"torch.{op} has the schema {got}, expected {schema}")
+    keys = set(_refresh_per_optimizer_state())
+    if keys != {"stage", "found_inf_per_device"}:
+        changes.append(f"_refresh_per_optimizer_state() has the keys {sorted(keys)}")
+    scaler = scaler_cls(device="cpu")
+    scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    changes += [f"no attribute {a}" for a in STATE_ATTRIBUTES if not hasattr(scaler, a)]
+    return changes
+
+
+def test_torchs_private_surface_is_what_the_backend_was_written_for():
+    supported = [r for r in importlib.metadata.requires("unifiedamp")
+                 if r.startswith("torch") and 'extra == "torch"' in r]
+    changes = private_api_changes(torch.amp.GradScaler)
+    assert not changes, (
+        f"torch {torch.__version__} changed the private torch.amp.GradScaler API that "
+        f"unifiedamp's torch backend overrides or calls: {'; '.join(changes)}. The backend "
+        f"supports {supported[0].split(';')[0]} (tested: 2.13.0 on CPU, 2.11 on CUDA); "
+        "adapt unifiedamp/backends/torch.py or use a torch in that range")
+
+
+def test_the_private_surface_check_sees_a_changed_step():
+    # Shaped like a public pytorch revision (commit 0202916 of torch/amp/grad_scaler.py)
+    # whose step() unpacks (retval, found_inf) from _maybe_opt_step.
+    class NewerGradScaler(torch.amp.GradScaler):
+        def step(self, optimizer, *args, return_found_inf=False, **kwargs):
+            optimizer_state = {}
+            retval, found_inf = self._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)
+            return (retval, found_inf) if return_found_inf else retval
+
+    changes = private_api_changes(NewerGradScaler)
+    assert changes == [f"step() no longer calls {STEP_CALLS[0]!r}",
+                       f"step() no longer calls {STEP_CALLS[1]!r}"]
 
 
 # ---------------------------------------------------------------- tools that take a torch scaler

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from my_scaler import MyScaler
 
-from unifiedamp.conformance import ImperativeAdapter, Problem, ScalerContract
+from unifiedamp.conformance import STEP_KINDS, ImperativeAdapter, Problem, ScalerContract
 from unifiedamp.spec import ScalerState
 
 
@@ -22,8 +22,7 @@ def make_problem():
 
     def set_grads(kind, scaler):
         # |values| <= 0.5: a finite step must stay finite at every float32 scale.
-        bad = {"F": 0.5, "I": np.inf, "N": np.nan}[kind]
-        opt.grads = [scaler.scale(np.array([0.5, bad, 0.25], np.float32))]
+        opt.grads = [scaler.scale(np.array([0.5, STEP_KINDS[kind], 0.25], np.float32))]
 
     return Problem(opt, set_grads, lambda: [opt.params[0], np.array(opt.steps)])
 

@@ -10,16 +10,20 @@ Example:
     1024.0
 """
 
+from unifiedamp._isolation import FrameworkConflictError
 from unifiedamp._monitor import ScaleCollapseError, ScaleCollapseWarning
-from unifiedamp._registry import MissingBackendError, UnknownBackendError
-from unifiedamp._scaler import GradScaler
+from unifiedamp._registry import AmbiguousBackendError, MissingBackendError, UnknownBackendError
+from unifiedamp._scaler import GradScaler, NoInfChecksError
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AmbiguousBackendError",
+    "FrameworkConflictError",
     "GradScaler",
     "MissingBackendError",
+    "NoInfChecksError",
     "ScaleCollapseError",
     "ScaleCollapseWarning",
     "ScalerConfig",

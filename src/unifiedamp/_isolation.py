@@ -13,7 +13,12 @@ MUST_NOT_PRECEDE: dict[str, tuple[str, ...]] = {"paddle": ("tensorflow",)}
 
 
 class FrameworkConflictError(ImportError):
-    """Importing this framework now would crash the process."""
+    """Importing this framework now would crash the process.
+
+    Example:
+        >>> issubclass(FrameworkConflictError, ImportError)
+        True
+    """
 
 
 def ensure_importable(framework: str) -> None:

@@ -1,9 +1,13 @@
 """Which backends exist, how to load them, and how to pick one without importing a framework.
 
-Built-in backends are a table of name -> ``"module:Class"``. Third-party
-backends register the same way through the entry-point group
-``unifiedamp.backends``. Detection reads ``sys.modules`` and the types of the
-objects it is given; it never imports a framework to decide.
+Built-in backends are a table of name -> ``"module:Class"`` of the scaler and
+``"module:Class"`` of the adapter that drives it in the conformance suite.
+Third-party backends register their scaler the same way through the entry-point
+group ``unifiedamp.backends`` (their class provides its own adapter through
+``conformance_adapter()``). Detection reads ``sys.modules`` and the types of the
+objects it is given; it never imports a framework to decide. Everything here is
+named by strings, so the table points at backends and at the conformance suite
+without importing either.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ class BackendInfo(NamedTuple):
         modules: Top-level modules that identify the framework in ``sys.modules``
             and in an object's type.
         install: What to run when the framework is missing.
+        adapter: ``"module:Class"`` of the conformance adapter, built as
+            ``Class(scaler_cls, **options)`` (empty: the class brings its own).
     """
 
     name: str
@@ -36,17 +42,22 @@ class BackendInfo(NamedTuple):
     framework: str
     modules: tuple[str, ...]
     install: str
+    adapter: str = ""
 
+
+_ADAPTERS = "unifiedamp.conformance.backends"
 
 BUILTIN: dict[str, BackendInfo] = {
     "numpy": BackendInfo("numpy", "unifiedamp.backends.numpy:NumpyGradScaler", "numpy",
-                         ("numpy",), "pip install numpy"),
+                         ("numpy",), "pip install numpy", f"{_ADAPTERS}.numpy:NumpyAdapter"),
     "torch": BackendInfo("torch", "unifiedamp.backends.torch:TorchGradScaler", "torch",
-                         ("torch",), "pip install 'unifiedamp[torch]'"),
+                         ("torch",), "pip install 'unifiedamp[torch]'",
+                         f"{_ADAPTERS}.torch:TorchAdapter"),
     "jax": BackendInfo("jax", "unifiedamp.backends.jax:JaxGradScaler", "jax",
-                       ("jax", "jaxlib", "optax", "flax"), "pip install 'unifiedamp[jax]'"),
+                       ("jax", "jaxlib", "optax", "flax"), "pip install 'unifiedamp[jax]'",
+                       f"{_ADAPTERS}.jax:JaxAdapter"),
     "mlx": BackendInfo("mlx", "unifiedamp.backends.mlx:MlxGradScaler", "mlx", ("mlx",),
-                       "pip install 'unifiedamp[mlx]'"),
+                       "pip install 'unifiedamp[mlx]'", f"{_ADAPTERS}.mlx:MlxAdapter"),
 }
 
 # Every framework's top-level modules -> its backend name, also for frameworks
@@ -68,7 +79,21 @@ class MissingBackendError(ImportError):
 
 
 class UnknownBackendError(ValueError):
-    """``backend=`` names no built-in backend and no registered entry point."""
+    """``backend=`` names no built-in backend and no registered entry point.
+
+    Example:
+        >>> issubclass(UnknownBackendError, ValueError)
+        True
+    """
+
+
+class AmbiguousBackendError(UnknownBackendError):
+    """``backend=None`` with several frameworks imported: which one is meant is not known.
+
+    Example:
+        >>> issubclass(AmbiguousBackendError, UnknownBackendError)
+        True
+    """
 
 
 def entry_points() -> dict[str, str]:
@@ -144,7 +169,7 @@ def detect(obj: Any = None) -> str:
         return name
     imported = _imported_frameworks()
     if len(imported) > 1:
-        raise UnknownBackendError(
+        raise AmbiguousBackendError(
             f"Several frameworks are imported ({', '.join(imported)}); pass backend= "
             f"(one of {sorted(rows)}) or an optimizer/tensor as backend= to choose"
         )
@@ -173,15 +198,42 @@ def load(name: str) -> type:
         raise UnknownBackendError(
             f"Unknown backend {name!r}; available: {sorted(rows)}, or 'module:Class'"
         )
-    module_name, _, attr = row.target.partition(":")
     ensure_importable(row.modules[0])
     try:
-        module = importlib.import_module(module_name)
+        return _import(row.target)
     except ImportError as exc:
         raise MissingBackendError(
             f"backend {row.name!r} cannot be imported ({exc}); to use it: {row.install}"
         ) from exc
+
+
+def _import(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
     try:
         return getattr(module, attr)
     except AttributeError:
         raise UnknownBackendError(f"{module_name} has no attribute {attr!r}") from None
+
+
+def conformance_adapter(cls: type, **options: Any) -> Any:
+    """The conformance adapter of a scaler class from the table: that of the built-in
+    backend it is or derives from, so a subclass is driven like its base.
+
+    Raises:
+        NotImplementedError: ``cls`` derives from no built-in backend.
+
+    Example:
+        >>> from unifiedamp.backends.numpy import NumpyGradScaler
+        >>> conformance_adapter(NumpyGradScaler).name
+        'numpy'
+    """
+    targets = {f"{klass.__module__}:{klass.__qualname__}" for klass in cls.__mro__}
+    for row in BUILTIN.values():
+        if row.target in targets:
+            return _import(row.adapter)(cls, **options)
+    raise NotImplementedError(
+        f"{cls.__module__}.{cls.__qualname__} derives from no built-in backend, so the "
+        "conformance suite does not know how to drive it: give it a conformance_adapter() "
+        "class method (docs/conformance.md), or subclass unifiedamp.conformance.ScalerContract "
+        "with your own 'adapter' fixture")

@@ -1,4 +1,10 @@
-"""The ``GradScaler`` facade: one constructor that returns the right backend's scaler."""
+"""The ``GradScaler`` facade, and the interface every backend implements.
+
+``unifiedamp.GradScaler(...)`` returns the scaler of one backend; every
+backend's scaler class derives from :class:`GradScaler`, which lists every
+member a backend provides or may provide. A third-party backend author reads
+this one class.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +20,22 @@ class NoInfChecksError(RuntimeError, AssertionError):
 
     torch raises an AssertionError here; this is also a RuntimeError, like the
     other call-order errors, so either except clause catches it.
+
+    Example:
+        >>> import unifiedamp as ua
+        >>> ua.GradScaler(backend="numpy").update()
+        Traceback (most recent call last):
+        ...
+        unifiedamp._scaler.NoInfChecksError: No inf checks were recorded prior to update.
     """
 
 
 class _FacadeMeta(abc.ABCMeta):
     # Dispatch in the metaclass, not in __new__: a __new__ that returns a
     # GradScaler subclass would have Python call its __init__ a second time.
+    # The framework classes backends derive from (torch.amp.GradScaler,
+    # paddle.amp.GradScaler, keras's LossScaleOptimizer) all have the metaclass
+    # `type`, so no backend meets a metaclass conflict (tests/test_registry.py).
     def __call__(cls, *args: Any, backend: Any = None, **kwargs: Any) -> Any:
         if cls is not GradScaler:
             if backend is not None:
@@ -44,10 +60,13 @@ class GradScaler(metaclass=_FacadeMeta):
     object of the framework (optimizer, tensor, model) whose type decides, or
     ``None``: the one framework imported decides, NumPy if none is.
 
-    Every backend's scaler is an instance of this class and offers
-    ``get_scale()``, ``is_enabled()``, ``config``, ``state_dict()`` and
-    ``load_state_dict()``; the other verbs depend on the backend's style
-    (imperative, torch-like; or functional).
+    Every backend's scaler is an instance of this class. The abstract members
+    below are what every backend provides. Backends come in two styles:
+    imperative ones (numpy, torch) keep torch's verbs and mutate themselves
+    (``unscale_``, ``step``, ``update()``); functional ones (jax, mlx) are
+    immutable values (``unscale(grads)``, ``update(finite)`` returns a new
+    scaler). The verbs of the other style raise ``NotImplementedError`` saying
+    which to use.
 
     Example:
         >>> import unifiedamp as ua
@@ -56,7 +75,10 @@ class GradScaler(metaclass=_FacadeMeta):
         (True, 1024.0)
     """
 
+    #: The backend's name: what ``backend=`` takes and ``state_dict()["backend"]`` holds.
     backend: str = ""
+
+    # ------------------------------------------------------------ every backend
 
     @property
     @abc.abstractmethod
@@ -66,12 +88,71 @@ class GradScaler(metaclass=_FacadeMeta):
     @property
     @abc.abstractmethod
     def state(self) -> ScalerState:
-        """The scale and both trackers, as Python numbers."""
+        """The scale and both trackers, as Python numbers (may read the device)."""
+
+    @abc.abstractmethod
+    def is_enabled(self) -> bool:
+        """Whether the scaler scales at all (``enabled=False`` makes every verb a pass-through)."""
+
+    @abc.abstractmethod
+    def get_scale(self) -> float:
+        """The current scale as a Python float; 1.0 when disabled."""
+
+    @abc.abstractmethod
+    def scale(self, outputs: Any) -> Any:
+        """The loss (or a tree of outputs) multiplied by the scale, each keeping its dtype."""
+
+    @abc.abstractmethod
+    def update(self, *args: Any, **kwargs: Any) -> Any:
+        """Applies the spec's rule once: imperative ``update(new_scale=None)`` from the checks
+        recorded since the last update; functional ``update(finite)`` returns a new scaler."""
 
     @abc.abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """The canonical, JSON-serialisable state (see :func:`unifiedamp.spec.to_state_dict`)."""
 
     @abc.abstractmethod
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores a canonical dict from any backend, or a native torch/paddle dict."""
+    def load_state_dict(self, state_dict: dict[str, Any]) -> Any:
+        """Restores a canonical dict of any backend or a native torch/Paddle dict, validated
+        before anything is written (functional backends return a new scaler)."""
+
+    # ------------------------------------------------------------ one style only
+
+    def unscale_(self, optimizer: Any) -> None:
+        """Imperative: divides the optimizer's gradients by the scale in place, records inf/NaN."""
+        raise NotImplementedError(self._other_style("unscale_"))
+
+    def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        """Imperative: unscales if needed and steps the optimizer unless a gradient was inf/NaN."""
+        raise NotImplementedError(self._other_style("step"))
+
+    def unscale(self, grads: Any) -> tuple[Any, Any]:
+        """Functional: ``(grads divided by the scale, all finite)``; the check counts."""
+        raise NotImplementedError(self._other_style("unscale"))
+
+    def _other_style(self, verb: str) -> str:
+        return (f"the {self.backend!r} backend has no {verb}(): imperative backends use "
+                "scale/unscale_/step/update(), functional ones scale/unscale(grads) -> "
+                "(grads, finite)/update(finite) -> new scaler")
+
+    # ------------------------------------------------------------ tooling
+
+    @classmethod
+    def devices(cls) -> list[str]:
+        """Where this backend computes, for ``unifiedamp backends`` (default: the CPU)."""
+        return ["cpu"]
+
+    @classmethod
+    def conformance_adapter(cls, **options: Any) -> Any:
+        """How the conformance suite drives this class (``docs/conformance.md``).
+
+        The hook for third-party backends: override it to return an adapter. By
+        default, the adapter of the built-in backend this class is or derives
+        from, from the backend table, built with ``options``.
+
+        Example:
+            >>> from unifiedamp.backends.numpy import NumpyGradScaler
+            >>> NumpyGradScaler.conformance_adapter().name
+            'numpy'
+        """
+        return _registry.conformance_adapter(cls, **options)

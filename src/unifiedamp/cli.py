@@ -20,6 +20,7 @@ import tempfile
 from typing import Any
 
 from unifiedamp import __version__, _registry, spec
+from unifiedamp.conformance._pytest_process import run_pytest
 
 _WORKER_TIMEOUT_S = 600
 
@@ -99,43 +100,9 @@ def _cmd_backends(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- spec
 
 
-def spec_markdown(doc: dict[str, Any]) -> str:
-    """Renders :func:`unifiedamp.spec.spec_document` as Markdown tables."""
-    out = [f"# unifiedamp loss-scaling spec, version {doc['spec_version']}", "",
-           "## Parameters", "",
-           "| name | default | positional | valid values | aliases |",
-           "|---|---|---|---|---|"]
-    for p in doc["parameters"]:
-        aliases = ", ".join(f"`{a}`" for a in p["aliases"]) or "-"
-        out.append(f"| `{p['name']}` | `{p['default']!r}` | {'yes' if p['positional'] else 'no'} "
-                   f"| {p['valid']} | {aliases} |")
-    frameworks = doc["frameworks"]
-    out += ["", "## Per-framework names (name / default / expressible natively)", "",
-            "| canonical | " + " | ".join(f"{fw} (`{v['api']}`)" for fw, v in frameworks.items())
-            + " |", "|---" * (len(frameworks) + 1) + "|"]
-    for p in doc["parameters"]:
-        cells = []
-        for fw in frameworks.values():
-            name = fw["names"].get(p["name"])
-            default = fw["defaults"].get(p["name"], "-")
-            cells.append(f"{'`' + name + '`' if name else '-'} / {default} / "
-                         f"{fw['native'][p['name']]}")
-        out.append(f"| `{p['name']}` | " + " | ".join(cells) + " |")
-    state = doc["state_format"]
-    out += ["", "## state_dict", "",
-            f"format `{state['format']}`, version {state['version']}, keys: "
-            + ", ".join(f"`{k}`" for k in state["keys"]), "",
-            "## Test vectors", "", "| name | config | steps | scales |", "|---|---|---|---|"]
-    for v in doc["vectors"]:
-        changes = f" changes {v['changes']}" if v["changes"] else ""
-        out.append(f"| {v['name']} | `{v['config']}`{changes} | `{v['steps']}` | "
-                   + " ".join(f"{s:g}" for s in v["scales"]) + " |")
-    return "\n".join(out)
-
-
 def _cmd_spec(args: argparse.Namespace) -> int:
     doc = spec.spec_document()
-    print(json.dumps(doc, indent=2) if args.format == "json" else spec_markdown(doc))
+    print(json.dumps(doc, indent=2) if args.format == "json" else spec.spec_markdown(doc))
     return 0
 
 
@@ -145,17 +112,13 @@ def _cmd_spec(args: argparse.Namespace) -> int:
 def run_suite(name: str, max_examples: int | None = None) -> dict[str, Any]:
     """Runs the shipped pytest suite on one backend in a subprocess; its JSON report."""
     with tempfile.TemporaryDirectory() as tmp:
-        ini, out = os.path.join(tmp, "pytest.ini"), os.path.join(tmp, "report.json")
-        with open(ini, "w") as f:
-            f.write("[pytest]\n")  # keeps any project's pytest config out of the run
-        cmd = [sys.executable, "-m", "pytest", "-c", ini, "--rootdir", tmp, "-q",
-               "-p", "no:cacheprovider", "--pyargs", "unifiedamp.conformance",
-               "--unifiedamp-backend", name, "--unifiedamp-json", out]
+        out = os.path.join(tmp, "report.json")
+        args = ["--pyargs", "unifiedamp.conformance", "--unifiedamp-backend", name,
+                "--unifiedamp-json", out]
         if max_examples is not None:
-            cmd += ["--unifiedamp-max-examples", str(max_examples)]
+            args += ["--unifiedamp-max-examples", str(max_examples)]
         try:
-            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True,
-                                  timeout=_WORKER_TIMEOUT_S)
+            proc = run_pytest(args, timeout=_WORKER_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             return {"status": "error", "detail": f"timed out after {_WORKER_TIMEOUT_S} s"}
         if not os.path.exists(out):

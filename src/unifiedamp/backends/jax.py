@@ -14,7 +14,6 @@ spec bit for bit also below float32's smallest normal number.
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -22,22 +21,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from unifiedamp import spec
-from unifiedamp._scaler import GradScaler
-from unifiedamp.spec import ScalerConfig, ScalerState
+from unifiedamp.backends._functional import LEAVES, FunctionalGradScaler
+from unifiedamp.spec import ScalerConfig, f32_bits, f32_from_bits
 
 __all__ = ["JaxGradScaler", "LossScaledState", "LossScaledTransformation", "all_finite",
            "find_scaler", "loss_scaled", "step_if_finite", "where_finite"]
 
 _EXP_MASK = 0x7F800000
-
-
-def _f32_bits(x: float) -> int:
-    return struct.unpack("<I", struct.pack("<f", x))[0]
-
-
-def _bits_f32(b: int) -> float:
-    return struct.unpack("<f", struct.pack("<I", b))[0]
 
 
 def _mul_bits(x: jax.Array, c: float) -> jax.Array:
@@ -51,7 +41,7 @@ def _mul_bits(x: jax.Array, c: float) -> jax.Array:
     """
     mant_c, exp_c = math.frexp(c)
     cn, ec = mant_c * 2, exp_c - 1
-    ch = _bits_f32(_f32_bits(cn) & 0xFFFFF000)
+    ch = f32_from_bits(f32_bits(cn) & 0xFFFFF000)
     cl = cn - ch
     bits = lax.bitcast_convert_type(x, jnp.int32)
     ebits = (bits >> 23) & 0xFF
@@ -127,7 +117,7 @@ def where_finite(finite: jax.Array, new: Any, old: Any) -> Any:
 
 
 @jax.tree_util.register_pytree_with_keys_class
-class JaxGradScaler(GradScaler):
+class JaxGradScaler(FunctionalGradScaler):
     """A dynamic loss scaler for JAX, as an immutable value.
 
     Args:
@@ -158,95 +148,39 @@ class JaxGradScaler(GradScaler):
     """
 
     backend = "jax"
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        config = spec.config_from_args(args, kwargs, extra_names=("backend",))
-        init = ScalerState.initial(config)
-        self._set(config, jnp.asarray(init.scale, jnp.float32), jnp.asarray(0, jnp.int32),
-                  jnp.asarray(0, jnp.int32))
-
-    def _set(self, config: ScalerConfig, scale: Any, growth: Any, hyst: Any) -> None:
-        object.__setattr__(self, "_config", config)
-        object.__setattr__(self, "loss_scale", scale)
-        object.__setattr__(self, "growth_tracker", growth)
-        object.__setattr__(self, "hysteresis_tracker", hyst)
+    xp = jnp
 
     @classmethod
-    def _make(cls, config: ScalerConfig, scale: Any, growth: Any, hyst: Any) -> JaxGradScaler:
-        new = object.__new__(cls)
-        new._set(config, scale, growth, hyst)
-        return new
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable: update() and with_config() "
-                             "return a new scaler")
+    def _array(cls, value: Any, dtype: Any) -> jax.Array:
+        return jnp.asarray(value, dtype)
 
     # Pytree: arrays are leaves, the (hashable) config is static aux data, so no
     # jit, scan or flatten/unflatten round trip can drop an option.
     def tree_flatten_with_keys(self) -> tuple[Any, ScalerConfig]:
         key = jax.tree_util.GetAttrKey
-        return (((key("loss_scale"), self.loss_scale), (key("growth_tracker"), self.growth_tracker),
-                 (key("hysteresis_tracker"), self.hysteresis_tracker)), self._config)
+        return tuple((key(name), getattr(self, name)) for name in LEAVES), self._config
 
     @classmethod
     def tree_unflatten(cls, config: ScalerConfig, children: Any) -> JaxGradScaler:
         return cls._make(config, *children)
 
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(loss_scale={self.loss_scale!r}, growth_tracker="
-                f"{self.growth_tracker!r}, hysteresis_tracker={self.hysteresis_tracker!r}, "
-                f"{self._config})")
+    # The update works on the scale's bit pattern (an int32): XLA flushes float32
+    # subnormals, but integer ops and selects keep every bit, and positive
+    # floats order like their bit patterns (so maximum/minimum clamp correctly).
+    def _encode(self, scale: jax.Array) -> jax.Array:
+        return lax.bitcast_convert_type(scale, jnp.int32)
 
-    # ------------------------------------------------------------ config and state
+    def _decode(self, bits: jax.Array) -> jax.Array:
+        return lax.bitcast_convert_type(bits, jnp.float32)
 
-    @property
-    def config(self) -> ScalerConfig:
-        return self._config
+    def _constant(self, value: float) -> int:
+        return f32_bits(value)
 
-    @property
-    def state(self) -> ScalerState:
-        """Scale and trackers as Python numbers (reads the device)."""
-        return ScalerState(float(self.loss_scale), int(self.growth_tracker),
-                           int(self.hysteresis_tracker))
+    def _multiply(self, scale: jax.Array, factor: float) -> jax.Array:
+        return _mul_bits(scale, factor)
 
-    def is_enabled(self) -> bool:
-        return self._config.enabled
-
-    def get_scale(self) -> float:
-        """The scale as a Python float (reads the device); 1.0 when disabled."""
-        return float(self.loss_scale) if self._config.enabled else 1.0
-
-    def with_config(self, **changes: Any) -> JaxGradScaler:
-        """A scaler with the same state and some parameters changed (validated).
-
-        Example:
-            >>> s = JaxGradScaler(8.0).with_config(growth_interval=5)
-            >>> s.config.growth_interval, s.get_scale()
-            (5, 8.0)
-        """
-        return self._make(self._config.replace(**changes), self.loss_scale, self.growth_tracker,
-                          self.hysteresis_tracker)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The canonical dict (reads the device)."""
-        return spec.to_state_dict(self._config, self.state, self.backend)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> JaxGradScaler:
-        """A new scaler from a canonical dict of any backend, or a native torch/paddle dict.
-
-        The scaler is a value: this returns the loaded one and leaves ``self`` as it
-        was. ``enabled`` stays as ``self`` was built. A bad dict raises ``ValueError``.
-
-        Example:
-            >>> a = JaxGradScaler(8.0)
-            >>> JaxGradScaler().load_state_dict(a.state_dict()).get_scale()
-            8.0
-        """
-        config, state = spec.parse_state_dict(state_dict, base=self._config)
-        return self._make(config.replace(enabled=self._config.enabled),
-                          jnp.asarray(state.scale, jnp.float32),
-                          jnp.asarray(state.growth_tracker, jnp.int32),
-                          jnp.asarray(state.hysteresis_tracker, jnp.int32))
+    def _is_finite(self, bits: jax.Array) -> jax.Array:
+        return (bits & _EXP_MASK) != _EXP_MASK
 
     # ------------------------------------------------------------ the verbs
 
@@ -269,46 +203,12 @@ class JaxGradScaler(GradScaler):
         finite = all_finite(grads, axis_name)
         return jax.tree.map(lambda g: (g * inv).astype(jnp.result_type(g)), grads), finite
 
-    def update(self, finite: Any) -> JaxGradScaler:
-        """The scaler after one iteration whose gradients were all ``finite`` (or not)."""
-        config = self._config
-        if not config.enabled:
-            return self
-        if not config.dynamic:
-            zero = jnp.zeros_like(self.growth_tracker)
-            return self._make(config, self.loss_scale, zero, zero)
-        inf = ~jnp.asarray(finite, bool)
-        hyst = jnp.where(inf, self.hysteresis_tracker + 1, 0)
-        growth = jnp.where(inf, 0, self.growth_tracker + 1)
-        back_off = inf & (hyst >= config.hysteresis)
-        grow = ~inf & (growth >= config.growth_interval)
-        # Scales are positive, so their bit patterns order like their values.
-        bits = lax.bitcast_convert_type(self.loss_scale, jnp.int32)
-        backed = _mul_bits(self.loss_scale, spec.f32(config.backoff_factor))
-        if config.min_scale is not None:
-            backed = jnp.maximum(backed, _f32_bits(spec.f32(config.min_scale)))
-        grown = _mul_bits(self.loss_scale, spec.f32(config.growth_factor))
-        if config.max_scale is not None:
-            grown = jnp.minimum(grown, _f32_bits(spec.f32(config.max_scale)))
-        grown = jnp.where((grown & _EXP_MASK) == _EXP_MASK, bits, grown)
-        new_bits = jnp.where(back_off, backed, jnp.where(grow, grown, bits))
-        return self._make(config, lax.bitcast_convert_type(new_bits, jnp.float32),
-                          jnp.where(grow, 0, growth).astype(jnp.int32),
-                          jnp.where(back_off, 0, hyst).astype(jnp.int32))
-
     # ------------------------------------------------------------ tooling
 
     @classmethod
     def devices(cls) -> list[str]:
         """The devices JAX sees."""
         return [str(d) for d in jax.devices()]
-
-    @classmethod
-    def conformance_adapter(cls) -> Any:
-        """Drives this backend with real ``jax.grad`` and ``optax.adam``."""
-        from unifiedamp.backends._jax_conformance import JaxAdapter
-
-        return JaxAdapter(cls)
 
 
 # ---------------------------------------------------------------- optax

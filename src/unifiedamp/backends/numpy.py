@@ -23,6 +23,7 @@ import numpy as np
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import GradScaler, NoInfChecksError
+from unifiedamp._tree import tree_map
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __all__ = ["NumpyGradScaler", "SGD"]
@@ -69,21 +70,6 @@ class _Stage(enum.Enum):
     READY = 0
     UNSCALED = 1
     STEPPED = 2
-
-
-def _tree_map(fn: Any, tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _tree_map(fn, v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        mapped = [_tree_map(fn, v) for v in tree]
-        return type(tree)(*mapped) if hasattr(tree, "_fields") else type(tree)(mapped)
-    return fn(tree)
-
-
-def _leaves(tree: Any) -> list[Any]:
-    out: list[Any] = []
-    _tree_map(out.append, tree)
-    return out
 
 
 def _as_float_array(x: Any, what: str) -> np.ndarray:
@@ -249,7 +235,7 @@ class NumpyGradScaler(GradScaler):
                 out = (a * factor).astype(a.dtype, copy=False)
             return out if isinstance(x, np.ndarray) else out[()]
 
-        return _tree_map(scale_one, outputs)
+        return tree_map(scale_one, outputs)
 
     def _inv_scale(self) -> np.float32:
         # The reciprocal in float64, rounded once: what torch does, so that
@@ -282,7 +268,7 @@ class NumpyGradScaler(GradScaler):
                 out = (a * inv).astype(a.dtype, copy=False)
             return out if isinstance(g, np.ndarray) else out[()]
 
-        out = _tree_map(unscale_one, grads)
+        out = tree_map(unscale_one, grads)
         self._functional_found_inf.append(not finite)
         return out, finite
 
@@ -394,38 +380,3 @@ class NumpyGradScaler(GradScaler):
         # The one place the rule is applied, so that a variant (or a deliberately
         # broken scaler in the conformance meta-tests) changes only this.
         return spec.update(self._config, self._state, found_inf)
-
-    # ------------------------------------------------------------ tooling
-
-    @classmethod
-    def devices(cls) -> list[str]:
-        """Where this backend computes (``unifiedamp backends``)."""
-        return ["cpu"]
-
-    @classmethod
-    def conformance_adapter(cls) -> Any:
-        """How the conformance suite drives this backend: SGD with momentum, float32 params.
-
-        Example:
-            >>> NumpyGradScaler.conformance_adapter().name
-            'numpy'
-        """
-        from unifiedamp.conformance import ImperativeAdapter, Problem
-
-        def make_problem() -> Problem:
-            # |c| <= 0.5 keeps a finite step finite at every float32 scale.
-            opt = SGD([np.zeros(4, np.float32), np.ones(2, np.float64)], lr=0.1, momentum=0.9)
-
-            def set_grads(kind: str, scaler: NumpyGradScaler) -> None:
-                # d(loss)/dw of loss = sum(w * c), scaled: c * scale (NumPy has no autodiff)
-                c = np.full(4, 0.5, np.float32)
-                c[1] = {"F": 0.5, "I": np.inf, "N": np.nan}[kind]
-                opt.grads = [scaler.scale(c), scaler.scale(np.full(2, 0.25, np.float64))]
-
-            def snapshot() -> list[np.ndarray]:
-                return [*opt.params, *opt.velocity, np.array(opt.step_count)]
-
-            return Problem(opt, set_grads, snapshot)
-
-        return ImperativeAdapter(cls, make_problem, info={
-            "framework": "numpy", "version": np.__version__, "device": "cpu"})

@@ -24,6 +24,7 @@ from torch.amp.grad_scaler import _refresh_per_optimizer_state
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import GradScaler, NoInfChecksError
+from unifiedamp._tree import leaves, tree_map
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __all__ = ["TorchGradScaler"]
@@ -323,26 +324,22 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             return outputs
         if not self._bf16_warned:
             self._warn_if_bf16(outputs)
-        return self._scale_tree(outputs)
-
-    def _scale_tree(self, tree: Any) -> Any:
         # torch's scale() takes a tensor or an iterable of them; dicts (named
-        # losses) and nesting are mapped here. The multiply is written here rather
-        # than through torch.amp.GradScaler.scale, which torch.compile refuses to
-        # trace (a graph break in a compiled train step).
-        if isinstance(tree, dict):
-            return {k: self._scale_tree(v) for k, v in tree.items()}
-        if isinstance(tree, (list, tuple)):
-            return type(tree)(self._scale_tree(v) for v in tree)
-        if not isinstance(tree, torch.Tensor):
+        # losses) and nesting are mapped here too.
+        return tree_map(self._scale_one, outputs)
+
+    def _scale_one(self, tensor: Any) -> torch.Tensor:
+        # The multiply is written here rather than through torch.amp.GradScaler.scale,
+        # which torch.compile refuses to trace (a graph break in a compiled train step).
+        if not isinstance(tensor, torch.Tensor):
             raise ValueError(f"outputs must be a Tensor or a list/tuple/dict of Tensors, got "
-                             f"{type(tree).__name__}")
+                             f"{type(tensor).__name__}")
         if self._scale is None:
-            self._lazy_init_scale_growth_tracker(tree.device)
+            self._lazy_init_scale_growth_tracker(tensor.device)
         # .to(dtype): a 0-dim float16 loss times the 0-dim float32 scale would
         # otherwise come back float32 (torch's own scale() does that); every
         # backend keeps the input's dtype. A no-op for every other input.
-        return (tree * self._scale.to(device=tree.device, non_blocking=True)).to(tree.dtype)
+        return (tensor * self._scale.to(device=tensor.device, non_blocking=True)).to(tensor.dtype)
 
     def _warn_if_bf16(self, outputs: Any) -> None:
         first = outputs
@@ -438,27 +435,18 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         ``grads`` is a tensor or a list/tuple/dict of them; ``all finite`` is a 0-dim
         bool tensor. The check counts towards the next ``update()``.
         """
-        leaves: list[torch.Tensor] = []
-
-        def collect(tree: Any) -> Any:
-            if isinstance(tree, dict):
-                return {k: collect(v) for k, v in tree.items()}
-            if isinstance(tree, (list, tuple)):
-                return type(tree)(collect(v) for v in tree)
-            leaves.append(tree.detach().clone())
-            return leaves[-1]
-
-        out = collect(grads)
+        out = tree_map(lambda grad: grad.detach().clone(), grads)
+        copies = leaves(out)
         if not self._enabled:
             return out, torch.tensor(True)
         if self._scale is None:
-            self._lazy_init_scale_growth_tracker(leaves[0].device if leaves else
+            self._lazy_init_scale_growth_tracker(copies[0].device if copies else
                                                  torch.device("cpu"))
         found = torch.zeros((), dtype=torch.float32, device=self._scale.device)
         inv = self._scale.double().reciprocal().float()
         groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
-        for leaf in leaves:
-            groups[(leaf.device, leaf.dtype)].append(leaf)
+        for copy in copies:
+            groups[(copy.device, copy.dtype)].append(copy)
         for (device, _), tensors in groups.items():
             found_here = torch.zeros((), dtype=torch.float32, device=device)
             torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_here, inv.to(device))
@@ -547,15 +535,3 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
     def devices(cls) -> list[str]:
         """``cpu`` and every CUDA device torch sees."""
         return ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-
-    @classmethod
-    def conformance_adapter(cls, optimizer: str = "adam", device: str = "cpu") -> Any:
-        """Drives this backend with real autograd: ``scaler.scale(loss).backward()``.
-
-        Args:
-            optimizer: ``"adam"`` (plain), ``"adamw_fused"`` or ``"sgd_foreach"``.
-            device: ``"cpu"`` or ``"cuda"``.
-        """
-        from unifiedamp.backends._torch_conformance import TorchAdapter
-
-        return TorchAdapter(cls, optimizer=optimizer, device=device)

@@ -7,7 +7,8 @@ Two ways in (see ``docs/conformance.md``):
 - ``pytest --pyargs unifiedamp.conformance --unifiedamp-backend NAME_OR_module:Class``
   (or the ``UNIFIEDAMP_BACKEND`` environment variable).
 
-A backend is driven through an adapter (:mod:`unifiedamp.conformance.adapters`).
+A backend is driven through an adapter (:mod:`unifiedamp.conformance.adapters`);
+the built-in backends' adapters are in :mod:`unifiedamp.conformance.backends`.
 Every name here loads on first use, so that the pytest plugin in this package
 imports nothing heavy (no NumPy, no hypothesis) in a run that does not use it.
 
@@ -26,8 +27,9 @@ from typing import Any
 
 _LAZY = {
     "CAPABILITIES": "adapters", "Adapter": "adapters", "ImperativeAdapter": "adapters",
-    "Problem": "adapters", "FunctionalAdapter": "adapters", "Divergence": "_runner",
-    "run_steps": "_runner", "run_vector": "_runner", "ScalerContract": "contract",
+    "Problem": "adapters", "FunctionalAdapter": "adapters", "STEP_KINDS": "adapters",
+    "Divergence": "_runner", "run_steps": "_runner", "run_vector": "_runner",
+    "ScalerContract": "contract",
 }
 
 __all__ = sorted(_LAZY)

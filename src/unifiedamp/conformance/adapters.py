@@ -8,12 +8,19 @@ capability is not declared; the tests that need it are skipped with a reason.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from unifiedamp._tree import tree_map
 from unifiedamp.spec import ScalerConfig, ScalerState
+
+#: The value a step of each kind plants in one gradient element: all finite
+#: (``F``), an inf (``I``) or a NaN (``N``). Finite values stay <= 0.5 in
+#: magnitude, so a finite step stays finite at every float32 scale.
+STEP_KINDS: dict[str, float] = {"F": 0.5, "I": math.inf, "N": math.nan}
 
 #: Every capability the suite knows, with what declaring it promises.
 CAPABILITIES: dict[str, str] = {
@@ -169,16 +176,8 @@ class ImperativeAdapter(Adapter):
         return [a.copy() for problem in handle[1] for a in problem.snapshot()]
 
     def scale_tree(self, handle: Any, tree: Any) -> Any:
-        return _map(self.to_numpy, handle[0].scale(_map(self.to_native, tree)))
+        return tree_map(self.to_numpy, handle[0].scale(tree_map(self.to_native, tree)))
 
     def unscale_tree(self, handle: Any, tree: Any) -> tuple[Any, bool]:
-        out, finite = handle[0].unscale(_map(self.to_native, tree))
-        return _map(self.to_numpy, out), bool(finite)
-
-
-def _map(fn: Callable[[Any], Any], tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _map(fn, v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_map(fn, v) for v in tree)
-    return fn(tree)
+        out, finite = handle[0].unscale(tree_map(self.to_native, tree))
+        return tree_map(self.to_numpy, out), bool(finite)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from unifiedamp._tree import leaves, tree_map
 from unifiedamp.spec import ScalerConfig
 
 __all__ = ["configs", "finite_trees", "nonfinite_trees", "powers_of_two", "step_sequences"]
@@ -73,10 +74,10 @@ def finite_trees(dtypes: tuple[str, ...]) -> st.SearchStrategy[Any]:
 @st.composite
 def nonfinite_trees(draw: Any, dtypes: tuple[str, ...]) -> Any:
     """A finite tree with one element of one leaf set to +inf, -inf or NaN."""
-    tree = draw(finite_trees(dtypes).filter(lambda t: _count(t) > 0))
-    target = draw(st.integers(0, _count(tree) - 1))
+    tree = draw(finite_trees(dtypes).filter(lambda t: len(leaves(t)) > 0))
+    target = draw(st.integers(0, len(leaves(tree)) - 1))
     bad = draw(st.sampled_from([np.inf, -np.inf, np.nan]))
-    counter = iter(range(_count(tree)))
+    counter = iter(range(len(leaves(tree))))
 
     def poison(leaf: np.ndarray) -> np.ndarray:
         leaf = leaf.copy()
@@ -84,24 +85,5 @@ def nonfinite_trees(draw: Any, dtypes: tuple[str, ...]) -> Any:
             leaf[draw(st.integers(0, leaf.size - 1))] = bad
         return leaf
 
-    return _map_leaves(poison, tree)
+    return tree_map(poison, tree)
 
-
-def _map_leaves(fn: Any, tree: Any) -> Any:
-    if isinstance(tree, dict):
-        return {k: _map_leaves(fn, v) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_map_leaves(fn, v) for v in tree]
-    return fn(tree)
-
-
-def _count(tree: Any) -> int:
-    n = 0
-
-    def one(leaf: np.ndarray) -> np.ndarray:
-        nonlocal n
-        n += 1
-        return leaf
-
-    _map_leaves(one, tree)
-    return n

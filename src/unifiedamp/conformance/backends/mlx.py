@@ -8,12 +8,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 
-from unifiedamp.conformance.adapters import FunctionalAdapter
+from unifiedamp.conformance.adapters import STEP_KINDS, FunctionalAdapter
 from unifiedamp.spec import ScalerConfig
-
-_KIND = {"F": 0.5, "I": float("inf"), "N": float("nan")}
 
 
 def make_model() -> nn.Linear:
@@ -24,7 +22,7 @@ def make_model() -> nn.Linear:
 
 def inputs(kind: str) -> mx.array:
     x = np.full((2, 4), 0.5, np.float32)
-    x[0, 1] = _KIND[kind]
+    x[0, 1] = STEP_KINDS[kind]
     return mx.array(x)
 
 
@@ -43,6 +41,9 @@ def train_step(scaler: Any, groups: list[Any], xs: list[mx.array]) -> Any:
 
 
 class MlxAdapter(FunctionalAdapter):
+    """Handles are ``(scaler, [(model, optimizer), ...])``; models and optimizers are
+    updated in place, the scaler is new at every step."""
+
     capabilities = frozenset({"multi_optimizer", "functional_unscale", "scale_tree",
                               "set_config", "disable", "state_dict", "jit"})
     dtypes = ("float16", "float32")  # MLX has no float64 on the GPU path
@@ -88,12 +89,8 @@ class MlxAdapter(FunctionalAdapter):
         return out
 
     def scale_tree(self, handle: Any, tree: Any) -> Any:
-        from mlx.utils import tree_map
-
         return tree_map(np.array, handle[0].scale(tree_map(mx.array, tree)))
 
     def unscale_tree(self, handle: Any, tree: Any) -> tuple[Any, bool]:
-        from mlx.utils import tree_map
-
         out, finite = handle[0].unscale(tree_map(mx.array, tree))
         return tree_map(np.array, out), bool(finite.item())

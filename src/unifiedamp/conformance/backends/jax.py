@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from typing import Any
 
 import jax
@@ -15,10 +14,9 @@ import numpy as np
 import optax
 
 from unifiedamp.backends.jax import where_finite
-from unifiedamp.conformance.adapters import FunctionalAdapter
+from unifiedamp.conformance.adapters import STEP_KINDS, FunctionalAdapter
 from unifiedamp.spec import ScalerConfig, ScalerState
 
-_KIND = {"F": 0.5, "I": float("inf"), "N": float("nan")}
 _TX = optax.adam(1e-3)
 
 
@@ -29,7 +27,7 @@ def loss(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
 
 
 def inputs(kind: str) -> jax.Array:
-    return jnp.full((2, 4), 0.5).at[0, 1].set(_KIND[kind])
+    return jnp.full((2, 4), 0.5).at[0, 1].set(STEP_KINDS[kind])
 
 
 def train_step(scaler: Any, groups: list[Any], xs: list[jax.Array]) -> tuple[Any, list[Any]]:
@@ -92,40 +90,6 @@ class JaxAdapter(FunctionalAdapter):
                 run_devices(handle[0].config.to_dict(), kinds_per_rank)["states"]]
 
 
-_DEVICES_SCRIPT = textwrap.dedent("""
-    import json, sys
-    import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import Mesh, PartitionSpec as P
-    from unifiedamp.backends.jax import JaxGradScaler, where_finite
-    from unifiedamp.backends._jax_conformance import inputs, loss
-
-    config, kinds, mode = json.loads(sys.argv[1])
-    n = len(kinds)
-    scaler = JaxGradScaler(**config)
-    params = {"w": jnp.full((4,), 0.1), "b": jnp.array(0.1)}
-    xs = jnp.stack([inputs(k) for k in kinds])          # one batch shard per device
-
-    def step(scaler, params, x):
-        grads = jax.grad(lambda p: scaler.scale(loss(p, x[0])))(params)
-        grads, finite = scaler.unscale(grads, axis_name="d")
-        new = jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
-        new = where_finite(finite, new, params)
-        s = scaler.update(finite)
-        state = jnp.stack([s.loss_scale, s.growth_tracker.astype(jnp.float32),
-                           s.hysteresis_tracker.astype(jnp.float32)])
-        return state[None], new["w"][None]
-
-    if mode == "shard_map":
-        mesh = Mesh(np.array(jax.devices()[:n]), ("d",))
-        fn = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P(), P("d")),
-                                   out_specs=(P("d"), P("d"))))
-    else:
-        fn = jax.pmap(lambda s, p, x: jax.tree.map(lambda a: a[0], step(s, p, x[None])),
-                      axis_name="d", in_axes=(None, None, 0))
-    states, ws = fn(scaler, params, xs)
-    print(json.dumps({"states": [[float(s[0]), int(s[1]), int(s[2])] for s in np.asarray(states)],
-                      "stepped": [bool((w != 0.1).any()) for w in np.asarray(ws)]}))
-""")
 
 
 def run_devices(config: dict[str, Any], kinds: list[str], mode: str = "shard_map",
@@ -134,7 +98,7 @@ def run_devices(config: dict[str, Any], kinds: list[str], mode: str = "shard_map
     is fixed when jax starts); device i trains on gradients of kind ``kinds[i]``."""
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count="
                                       f"{devices or len(kinds)}", "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", _DEVICES_SCRIPT,
+    proc = subprocess.run([sys.executable, "-m", "unifiedamp.conformance.backends.jax_devices",
                            json.dumps([config, kinds, mode])],
                           capture_output=True, text=True, timeout=300, env=env)
     if proc.returncode != 0:

@@ -1,0 +1,46 @@
+"""Nested containers of arrays, walked one way: dicts, lists, tuples and NamedTuples.
+
+For the places without a tree library of their own (the NumPy and torch
+backends, the conformance suite); the JAX and MLX backends use ``jax.tree`` and
+``mlx.utils``. Anything that is not one of these containers is a leaf, ``None``
+included. Containers keep their type and their order (dict insertion order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["leaves", "tree_map"]
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """The tree with ``fn`` applied to every leaf.
+
+    Example:
+        >>> from typing import NamedTuple
+        >>> class Pair(NamedTuple):
+        ...     a: float
+        ...     b: float
+        >>> tree_map(lambda x: x * 2, {"p": Pair(1, 2), "l": [3, (4,)]})
+        {'p': Pair(a=2, b=4), 'l': [6, (8,)]}
+    """
+    if isinstance(tree, dict):
+        return {key: tree_map(fn, value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        mapped = [tree_map(fn, value) for value in tree]
+        # A NamedTuple is built from its fields, a plain tuple or list from one iterable.
+        return type(tree)(*mapped) if hasattr(tree, "_fields") else type(tree)(mapped)
+    return fn(tree)
+
+
+def leaves(tree: Any) -> list[Any]:
+    """Every leaf of the tree, in container order.
+
+    Example:
+        >>> leaves({"a": [1, 2], "b": (3, {"c": 4}), "d": []})
+        [1, 2, 3, 4]
+    """
+    out: list[Any] = []
+    tree_map(out.append, tree)
+    return out

@@ -1,0 +1,183 @@
+"""The immutable scaler shared by the functional backends (JAX, MLX).
+
+A scaler is a value: three 0-d arrays (``loss_scale`` float32, ``growth_tracker``
+and ``hysteresis_tracker`` int32) and a static :class:`ScalerConfig`. Every verb
+returns a new value; nothing waits for the device. The rule, validation, state
+handling and the tree of arrays are written here once. A backend names its array
+namespace (``xp``) and how its arrays are made, and may change how the scale is
+multiplied: JAX keeps exact float32 products under XLA's flush-to-zero by working
+on bit patterns (:meth:`FunctionalGradScaler._encode` and friends).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from unifiedamp import spec
+from unifiedamp._scaler import GradScaler
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+#: The arrays of a scaler, in pytree order.
+LEAVES = ("loss_scale", "growth_tracker", "hysteresis_tracker")
+
+
+class FunctionalGradScaler(GradScaler):
+    """Base of the immutable scalers; subclasses set ``xp`` and implement ``_array``,
+    ``scale`` and ``unscale``.
+
+    Attributes:
+        loss_scale: The scale, a float32 0-d array.
+        growth_tracker: Consecutive finite updates, an int32 0-d array.
+        hysteresis_tracker: Consecutive non-finite updates, an int32 0-d array.
+    """
+
+    #: The array namespace: ``jax.numpy`` or ``mlx.core``.
+    xp: ClassVar[Any]
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        config = spec.config_from_args(args, kwargs, extra_names=("backend",))
+        self._set(config, ScalerState.initial(config))
+
+    @classmethod
+    def _array(cls, value: Any, dtype: Any) -> Any:
+        """A 0-d array of ``dtype`` (``xp.float32``, ``xp.int32``, ``xp.bool_``) from ``value``."""
+        raise NotImplementedError
+
+    def _set(self, config: ScalerConfig, state: ScalerState) -> None:
+        xp = self.xp
+        self._set_arrays(config, self._array(state.scale, xp.float32),
+                         self._array(state.growth_tracker, xp.int32),
+                         self._array(state.hysteresis_tracker, xp.int32))
+
+    def _set_arrays(self, config: ScalerConfig, scale: Any, growth: Any, hyst: Any) -> None:
+        object.__setattr__(self, "_config", config)
+        object.__setattr__(self, "loss_scale", scale)
+        object.__setattr__(self, "growth_tracker", growth)
+        object.__setattr__(self, "hysteresis_tracker", hyst)
+
+    @classmethod
+    def _make(cls, config: ScalerConfig, scale: Any, growth: Any, hyst: Any) -> Any:
+        new = object.__new__(cls)
+        new._set_arrays(config, scale, growth, hyst)
+        return new
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable: update() and with_config() "
+                             "return a new scaler")
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(loss_scale={self.loss_scale!r}, growth_tracker="
+                f"{self.growth_tracker!r}, hysteresis_tracker={self.hysteresis_tracker!r}, "
+                f"{self._config})")
+
+    def tree(self) -> dict[str, Any]:
+        """The arrays, as a dict (what ``mx.compile`` takes; a JAX scaler is a pytree itself).
+
+        Example:
+            >>> import unifiedamp as ua
+            >>> s = ua.GradScaler(8.0, backend="mlx")
+            >>> sorted(s.tree()), s.with_tree(s.tree()).get_scale()
+            (['growth_tracker', 'hysteresis_tracker', 'loss_scale'], 8.0)
+        """
+        return {name: getattr(self, name) for name in LEAVES}
+
+    def with_tree(self, tree: dict[str, Any]) -> Any:
+        """This scaler's config with the arrays of ``tree`` (from :meth:`tree`)."""
+        return self._make(self._config, *(tree[name] for name in LEAVES))
+
+    # ------------------------------------------------------------ config and state
+
+    @property
+    def config(self) -> ScalerConfig:
+        return self._config
+
+    @property
+    def state(self) -> ScalerState:
+        """Scale and trackers as Python numbers (reads the device)."""
+        return ScalerState(float(self.loss_scale.item()), int(self.growth_tracker.item()),
+                           int(self.hysteresis_tracker.item()))
+
+    def is_enabled(self) -> bool:
+        return self._config.enabled
+
+    def get_scale(self) -> float:
+        """The scale as a Python float (reads the device); 1.0 when disabled."""
+        return float(self.loss_scale.item()) if self._config.enabled else 1.0
+
+    def with_config(self, **changes: Any) -> Any:
+        """A scaler with the same state and some parameters changed (validated).
+
+        Example:
+            >>> import unifiedamp as ua
+            >>> s = ua.GradScaler(8.0, backend="jax").with_config(growth_interval=5)
+            >>> s.config.growth_interval, s.get_scale()
+            (5, 8.0)
+        """
+        return self._make(self._config.replace(**changes), self.loss_scale, self.growth_tracker,
+                          self.hysteresis_tracker)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The canonical dict (reads the device)."""
+        return spec.to_state_dict(self._config, self.state, self.backend)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> Any:
+        """A new scaler from a canonical dict of any backend, or a native torch/paddle dict.
+
+        The scaler is a value: this returns the loaded one and leaves ``self`` as it
+        was. ``enabled`` stays as ``self`` was built. A bad dict raises ``ValueError``.
+
+        Example:
+            >>> import unifiedamp as ua
+            >>> a = ua.GradScaler(8.0, backend="jax")
+            >>> ua.GradScaler(backend="jax").load_state_dict(a.state_dict()).get_scale()
+            8.0
+        """
+        config, state = spec.parse_state_dict(state_dict, base=self._config)
+        new = object.__new__(type(self))
+        new._set(config.replace(enabled=self._config.enabled), state)
+        return new
+
+    # ------------------------------------------------------------ the rule
+
+    # The scale's product with a factor, in a form that compares like the scale's
+    # value. By default the float32 array itself, multiplied in float32.
+    def _encode(self, scale: Any) -> Any:
+        return scale
+
+    def _decode(self, encoded: Any) -> Any:
+        return encoded
+
+    def _constant(self, value: float) -> Any:
+        return self._array(value, self.xp.float32)
+
+    def _multiply(self, scale: Any, factor: float) -> Any:
+        return scale * self._constant(factor)
+
+    def _is_finite(self, encoded: Any) -> Any:
+        return self.xp.isfinite(encoded)
+
+    def update(self, finite: Any) -> Any:
+        """The scaler after one iteration whose gradients were all ``finite`` (or not)."""
+        config, xp = self._config, self.xp
+        if not config.enabled:
+            return self
+        if not config.dynamic:
+            zero = xp.zeros_like(self.growth_tracker)
+            return self._make(config, self.loss_scale, zero, zero)
+        inf = xp.logical_not(self._array(finite, xp.bool_))
+        hyst = xp.where(inf, self.hysteresis_tracker + 1, 0).astype(xp.int32)
+        growth = xp.where(inf, 0, self.growth_tracker + 1).astype(xp.int32)
+        back_off = inf & (hyst >= config.hysteresis)
+        grow = xp.logical_not(inf) & (growth >= config.growth_interval)
+        scale = self._encode(self.loss_scale)
+        backed = self._multiply(self.loss_scale, spec.f32(config.backoff_factor))
+        if config.min_scale is not None:
+            backed = xp.maximum(backed, self._constant(spec.f32(config.min_scale)))
+        grown = self._multiply(self.loss_scale, spec.f32(config.growth_factor))
+        if config.max_scale is not None:
+            grown = xp.minimum(grown, self._constant(spec.f32(config.max_scale)))
+        grown = xp.where(self._is_finite(grown), grown, scale)  # an overflow keeps the scale
+        new = xp.where(back_off, backed, xp.where(grow, grown, scale))
+        return self._make(config, self._decode(new),
+                          xp.where(grow, 0, growth).astype(xp.int32),
+                          xp.where(back_off, 0, hyst).astype(xp.int32))

@@ -1,0 +1,44 @@
+"""Runs pytest in a fresh interpreter that reads no project's configuration.
+
+The ``unifiedamp conformance`` command runs the shipped suite this way, one
+process per backend (frameworks that cannot share a process never do, and a
+crash is reported instead of being fatal); the project's own tests run the
+suite and the documented examples the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+__all__ = ["run_pytest"]
+
+
+def run_pytest(args: list[str], *, rootdir: str | os.PathLike[str] | None = None,
+               env: dict[str, str] | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """``python -m pytest -q ARGS`` with an empty ini, no cache, in ``rootdir``.
+
+    Args:
+        args: pytest's arguments (test paths, ``--pyargs ...``, plugin options).
+        rootdir: pytest's rootdir and the working directory (default: a new
+            temporary directory), which test ids are relative to.
+        env: Variables added to this process's environment.
+        timeout: Seconds before ``subprocess.TimeoutExpired`` is raised.
+
+    Example:
+        >>> proc = run_pytest(["--version"])
+        >>> proc.returncode, proc.stdout.startswith("pytest")
+        (0, True)
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        ini = os.path.join(tmp, "pytest.ini")
+        with open(ini, "w") as f:
+            f.write("[pytest]\n")  # keeps any project's pytest configuration out of the run
+        where = os.fspath(rootdir) if rootdir is not None else tmp
+        cmd = [sys.executable, "-m", "pytest", "-c", ini, "--rootdir", where, "-q",
+               "-p", "no:cacheprovider", *args]
+        return subprocess.run(cmd, cwd=where, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})})

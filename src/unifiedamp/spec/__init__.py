@@ -1,0 +1,82 @@
+"""The normative specification of dynamic loss scaling, executable.
+
+Everything every backend must agree on lives here, in pure Python, one concern
+per module; this package re-exports the public names:
+
+- ``_float32``: float32 rounding and bit patterns;
+- ``_frameworks``: how each native scaler spells the parameters, and its defaults;
+- ``_config``: :class:`ScalerConfig`, its validation, the porting aliases;
+- ``_rule``: :class:`ScalerState` and the reference :func:`update`;
+- ``_state_dict``: the canonical ``state_dict``, and reading native torch/Paddle dicts;
+- ``_vectors``: the hand-computed test vectors;
+- ``_document``: the whole spec as JSON and Markdown (``unifiedamp spec``).
+
+The update rule, run once per iteration with ``found_inf`` being the OR of
+every unscale check since the previous update::
+
+    if not dynamic:   scale unchanged, trackers reset to 0
+    elif found_inf:
+        growth_tracker = 0
+        hysteresis_tracker += 1
+        if hysteresis_tracker >= hysteresis:
+            scale = f32(scale * f32(backoff_factor)), clamped up to f32(min_scale)
+            hysteresis_tracker = 0
+    else:
+        hysteresis_tracker = 0
+        growth_tracker += 1
+        if growth_tracker >= growth_interval:
+            candidate = f32(scale * f32(growth_factor)), clamped down to f32(max_scale)
+            if candidate is finite: scale = candidate
+            growth_tracker = 0
+
+Example:
+    >>> from unifiedamp.spec import ScalerConfig, ScalerState, update
+    >>> config = ScalerConfig(1024.0, growth_interval=3)
+    >>> state = ScalerState.initial(config)
+    >>> for found_inf in [False, False, False, True]:
+    ...     state = update(config, state, found_inf)
+    ...     print(state.scale, state.growth_tracker)
+    1024.0 1
+    1024.0 2
+    2048.0 0
+    1024.0 0
+"""
+
+from unifiedamp.spec._config import ALIASES, CANONICAL, ScalerConfig, config_from_args
+from unifiedamp.spec._document import SCHEMA_VERSION, SPEC_VERSION, spec_document, spec_markdown
+from unifiedamp.spec._float32 import FLOAT32_MIN_NORMAL, f32, f32_bits, f32_from_bits, f32_hex
+from unifiedamp.spec._frameworks import FRAMEWORKS
+from unifiedamp.spec._rule import ScalerState, update
+from unifiedamp.spec._state_dict import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    parse_state_dict,
+    to_state_dict,
+)
+from unifiedamp.spec._vectors import VECTORS, Vector, run_reference
+
+__all__ = [
+    "ALIASES",
+    "CANONICAL",
+    "FLOAT32_MIN_NORMAL",
+    "FRAMEWORKS",
+    "SCHEMA_VERSION",
+    "SPEC_VERSION",
+    "STATE_FORMAT",
+    "STATE_VERSION",
+    "VECTORS",
+    "ScalerConfig",
+    "ScalerState",
+    "Vector",
+    "config_from_args",
+    "f32",
+    "f32_bits",
+    "f32_from_bits",
+    "f32_hex",
+    "parse_state_dict",
+    "run_reference",
+    "spec_document",
+    "spec_markdown",
+    "to_state_dict",
+    "update",
+]

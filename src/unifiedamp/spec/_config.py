@@ -1,0 +1,254 @@
+"""The configuration: canonical parameters, their validation, and the porting aliases."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+from unifiedamp.spec._float32 import f32
+from unifiedamp.spec._frameworks import FRAMEWORKS
+
+__all__ = ["ALIASES", "CANONICAL", "POSITIONAL", "RULES", "ScalerConfig", "config_from_args",
+           "is_real"]
+
+
+CANONICAL = (
+    "init_scale",
+    "growth_factor",
+    "backoff_factor",
+    "growth_interval",
+    "enabled",
+    "hysteresis",
+    "min_scale",
+    "max_scale",
+    "dynamic",
+)
+POSITIONAL = CANONICAL[:5]
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word.title() for word in rest)
+
+
+def _derive_aliases() -> dict[str, str]:
+    # camelCase (the torch command reference's spelling), then every native
+    # spelling of the per-framework table.
+    aliases = {_camel(name): name for name in CANONICAL if _camel(name) != name}
+    for row in FRAMEWORKS.values():
+        aliases.update({native: name for name, native in row["names"].items()
+                        if native != name})
+    return aliases
+
+
+#: Porting aliases, each mapping to exactly one canonical name. They rename; they
+#: never bring the other framework's defaults along.
+ALIASES: dict[str, str] = _derive_aliases()
+
+RULES = {
+    "init_scale": "a finite number > 0 that float32 can hold",
+    "growth_factor": "a finite number >= 1",
+    "backoff_factor": "a number with 0 < backoff_factor <= 1",
+    "growth_interval": "an int >= 1",
+    "enabled": "a bool",
+    "hysteresis": "an int >= 1",
+    "min_scale": "None or a finite number > 0 that float32 can hold, <= max_scale",
+    "max_scale": "None or a finite number > 0 that float32 can hold, >= min_scale",
+    "dynamic": "a bool",
+}
+
+
+def is_real(value: Any) -> bool:
+    # bool is an int in Python; a scale of True is a bug, not a 1.
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _invalid(name: str, value: Any, exc: type[Exception] = ValueError) -> Exception:
+    return exc(f"{name} must be {RULES[name]}, got {value!r}")
+
+
+def _check_real(name: str, value: Any) -> float:
+    if not is_real(value):
+        raise _invalid(name, value, TypeError)
+    return float(value)
+
+
+def _check_positive_f32(name: str, value: Any) -> float:
+    x = _check_real(name, value)
+    if not (math.isfinite(x) and x > 0 and math.isfinite(f32(x)) and f32(x) > 0):
+        raise _invalid(name, value)
+    return x
+
+
+def _check_int(name: str, value: Any) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise _invalid(name, value, TypeError)
+    if value < 1:
+        raise _invalid(name, value)
+    return int(value)
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    # numpy.bool_ is not a bool subclass but is unambiguous; ints are not accepted.
+    if type(value).__name__ not in ("bool", "bool_"):
+        raise _invalid(name, value, TypeError)
+    return bool(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalerConfig:
+    """An immutable, validated loss-scaler configuration.
+
+    The first five parameters may be given positionally, in the order of
+    ``torch.amp.GradScaler`` (without its device). The rest are keyword-only.
+
+    Args:
+        init_scale: The scale before the first update. Rounded to float32.
+        growth_factor: Multiplier applied after ``growth_interval`` finite updates in a row.
+        backoff_factor: Multiplier applied after ``hysteresis`` non-finite updates in a row.
+        growth_interval: How many consecutive finite updates trigger a growth.
+        enabled: ``False`` turns every scaler verb into a pass-through.
+        hysteresis: How many consecutive non-finite updates trigger a backoff.
+        min_scale: Floor applied after a backoff (``None``: no floor).
+        max_scale: Ceiling applied after a growth (``None``: no ceiling).
+        dynamic: ``False`` keeps the scale fixed (static loss scaling).
+
+    Raises:
+        TypeError: A parameter has the wrong type.
+        ValueError: A parameter is out of range. The message names the parameter,
+            the value received and what is allowed.
+
+    Example:
+        >>> ScalerConfig(1024.0, 2.0, 0.5, 100).growth_interval
+        100
+        >>> ScalerConfig(growth_interval=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: growth_interval must be an int >= 1, got 0
+    """
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+    _: dataclasses.KW_ONLY
+    hysteresis: int = 1
+    min_scale: float | None = None
+    max_scale: float | None = None
+    dynamic: bool = True
+
+    def __post_init__(self) -> None:
+        values = {
+            "init_scale": _check_positive_f32("init_scale", self.init_scale),
+            "growth_factor": _check_real("growth_factor", self.growth_factor),
+            "backoff_factor": _check_real("backoff_factor", self.backoff_factor),
+            "growth_interval": _check_int("growth_interval", self.growth_interval),
+            "enabled": _check_bool("enabled", self.enabled),
+            "hysteresis": _check_int("hysteresis", self.hysteresis),
+            "dynamic": _check_bool("dynamic", self.dynamic),
+        }
+        if not (math.isfinite(values["growth_factor"]) and values["growth_factor"] >= 1):
+            raise _invalid("growth_factor", self.growth_factor)
+        if not 0 < values["backoff_factor"] <= 1:
+            raise _invalid("backoff_factor", self.backoff_factor)
+        for name in ("min_scale", "max_scale"):
+            value = getattr(self, name)
+            values[name] = None if value is None else _check_positive_f32(name, value)
+        lo, hi = values["min_scale"], values["max_scale"]
+        if lo is not None and hi is not None and f32(lo) > f32(hi):
+            raise ValueError(
+                f"min_scale must be <= max_scale, got min_scale={self.min_scale!r} "
+                f"and max_scale={self.max_scale!r}; swap them or drop one"
+            )
+        # Store plain Python values so the config hashes, compares and serialises
+        # the same whatever numeric types the caller passed.
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def replace(self, **changes: Any) -> ScalerConfig:
+        """A copy with some parameters changed (canonical names or aliases), validated.
+
+        Example:
+            >>> ScalerConfig().replace(incr_ratio=3.0).growth_factor
+            3.0
+        """
+        return config_from_args((), changes, base=self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every canonical parameter, JSON-serialisable.
+
+        Example:
+            >>> ScalerConfig().to_dict()["growth_interval"]
+            2000
+        """
+        return {name: getattr(self, name) for name in CANONICAL}
+
+
+def _suggest(name: str, extra_names: tuple[str, ...]) -> str:
+    known = [*CANONICAL, *ALIASES, *extra_names]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if not close:
+        lowered = {k.lower().replace("_", ""): k for k in known}
+        hit = lowered.get(name.lower().replace("_", ""))
+        close = [hit] if hit else []
+    hint = f" (did you mean {close[0]!r}?)" if close else f"; valid names: {', '.join(CANONICAL)}"
+    return f"Unknown parameter: {name!r}{hint}"
+
+
+def config_from_args(
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    base: ScalerConfig | None = None,
+    extra_names: tuple[str, ...] = (),
+) -> ScalerConfig:
+    """Builds a config from positional and keyword arguments that may use aliases.
+
+    Args:
+        args: Up to five positional values, in canonical order.
+        kwargs: Canonical names or any alias in :data:`ALIASES`.
+        base: Values not given are taken from here (default: the spec defaults).
+        extra_names: Other names the caller accepts, so that a typo of one of
+            them gets a useful suggestion.
+
+    Raises:
+        TypeError: Too many positional values, an unknown name, or one
+            parameter given twice (the message names both spellings).
+
+    Example:
+        >>> config_from_args((), {"initScale": 1024.0, "incr_every_n_steps": 10}).growth_interval
+        10
+        >>> config_from_args((), {"initScal": 1.0})
+        Traceback (most recent call last):
+        ...
+        TypeError: Unknown parameter: 'initScal' (did you mean 'initScale'?)
+    """
+    if len(args) > len(POSITIONAL):
+        raise TypeError(
+            f"GradScaler takes at most {len(POSITIONAL)} positional parameters "
+            f"({', '.join(POSITIONAL)}), got {len(args)}; pass the rest by keyword"
+        )
+    spelled: dict[str, str] = {}
+    values: dict[str, Any] = {}
+    for name, value in zip(POSITIONAL, args, strict=False):
+        spelled[name] = f"positional argument {POSITIONAL.index(name) + 1}"
+        values[name] = value
+    for key, value in kwargs.items():
+        canonical = key if key in CANONICAL else ALIASES.get(key)
+        if canonical is None:
+            raise TypeError(_suggest(key, extra_names))
+        if canonical in spelled:
+            first = spelled[canonical]
+            first = first if first.startswith("positional") else repr(first)
+            raise TypeError(
+                f"{canonical} was given twice, as {first} and as {key!r}; pass only one"
+            )
+        spelled[canonical] = key
+        values[canonical] = value
+    base_values = (base or ScalerConfig()).to_dict()
+    base_values.update(values)
+    return ScalerConfig(**base_values)

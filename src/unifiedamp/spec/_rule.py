@@ -1,0 +1,67 @@
+"""The rule: the dynamic state and the reference update, in float32 arithmetic."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from unifiedamp.spec._config import ScalerConfig
+from unifiedamp.spec._float32 import f32
+
+__all__ = ["ScalerState", "update"]
+
+
+class ScalerState(NamedTuple):
+    """The dynamic part of a scaler: what a checkpoint must carry.
+
+    Attributes:
+        scale: The current scale, a float32 value held in a Python float.
+        growth_tracker: Consecutive finite updates since the last growth or backoff.
+        hysteresis_tracker: Consecutive non-finite updates since the last backoff.
+
+    Example:
+        >>> ScalerState.initial(ScalerConfig(0.1))
+        ScalerState(scale=0.10000000149011612, growth_tracker=0, hysteresis_tracker=0)
+    """
+
+    scale: float
+    growth_tracker: int = 0
+    hysteresis_tracker: int = 0
+
+    @classmethod
+    def initial(cls, config: ScalerConfig) -> ScalerState:
+        """The state before the first update: ``f32(init_scale)``, trackers at 0."""
+        return cls(f32(config.init_scale), 0, 0)
+
+
+def update(config: ScalerConfig, state: ScalerState, found_inf: bool) -> ScalerState:
+    """The reference update: one iteration of the spec, in float32 arithmetic.
+
+    Each product of two float32 values is exact in float64 (24 + 24 bits < 53),
+    so rounding that product once to float32 is exactly an IEEE float32 multiply.
+
+    Example:
+        >>> config = ScalerConfig(1.0, growth_factor=1.1, growth_interval=1)
+        >>> update(config, ScalerState.initial(config), False).scale
+        1.100000023841858
+    """
+    scale, growth, hyst = state
+    if not config.dynamic:
+        return ScalerState(scale, 0, 0)
+    if found_inf:
+        growth, hyst = 0, hyst + 1
+        if hyst >= config.hysteresis:
+            scale = f32(scale * f32(config.backoff_factor))
+            if config.min_scale is not None:
+                scale = max(scale, f32(config.min_scale))
+            hyst = 0
+        return ScalerState(scale, growth, hyst)
+    hyst, growth = 0, growth + 1
+    if growth >= config.growth_interval:
+        candidate = f32(scale * f32(config.growth_factor))
+        if config.max_scale is not None:
+            candidate = min(candidate, f32(config.max_scale))
+        if math.isfinite(candidate):
+            scale = candidate
+        growth = 0
+    return ScalerState(scale, growth, hyst)

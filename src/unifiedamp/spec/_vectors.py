@@ -1,0 +1,89 @@
+"""The test vectors: configs, step patterns and the scales they must produce, computed by hand."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from unifiedamp.spec._config import ScalerConfig
+from unifiedamp.spec._rule import ScalerState, update
+
+__all__ = ["VECTORS", "Vector", "run_reference"]
+
+
+class Vector(NamedTuple):
+    """One reference scenario: a config, a step pattern and the scales it must produce.
+
+    ``steps`` is a string of ``F`` (all gradients finite), ``I`` (an inf) and
+    ``N`` (a NaN), one character per iteration. ``changes`` maps a step index
+    to config changes applied just before that step (as ``set_*`` would).
+    ``scales`` is the scale after each update, computed by hand.
+    """
+
+    name: str
+    config: dict[str, Any]
+    steps: str
+    scales: tuple[float, ...]
+    changes: dict[int, dict[str, Any]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self._asdict()
+        d["scales"] = list(self.scales)
+        d["changes"] = {str(k): v for k, v in self.changes.items()}
+        return d
+
+
+def run_reference(vector: Vector) -> list[ScalerState]:
+    """The reference trajectory of a vector: the state after each update.
+
+    Example:
+        >>> [s.scale for s in run_reference(VECTORS[0])] == list(VECTORS[0].scales)
+        True
+    """
+    config = ScalerConfig(**vector.config)
+    state = ScalerState.initial(config)
+    trace = []
+    for i, kind in enumerate(vector.steps):
+        if i in vector.changes:
+            config = config.replace(**vector.changes[i])
+        state = update(config, state, kind != "F")
+        trace.append(state)
+    return trace
+
+
+_G = 1.100000023841858  # f32(1.1)
+VECTORS: tuple[Vector, ...] = (
+    Vector("growth_on_nth_finite", {"init_scale": 1024.0, "growth_interval": 3},
+           "FFFFFF", (1024, 1024, 2048, 2048, 2048, 4096)),
+    Vector("backoff_resets_growth", {"init_scale": 1024.0, "growth_interval": 3},
+           "IFFFIIFFFF", (512, 512, 512, 1024, 512, 256, 256, 256, 512, 512)),
+    Vector("nan_backs_off_like_inf", {"init_scale": 1024.0, "growth_interval": 2},
+           "NFFNI", (512, 512, 1024, 512, 256)),
+    Vector("interval_one", {"init_scale": 1024.0, "growth_interval": 1},
+           "FFIF", (2048, 4096, 2048, 4096)),
+    Vector("defaults_first_steps", {}, "IIF", (32768, 16384, 16384)),
+    Vector("hysteresis_two", {"init_scale": 1024.0, "growth_interval": 3, "hysteresis": 2},
+           "IIFIFII", (1024, 512, 512, 512, 512, 512, 256)),
+    Vector("min_scale_clamp", {"init_scale": 4.0, "min_scale": 1.5}, "IIIF",
+           (2, 1.5, 1.5, 1.5)),
+    Vector("max_scale_clamp", {"init_scale": 4.0, "growth_interval": 1, "max_scale": 10.0},
+           "FFFI", (8, 10, 10, 5)),
+    Vector("growth_overflow_keeps_scale", {"init_scale": 2.0**127, "growth_interval": 1},
+           "FFIF", (2.0**127, 2.0**127, 2.0**126, 2.0**127)),
+    Vector("non_power_of_two_factors_float32",
+           {"init_scale": 1.0, "growth_factor": 1.1, "backoff_factor": 0.7,
+            "growth_interval": 1},
+           "FFFI",
+           # float32 after every multiply. Carrying the scale in float64 and rounding
+           # once at the end gives 0.9316999912261963 at the last step instead.
+           (_G, 1.2100000381469727, 1.3310000896453857, 0.9317000508308411)),
+    Vector("backoff_below_one", {"init_scale": 2.0}, "IIIF", (1, 0.5, 0.25, 0.25)),
+    Vector("growth_factor_one", {"init_scale": 8.0, "growth_factor": 1.0,
+                                 "growth_interval": 1}, "FFI", (8, 8, 4)),
+    Vector("backoff_factor_one", {"init_scale": 8.0, "backoff_factor": 1.0,
+                                  "growth_interval": 2}, "IFIFF", (8, 8, 8, 8, 16)),
+    Vector("static_mode", {"init_scale": 1024.0, "growth_interval": 1, "dynamic": False},
+           "FIFNF", (1024, 1024, 1024, 1024, 1024)),
+    Vector("lowered_interval_grows_next_finite",
+           {"init_scale": 1024.0, "growth_interval": 5},
+           "FFFFF", (1024, 1024, 1024, 2048, 2048), changes={3: {"growth_interval": 2}}),
+)

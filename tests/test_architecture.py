@@ -1,0 +1,138 @@
+"""The package's shape: imports run one way, with no cycle, and every module has a layer.
+
+spec <- registry <- facade <- backends <- conformance <- cli. Imports inside
+functions count too: a lazy import still ties two modules together.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import pathlib
+
+import pytest
+
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
+
+#: Lowest first; a module may import its own layer and the layers below it.
+LAYERS = [
+    ("spec", ["unifiedamp.spec", "unifiedamp.spec.*", "unifiedamp._tree",
+              "unifiedamp._isolation"]),
+    ("registry", ["unifiedamp._registry"]),
+    ("facade", ["unifiedamp", "unifiedamp._scaler", "unifiedamp._monitor"]),
+    ("backends", ["unifiedamp.backends", "unifiedamp.backends.*"]),
+    ("conformance", ["unifiedamp.conformance", "unifiedamp.conformance.*"]),
+    ("cli", ["unifiedamp.cli"]),
+]
+
+
+def module_names(root: pathlib.Path, package: str) -> dict[str, pathlib.Path]:
+    """Every module of ``package`` under ``root``: dotted name -> file."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def import_graph(root: pathlib.Path, package: str) -> dict[str, set[str]]:
+    """module -> the package's modules it imports, anywhere in its body."""
+    modules = module_names(root, package)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        is_package = path.name == "__init__.py"
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = name.split(".")[: len(name.split(".")) - node.level + is_package]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                # `from pkg import mod` imports the module pkg.mod when there is one.
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                           for a in node.names]
+            else:
+                continue
+            edges |= {t for t in targets if t in modules and t != name}
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def layer_of(module: str) -> int:
+    for index, (_, patterns) in enumerate(LAYERS):
+        if any(fnmatch.fnmatchcase(module, p) for p in patterns):
+            return index
+    raise AssertionError(f"{module} is in no layer of tests/test_architecture.py: add it")
+
+
+GRAPH = import_graph(SRC, "unifiedamp")
+
+
+def test_no_import_cycle_in_the_package():
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_imports_run_one_way_from_spec_to_cli():
+    wrong = [f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} "
+             f"({LAYERS[layer_of(target)][0]})"
+             for module, targets in sorted(GRAPH.items()) for target in sorted(targets)
+             if layer_of(target) > layer_of(module)]
+    assert not wrong, "imports against spec <- registry <- facade <- backends <- " \
+                      "conformance <- cli:\n" + "\n".join(wrong)
+
+
+def test_no_backend_imports_the_conformance_suite():
+    backends = [m for m in GRAPH if m.startswith("unifiedamp.backends")]
+    assert len(backends) >= 5
+    for module in backends:
+        assert not any(t.startswith("unifiedamp.conformance") for t in GRAPH[module]), module
+
+
+def test_the_cycle_finder_finds_a_lazy_import_cycle(tmp_path):
+    # The shape the torch backend had: a function-level import of its adapter,
+    # which imports the backend at module level.
+    pkg = tmp_path / "pkg"
+    (pkg / "backends").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "backends" / "__init__.py").write_text("")
+    (pkg / "backends" / "torch.py").write_text(
+        "def adapter():\n    from pkg.backends._conf import Adapter\n    return Adapter\n")
+    (pkg / "backends" / "_conf.py").write_text("from . import torch\nclass Adapter: ...\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert graph["pkg.backends._conf"] == {"pkg.backends.torch"}
+    assert find_cycle(graph) == ["pkg.backends._conf", "pkg.backends.torch",
+                                 "pkg.backends._conf"]
+
+
+def test_the_layer_check_sees_an_upward_import():
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer_of("unifiedamp.new_module")
+    assert layer_of("unifiedamp.conformance.backends.torch") > layer_of("unifiedamp.backends.torch")
