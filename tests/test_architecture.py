@@ -14,7 +14,8 @@ import pytest
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 
-#: Lowest first; a module may import its own layer and the layers below it.
+#: Lowest first; a module may import its own layer and the layers below it. The
+#: "spec" layer also holds the framework-free helpers every layer may use.
 LAYERS = [
     ("spec", ["unifiedamp.spec", "unifiedamp.spec.*", "unifiedamp._tree",
               "unifiedamp._isolation"]),
@@ -100,13 +101,30 @@ def test_no_import_cycle_in_the_package():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a higher layer, as ``"module (layer) imports target (layer)"``."""
+    return [f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} "
+            f"({LAYERS[layer_of(target)][0]})"
+            for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if layer_of(target) > layer_of(module)]
+
+
 def test_imports_run_one_way_from_spec_to_cli():
-    wrong = [f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} "
-             f"({LAYERS[layer_of(target)][0]})"
-             for module, targets in sorted(GRAPH.items()) for target in sorted(targets)
-             if layer_of(target) > layer_of(module)]
+    wrong = upward_imports(GRAPH)
     assert not wrong, "imports against spec <- registry <- facade <- backends <- " \
                       "conformance <- cli:\n" + "\n".join(wrong)
+
+
+def test_the_backend_table_names_scalers_and_adapters_that_exist_in_their_layers():
+    # The registry names both by string, so that it points up without importing:
+    # each target must be a module of the layer it belongs to.
+    from unifiedamp import _registry
+
+    for row in _registry.BUILTIN.values():
+        for target, layer in ((row.target, "backends"), (row.adapter, "conformance")):
+            module = target.partition(":")[0]
+            assert module in GRAPH, f"{row.name}: {target} names no module of the package"
+            assert LAYERS[layer_of(module)][0] == layer, f"{row.name}: {target} is not in {layer}"
 
 
 def test_no_backend_imports_the_conformance_suite():
@@ -133,6 +151,10 @@ def test_the_cycle_finder_finds_a_lazy_import_cycle(tmp_path):
 
 
 def test_the_layer_check_sees_an_upward_import():
+    # What numpy's inline conformance adapter did.
+    graph = {"unifiedamp.backends.numpy": {"unifiedamp.conformance", "unifiedamp.spec"},
+             "unifiedamp.conformance": set(), "unifiedamp.spec": set()}
+    assert upward_imports(graph) == ["unifiedamp.backends.numpy (backends) imports "
+                                     "unifiedamp.conformance (conformance)"]
     with pytest.raises(AssertionError, match="in no layer"):
         layer_of("unifiedamp.new_module")
-    assert layer_of("unifiedamp.conformance.backends.torch") > layer_of("unifiedamp.backends.torch")

@@ -74,7 +74,7 @@ def test_the_framework_table_holds_the_installed_defaults(framework, run_python)
                 f"spec.FRAMEWORKS[{framework!r}]['defaults'][{canonical!r}] is "
                 f"{row['defaults'][canonical]!r}, the installed {row['api']} defaults {name} "
                 f"to {native[name]!r}")
-    # Every parameter the native constructor takes is in the table.
+    # Every native name in the table is a parameter of the installed constructor.
     assert set(checked) == set(row["names"]), (checked, row["names"])
 
 

@@ -320,6 +320,8 @@ def test_bfloat16_gives_one_warning_that_scaling_is_unnecessary():
     with pytest.warns(UserWarning, match="unnecessary with bfloat16"):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             other.scale(loss_of(model, *batch()))
+    with pytest.warns(UserWarning, match="unnecessary with bfloat16"):
+        ua.GradScaler(backend="torch").scale({"main": torch.ones((), dtype=torch.bfloat16)})
 
 
 # ---------------------------------------------------------------- host syncs

@@ -22,8 +22,8 @@ LEAVES = ("loss_scale", "growth_tracker", "hysteresis_tracker")
 
 
 class FunctionalGradScaler(GradScaler):
-    """Base of the immutable scalers; subclasses set ``xp`` and implement ``_array``,
-    ``scale`` and ``unscale``.
+    """Base of the immutable scalers; a subclass sets ``backend`` and ``xp`` and implements
+    ``_array``, ``scale`` and ``unscale``.
 
     Attributes:
         loss_scale: The scale, a float32 0-d array.
@@ -36,18 +36,18 @@ class FunctionalGradScaler(GradScaler):
 
     def __init__(self, *args: Any, **kwargs: Any):
         config = spec.config_from_args(args, kwargs, extra_names=("backend",))
-        self._set(config, ScalerState.initial(config))
+        self._set_arrays(config, *self._arrays(ScalerState.initial(config)))
 
     @classmethod
     def _array(cls, value: Any, dtype: Any) -> Any:
         """A 0-d array of ``dtype`` (``xp.float32``, ``xp.int32``, ``xp.bool_``) from ``value``."""
         raise NotImplementedError
 
-    def _set(self, config: ScalerConfig, state: ScalerState) -> None:
-        xp = self.xp
-        self._set_arrays(config, self._array(state.scale, xp.float32),
-                         self._array(state.growth_tracker, xp.int32),
-                         self._array(state.hysteresis_tracker, xp.int32))
+    @classmethod
+    def _arrays(cls, state: ScalerState) -> tuple[Any, Any, Any]:
+        xp = cls.xp
+        return (cls._array(state.scale, xp.float32), cls._array(state.growth_tracker, xp.int32),
+                cls._array(state.hysteresis_tracker, xp.int32))
 
     def _set_arrays(self, config: ScalerConfig, scale: Any, growth: Any, hyst: Any) -> None:
         object.__setattr__(self, "_config", config)
@@ -133,27 +133,32 @@ class FunctionalGradScaler(GradScaler):
             8.0
         """
         config, state = spec.parse_state_dict(state_dict, base=self._config)
-        new = object.__new__(type(self))
-        new._set(config.replace(enabled=self._config.enabled), state)
-        return new
+        return self._make(config.replace(enabled=self._config.enabled), *self._arrays(state))
 
     # ------------------------------------------------------------ the rule
 
-    # The scale's product with a factor, in a form that compares like the scale's
-    # value. By default the float32 array itself, multiplied in float32.
+    # How the rule multiplies and compares scales. It works on an "encoded" scale
+    # whose order is the scale's order; by default the float32 array itself,
+    # multiplied in float32 (JAX overrides all five to work on bit patterns).
+
     def _encode(self, scale: Any) -> Any:
+        """The float32 scale array in the encoded form the rule compares and selects."""
         return scale
 
     def _decode(self, encoded: Any) -> Any:
+        """The float32 scale array of an encoded scale."""
         return encoded
 
     def _constant(self, value: float) -> Any:
+        """A float32 value (a bound), encoded."""
         return self._array(value, self.xp.float32)
 
     def _multiply(self, scale: Any, factor: float) -> Any:
+        """``f32(scale * factor)`` for the float32 scale array, encoded."""
         return scale * self._constant(factor)
 
     def _is_finite(self, encoded: Any) -> Any:
+        """Whether an encoded scale is finite."""
         return self.xp.isfinite(encoded)
 
     def update(self, finite: Any) -> Any:

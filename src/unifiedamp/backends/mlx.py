@@ -65,6 +65,10 @@ class MlxGradScaler(FunctionalGradScaler):
     def _array(cls, value: Any, dtype: Any) -> mx.array:
         return mx.array(value, dtype=dtype)
 
+    def __repr__(self) -> str:
+        # Python numbers (it reads the device), as this backend has always printed itself.
+        return f"{type(self).__name__}({self.state}, {self._config})"
+
     # ------------------------------------------------------------ the verbs
 
     def scale(self, tree: Any) -> Any:

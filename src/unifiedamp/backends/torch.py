@@ -342,9 +342,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         return (tensor * self._scale.to(device=tensor.device, non_blocking=True)).to(tensor.dtype)
 
     def _warn_if_bf16(self, outputs: Any) -> None:
-        first = outputs
-        while isinstance(first, (list, tuple)) and first:
-            first = first[0]
+        # The first output stands for all: one autocast region computes them.
+        first = next(iter(leaves(outputs)), None)
         if not isinstance(first, torch.Tensor):
             return
         device_type = first.device.type

@@ -29,6 +29,7 @@ CANONICAL = (
 )
 POSITIONAL = CANONICAL[:5]
 
+
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(word.title() for word in rest)

@@ -1,11 +1,12 @@
 """How each native scaler spells the canonical parameters, its defaults, and what it can express.
 
 Data only. The porting aliases (:data:`unifiedamp.spec.ALIASES`) are derived from
-the ``names`` here, and ``tests/test_framework_defaults.py`` checks every
-``defaults`` entry against the framework where it is installed.
+the ``names`` here, and ``tests/test_framework_assumptions.py`` checks the
+``defaults`` against the framework where it is installed.
 
-Each row: ``api`` (the native class), ``version`` (the releases the names and
-defaults are taken from), ``names`` (canonical -> native parameter name),
+Each row: ``api`` (the native class), ``version`` (the releases whose native
+API has these names and defaults; the releases unifiedamp's backends support are
+the ranges of the package's extras), ``names`` (canonical -> native parameter name),
 ``defaults`` (by canonical name; a parameter the native constructor does not
 take has the value it hard-codes), and ``native`` (which values it can express
 itself: ``"any"`` means every valid value). A backend whose native scaler
@@ -46,22 +47,22 @@ FRAMEWORKS: dict[str, dict[str, Any]] = {
     "paddle": {
         "api": "paddle.amp.GradScaler",
         "version": ">=3.0",
-        "names": _PADDLE_NAMES,
+        "names": dict(_PADDLE_NAMES),
         "defaults": {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
                      "growth_interval": 2000, "enabled": True, "hysteresis": 1,
                      "dynamic": True},
-        "native": _PADDLE_NATIVE,
+        "native": dict(_PADDLE_NATIVE),
     },
     # Scripts written against paddle 2.x (whose documentation, and AmpScaler, say
     # 32768 / 1000 / 2) carry other defaults than paddle 3.x: porting must know which.
     "paddle2": {
         "api": "paddle.amp.GradScaler",
         "version": "2.x",
-        "names": _PADDLE_NAMES,
+        "names": dict(_PADDLE_NAMES),
         "defaults": {"init_scale": 32768.0, "growth_factor": 2.0, "backoff_factor": 0.5,
                      "growth_interval": 1000, "enabled": True, "hysteresis": 2,
                      "dynamic": True},
-        "native": _PADDLE_NATIVE,
+        "native": dict(_PADDLE_NATIVE),
     },
     "keras": {
         "api": "keras.optimizers.LossScaleOptimizer",

@@ -22,7 +22,7 @@ STATE_FORMAT = "unifiedamp.GradScaler"
 STATE_VERSION = 1
 
 STATE_KEYS = ("format", "version", "backend", "config", "scale", "growth_tracker",
-               "hysteresis_tracker")
+              "hysteresis_tracker")
 
 
 def to_state_dict(config: ScalerConfig, state: ScalerState, backend: str) -> dict[str, Any]:

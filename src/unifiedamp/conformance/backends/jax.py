@@ -90,8 +90,6 @@ class JaxAdapter(FunctionalAdapter):
                 run_devices(handle[0].config.to_dict(), kinds_per_rank)["states"]]
 
 
-
-
 def run_devices(config: dict[str, Any], kinds: list[str], mode: str = "shard_map",
                 devices: int | None = None) -> dict[str, Any]:
     """Runs one step on ``len(kinds)`` host devices in a fresh process (the device count
