@@ -15,20 +15,23 @@ cannot express a config implements the spec itself.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 __all__ = ["FRAMEWORKS"]
 
-_PADDLE_NAMES = {
-    "init_scale": "init_loss_scaling", "growth_factor": "incr_ratio",
-    "backoff_factor": "decr_ratio", "growth_interval": "incr_every_n_steps",
-    "enabled": "enable", "hysteresis": "decr_every_n_nan_or_inf",
-    "dynamic": "use_dynamic_loss_scaling",
-}
-_PADDLE_NATIVE = {
-    "init_scale": "any", "growth_factor": "> 1.0", "backoff_factor": "< 1.0",
-    "growth_interval": "any", "enabled": "any", "hysteresis": "any", "min_scale": "no",
-    "max_scale": "no", "dynamic": "any",
+_PADDLE = {
+    "api": "paddle.amp.GradScaler",
+    "version": ">=3.0",
+    "names": {"init_scale": "init_loss_scaling", "growth_factor": "incr_ratio",
+              "backoff_factor": "decr_ratio", "growth_interval": "incr_every_n_steps",
+              "enabled": "enable", "hysteresis": "decr_every_n_nan_or_inf",
+              "dynamic": "use_dynamic_loss_scaling"},
+    "defaults": {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                 "growth_interval": 2000, "enabled": True, "hysteresis": 1, "dynamic": True},
+    "native": {"init_scale": "any", "growth_factor": "> 1.0", "backoff_factor": "< 1.0",
+               "growth_interval": "any", "enabled": "any", "hysteresis": "any",
+               "min_scale": "no", "max_scale": "no", "dynamic": "any"},
 }
 
 FRAMEWORKS: dict[str, dict[str, Any]] = {
@@ -44,26 +47,14 @@ FRAMEWORKS: dict[str, dict[str, Any]] = {
                    "growth_interval": "any", "enabled": "any", "hysteresis": "1 only",
                    "min_scale": "no", "max_scale": "no", "dynamic": "True only"},
     },
-    "paddle": {
-        "api": "paddle.amp.GradScaler",
-        "version": ">=3.0",
-        "names": dict(_PADDLE_NAMES),
-        "defaults": {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-                     "growth_interval": 2000, "enabled": True, "hysteresis": 1,
-                     "dynamic": True},
-        "native": dict(_PADDLE_NATIVE),
-    },
+    "paddle": copy.deepcopy(_PADDLE),
     # Scripts written against paddle 2.x (whose documentation, and AmpScaler, say
     # 32768 / 1000 / 2) carry other defaults than paddle 3.x: porting must know which.
-    "paddle2": {
-        "api": "paddle.amp.GradScaler",
-        "version": "2.x",
-        "names": dict(_PADDLE_NAMES),
-        "defaults": {"init_scale": 32768.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-                     "growth_interval": 1000, "enabled": True, "hysteresis": 2,
-                     "dynamic": True},
-        "native": dict(_PADDLE_NATIVE),
-    },
+    "paddle2": copy.deepcopy({
+        **_PADDLE, "version": "2.x",
+        "defaults": {**_PADDLE["defaults"], "init_scale": 32768.0, "growth_interval": 1000,
+                     "hysteresis": 2},
+    }),
     "keras": {
         "api": "keras.optimizers.LossScaleOptimizer",
         "version": ">=3.0",
