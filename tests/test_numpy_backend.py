@@ -216,9 +216,11 @@ def test_setters_validate_and_change_nothing_on_error():
     assert (scaler.get_growth_factor(), scaler.get_backoff_factor(),
             scaler.get_growth_interval(), scaler.get_hysteresis()) == (3.0, 0.25, 7, 2)
     before = scaler.config
-    with pytest.raises(ValueError, match="growth_factor must be a finite number >= 1, got 0.5"):
+    with pytest.raises(ValueError, match="growth_factor must be a finite number >= 1 that "
+                                         "float32 can hold, got 0.5"):
         scaler.set_growth_factor(0.5)
-    with pytest.raises(TypeError, match="growth_interval must be an int >= 1, got 2.5"):
+    with pytest.raises(TypeError, match="growth_interval must be an int with 1 <= "
+                                        "growth_interval <= 2147483647, got 2.5"):
         scaler.set_growth_interval(2.5)
     assert scaler.config == before
 
@@ -301,3 +303,25 @@ def test_collapse_can_raise_instead_and_reports_again_after_recovery():
 def test_monitor_options_are_validated(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ua.GradScaler(backend="numpy", **kwargs)
+
+
+def test_a_read_only_gradient_is_refused_before_any_gradient_is_divided():
+    w = [np.zeros(2, np.float32), np.zeros(2, np.float32)]
+    opt = SGD(w, lr=0.1)
+    scaler = ua.GradScaler(4.0, backend="numpy")
+    frozen = np.full(2, 8.0, np.float32)
+    frozen.flags.writeable = False
+    opt.grads = [np.full(2, 8.0, np.float32), frozen]
+    with pytest.raises(ValueError, match=r"optimizer.grads\[1\] is read-only.*np.array\(g\)"):
+        scaler.unscale_(opt)
+    assert opt.grads[0].tolist() == [8.0, 8.0]  # untouched: a retry divides it once
+    opt.grads[1] = np.array(frozen)
+    scaler.unscale_(opt)
+    assert [g.tolist() for g in opt.grads] == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_max_consecutive_skips_takes_numpy_ints_like_the_config():
+    scaler = ua.GradScaler(backend="numpy", max_consecutive_skips=np.int64(5),
+                           growth_interval=np.int64(5))
+    assert scaler._monitor.max_consecutive_skips == 5
+    assert type(scaler._monitor.max_consecutive_skips) is int

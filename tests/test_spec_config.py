@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -44,28 +45,31 @@ VALID = {
     "init_scale": [1e-30, 1.0, 65536, 3.4e38],
     "growth_factor": [1, 1.0, 2.0, 1e30],
     "backoff_factor": [1e-6, 0.5, 1, 1.0],
-    "growth_interval": [1, 2000, np.int32(5)],
+    "growth_interval": [1, 2000, np.int32(5), 2**31 - 1],
     "enabled": [True, False, np.bool_(False)],
-    "hysteresis": [1, 2, 100],
+    "hysteresis": [1, 2, 100, 2**31 - 1],
     "min_scale": [None, 1e-30, 1.0],
-    "max_scale": [None, 1.0, 3.4e38],
+    "max_scale": [None, 65536.0, 3.4e38],
     "dynamic": [True, False],
 }
 
 INVALID = {
     "init_scale": [(0.0, ValueError), (-1.0, ValueError), (math.inf, ValueError),
                    (math.nan, ValueError), (1e39, ValueError), (1e-50, ValueError),
-                   (True, TypeError), ("1024", TypeError), (None, TypeError)],
+                   (True, TypeError), ("1024", TypeError), (None, TypeError),
+                   (10**400, ValueError)],
     "growth_factor": [(0.99, ValueError), (0.0, ValueError), (math.inf, ValueError),
-                      (math.nan, ValueError), (False, TypeError), ("2", TypeError)],
+                      (math.nan, ValueError), (False, TypeError), ("2", TypeError),
+                      (1e308, ValueError), (10**400, ValueError)],
     "backoff_factor": [(0.0, ValueError), (-0.5, ValueError), (1.01, ValueError),
-                       (math.nan, ValueError), (True, TypeError)],
+                       (math.nan, ValueError), (True, TypeError), (1e-46, ValueError)],
     "growth_interval": [(0, ValueError), (-1, ValueError), (2.0, TypeError),
-                        (True, TypeError), ("10", TypeError)],
+                        (True, TypeError), ("10", TypeError), (2**31, ValueError),
+                        (sys.maxsize, ValueError)],
     "enabled": [(1, TypeError), (0, TypeError), ("yes", TypeError), (None, TypeError)],
-    "hysteresis": [(0, ValueError), (1.5, TypeError), (True, TypeError)],
+    "hysteresis": [(0, ValueError), (1.5, TypeError), (True, TypeError), (2**31, ValueError)],
     "min_scale": [(0.0, ValueError), (-1.0, ValueError), (math.inf, ValueError),
-                  (1e39, ValueError), ("1", TypeError)],
+                  (1e39, ValueError), ("1", TypeError), (10**400, ValueError)],
     "max_scale": [(0.0, ValueError), (math.nan, ValueError), (False, TypeError)],
     "dynamic": [(1, TypeError), ("False", TypeError)],
 }
@@ -87,7 +91,8 @@ def test_invalid_values_name_the_parameter_the_value_and_the_rule(name, value, e
 
 
 def test_growth_interval_message_is_exact():
-    with pytest.raises(ValueError, match=r"^growth_interval must be an int >= 1, got 0$"):
+    with pytest.raises(ValueError, match=r"^growth_interval must be an int with 1 <= "
+                                         r"growth_interval <= 2147483647, got 0$"):
         ScalerConfig(growth_interval=0)
 
 
@@ -95,7 +100,7 @@ def test_min_scale_above_max_scale_is_rejected_naming_both():
     with pytest.raises(ValueError, match=r"min_scale must be <= max_scale, got min_scale=4.0 "
                                          r"and max_scale=2.0"):
         ScalerConfig(min_scale=4.0, max_scale=2.0)
-    assert ScalerConfig(min_scale=2.0, max_scale=2.0).min_scale == 2.0
+    assert ScalerConfig(2.0, min_scale=2.0, max_scale=2.0).min_scale == 2.0
 
 
 ALIAS_CASES = [
@@ -123,7 +128,8 @@ def test_aliases_rename_but_keep_our_defaults():
 
 
 def test_alias_values_are_validated_under_the_canonical_name():
-    with pytest.raises(ValueError, match="growth_interval must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="growth_interval must be an int with 1 <= "
+                                         "growth_interval <= 2147483647, got 0"):
         config_from_args((), {"incr_every_n_steps": 0})
 
 
@@ -176,3 +182,53 @@ def test_spec_document_lists_every_alias_once():
     listed = [a for p in doc["parameters"] for a in p["aliases"]]
     assert sorted(listed) == sorted(spec.ALIASES)
     assert [p["name"] for p in doc["parameters"]] == list(spec.CANONICAL)
+
+
+def test_an_interval_past_int32_says_how_to_never_grow():
+    with pytest.raises(ValueError, match=r"trackers count in int32 on devices; "
+                                         r"growth_factor=1.0 never grows\), got 2147483648$"):
+        ScalerConfig(growth_interval=2**31)
+
+
+@pytest.mark.parametrize("bounds,name", [({"min_scale": 2.0}, "min_scale"),
+                                         ({"max_scale": 0.5}, "max_scale")])
+def test_init_scale_outside_its_bounds_is_rejected_naming_both(bounds, name):
+    with pytest.raises(ValueError, match=rf"init_scale must be within \[min_scale, max_scale\], "
+                                         rf"got init_scale=1.0 and {name}="):
+        ScalerConfig(1.0, **bounds)
+    ScalerConfig(1.0, min_scale=1.0, max_scale=1.0)  # the bounds themselves are inside
+
+
+def test_zero_d_numpy_arrays_are_their_numbers_and_larger_arrays_are_refused():
+    c = ScalerConfig(np.asarray(2.0**15), growth_interval=np.asarray(7), enabled=np.asarray(True),
+                     min_scale=np.float32(1.0))
+    assert (c.init_scale, c.growth_interval, c.enabled, c.min_scale) == (32768.0, 7, True, 1.0)
+    assert type(c.growth_interval) is int and type(c.enabled) is bool
+    with pytest.raises(TypeError, match=r"init_scale must be a number, got an array of "
+                                        r"shape \(2,\)"):
+        ScalerConfig(np.ones(2))
+
+
+@pytest.mark.framework("jax")
+def test_jax_arrays_as_jmp_writes_them_and_a_traced_value_is_refused():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    c = config_from_args((), {"loss_scale": jnp.asarray(2.0**15),
+                              "min_loss_scale": jnp.float32(1)})
+    assert (c.init_scale, c.min_scale) == (32768.0, 1.0)
+    with pytest.raises(TypeError, match="init_scale must be a concrete number, got .*build it "
+                                        "outside jax.jit"):
+        jax.jit(lambda s: ScalerConfig(s).init_scale)(jnp.float32(8.0))
+
+
+@pytest.mark.framework("torch")
+def test_zero_d_torch_tensors_are_their_numbers():
+    torch = pytest.importorskip("torch")
+    c = ScalerConfig(torch.tensor(1024.0), growth_interval=torch.tensor(3))
+    assert (c.init_scale, c.growth_interval) == (1024.0, 3)
+
+
+def test_jmp_factor_says_it_stands_for_two_parameters():
+    with pytest.raises(TypeError, match=r"Unknown parameter: 'factor' \(jmp's factor=f means "
+                                        r"growth_factor=f and backoff_factor=1/f: pass both\)"):
+        ua.GradScaler(backend="numpy", factor=2)

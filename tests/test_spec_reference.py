@@ -150,10 +150,17 @@ def numpy_model(config: ScalerConfig, steps: list[bool]) -> list[tuple[np.float3
     return out
 
 
+def bounded_config(init, g, b, interval, hyst, lo, hi, dynamic):
+    # Bounds that hold init_scale, as a valid config needs.
+    if lo and hi:
+        lo, hi = min(lo, hi), max(lo, hi)
+    return ScalerConfig(init, g, b, interval, hysteresis=hyst, dynamic=dynamic,
+                        min_scale=None if lo is None else min(lo, init),
+                        max_scale=None if hi is None else max(hi, init))
+
+
 configs = st.builds(
-    lambda init, g, b, interval, hyst, lo, hi, dynamic: ScalerConfig(
-        init, g, b, interval, hysteresis=hyst, dynamic=dynamic,
-        min_scale=min(lo, hi) if lo and hi else lo, max_scale=max(lo, hi) if lo and hi else hi),
+    bounded_config,
     st.floats(1e-30, 1e38),
     st.floats(1.0, 10.0),
     st.floats(0.01, 1.0),

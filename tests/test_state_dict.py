@@ -81,7 +81,7 @@ def corruptions():
          r"config is missing \['hysteresis'\]"),
         ("config has extra key", edit(lambda d: d["config"].update(foo=1)), "unknown key"),
         ("invalid config value", edit(lambda d: d["config"].update(growth_interval=0)),
-         "growth_interval must be an int >= 1, got 0"),
+         "growth_interval must be an int with 1 <= growth_interval <= 2147483647, got 0"),
         ("scale zero", edit(lambda d: d.update(scale=0.0)), "scale must be finite and > 0"),
         ("scale negative", edit(lambda d: d.update(scale=-2.0)), "scale must be finite"),
         ("scale inf", edit(lambda d: d.update(scale=math.inf)), "scale must be finite"),
@@ -94,6 +94,22 @@ def corruptions():
         ("float tracker", edit(lambda d: d.update(hysteresis_tracker=1.0)),
          "hysteresis_tracker must be an int >= 0"),
         ("bool tracker", edit(lambda d: d.update(growth_tracker=True)), "must be an int >= 0"),
+        ("growth tracker past int32", edit(lambda d: d.update(growth_tracker=2**31)),
+         "growth_tracker must be <= 2147483646 .*, got growth_tracker=2147483648"),
+        ("hysteresis tracker at int32 max",
+         edit(lambda d: d.update(hysteresis_tracker=2**31 - 1)),
+         "hysteresis_tracker must be <= 2147483646"),
+        ("older version", edit(lambda d: d.update(version=0)), "version 0 is not supported"),
+        ("version a bool", edit(lambda d: d.update(version=True)), "version True is not supported"),
+        ("backend not a name", edit(lambda d: d.update(backend=123)),
+         "backend must be the name of the backend that wrote it, got 123"),
+        ("backend empty", edit(lambda d: d.update(backend="")), "backend must be the name"),
+        ("config past int32", edit(lambda d: d["config"].update(hysteresis=2**31)),
+         "hysteresis must be an int with 1 <= hysteresis <= 2147483647"),
+        ("config init outside its bounds", edit(lambda d: d["config"].update(min_scale=4096.0)),
+         r"init_scale must be within \[min_scale, max_scale\]"),
+        ("config factor that rounds to 0", edit(lambda d: d["config"].update(backoff_factor=1e-46)),
+         "backoff_factor must be"),
         ("empty", {}, "it is empty"),
         ("unrelated dict", {"lr": 0.1}, "no 'format' key"),
     ]
@@ -134,7 +150,7 @@ def test_native_paddle_dict_with_bad_values_changes_nothing():
     bad = {"scale": np.array([2048.0, 1.0]), "incr_count": 0, "decr_count": 0}
     with pytest.raises(ValueError, match="scale must hold one value, got 2"):
         scaler.load_state_dict(bad)
-    with pytest.raises(ValueError, match="growth_interval must be an int >= 1"):
+    with pytest.raises(ValueError, match="growth_interval must be an int with 1 <="):
         scaler.load_state_dict({"scale": 8.0, "incr_count": 0, "decr_count": 0,
                                 "incr_every_n_steps": 0})
     assert scaler.state_dict() == before
@@ -157,3 +173,41 @@ def test_native_torch_state_dict_from_a_real_torch_scaler_is_accepted():
     assert scaler.state == spec.ScalerState(4096.0, 3, 0)
     c = scaler.config
     assert (c.growth_factor, c.backoff_factor, c.growth_interval) == (4.0, 0.25, 10)
+
+
+def test_a_loaded_scale_is_rounded_to_float32():
+    scaler = ua.GradScaler(backend="numpy")
+    d = scaler.state_dict()
+    d["scale"] = 0.1
+    scaler.load_state_dict(d)
+    assert scaler.get_scale() == spec.f32(0.1) != 0.1
+
+
+def test_a_torch_dict_without_its_tracker_is_a_validation_error():
+    with pytest.raises(ValueError, match="no 'format' key and not a torch or paddle "
+                                         "GradScaler dict"):
+        ua.GradScaler(backend="numpy").load_state_dict(
+            {"scale": 8.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 10})
+
+
+def imperative_backends():
+    yield "numpy"
+    yield pytest.param("torch", marks=pytest.mark.framework("torch"))
+
+
+@pytest.mark.parametrize("backend", list(imperative_backends()))
+@pytest.mark.parametrize("bad", [{"growth_tracker": 2**31}, {"hysteresis_tracker": 2**40},
+                                 {"config": {"growth_interval": 2**31}}])
+def test_a_tracker_or_interval_past_int32_loads_nothing_on_any_backend(backend, bad):
+    # torch wrote the config and the scale, then failed on the int32 tracker.
+    if backend == "torch":
+        pytest.importorskip("torch")
+    scaler = ua.GradScaler(1024.0, growth_interval=100, backend=backend)
+    scaler.load_state_dict(ua.GradScaler(512.0, growth_interval=50, backend="numpy").state_dict())
+    before_config, before_state = scaler.config, scaler.state
+    d = scaler.state_dict()
+    d.update({k: v for k, v in bad.items() if k != "config"})
+    d["config"].update(bad.get("config", {}))
+    with pytest.raises(ValueError, match="nothing was loaded"):
+        scaler.load_state_dict(d)
+    assert scaler.config == before_config and scaler.state == before_state

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import warnings
 
 from unifiedamp.spec import FLOAT32_MIN_NORMAL, f32_hex
@@ -37,8 +38,9 @@ class CollapseMonitor:
     """
 
     def __init__(self, max_consecutive_skips: int | None = 100, on_collapse: str = "warn"):
+        # Any integer type (numpy's too, as configs accept), never a bool.
         if max_consecutive_skips is not None and (
-            not isinstance(max_consecutive_skips, int)
+            not isinstance(max_consecutive_skips, numbers.Integral)
             or isinstance(max_consecutive_skips, bool)
             or max_consecutive_skips < 1
         ):
@@ -47,7 +49,8 @@ class CollapseMonitor:
             )
         if on_collapse not in ("warn", "raise"):
             raise ValueError(f"on_collapse must be 'warn' or 'raise', got {on_collapse!r}")
-        self.max_consecutive_skips = max_consecutive_skips
+        self.max_consecutive_skips = (None if max_consecutive_skips is None
+                                      else int(max_consecutive_skips))
         self.on_collapse = on_collapse
         self.consecutive_skips = 0
         self._reported = False

@@ -288,6 +288,13 @@ class NumpyGradScaler(GradScaler):
                     f"optimizer.grads[{i}] must be a floating-point numpy array (it is "
                     f"unscaled in place), got {type(g).__name__}"
                 )
+            # Checked for every gradient before any is divided: a failure half-way
+            # would leave some unscaled, and a retry would divide them twice.
+            if not g.flags.writeable:
+                raise ValueError(
+                    f"optimizer.grads[{i}] is read-only, and unscale_ divides the gradients in "
+                    "place: give the optimizer writable arrays (np.array(g) copies one)"
+                )
             grads.append(g)
         return grads
 

@@ -36,8 +36,9 @@ def configs(draw: Any) -> ScalerConfig:
     growth = draw(st.sampled_from([1.0, 2.0, 4.0]) | st.floats(1.0, 8.0))
     backoff = draw(st.sampled_from([0.5, 0.25, 1.0]) | st.floats(0.05, 1.0))
     bounds = sorted(draw(st.lists(st.floats(1e-30, 1e30), min_size=2, max_size=2)))
-    min_scale = bounds[0] if draw(st.booleans()) else None
-    max_scale = bounds[1] if draw(st.booleans()) else None
+    # Bounds hold init_scale, as a valid config needs.
+    min_scale = min(bounds[0], init) if draw(st.booleans()) else None
+    max_scale = max(bounds[1], init) if draw(st.booleans()) else None
     return ScalerConfig(
         init, growth, backoff, draw(st.integers(1, 6)),
         hysteresis=draw(st.integers(1, 3)), min_scale=min_scale, max_scale=max_scale,

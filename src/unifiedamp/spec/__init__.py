@@ -42,7 +42,7 @@ Example:
     1024.0 0
 """
 
-from unifiedamp.spec._config import ALIASES, CANONICAL, ScalerConfig, config_from_args
+from unifiedamp.spec._config import ALIASES, CANONICAL, INT32_MAX, ScalerConfig, config_from_args
 from unifiedamp.spec._document import SCHEMA_VERSION, SPEC_VERSION, spec_document, spec_markdown
 from unifiedamp.spec._float32 import FLOAT32_MIN_NORMAL, f32, f32_bits, f32_from_bits, f32_hex
 from unifiedamp.spec._frameworks import FRAMEWORKS
@@ -60,6 +60,7 @@ __all__ = [
     "CANONICAL",
     "FLOAT32_MIN_NORMAL",
     "FRAMEWORKS",
+    "INT32_MAX",
     "SCHEMA_VERSION",
     "SPEC_VERSION",
     "STATE_FORMAT",

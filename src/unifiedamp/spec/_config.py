@@ -12,8 +12,8 @@ from typing import Any
 from unifiedamp.spec._float32 import f32
 from unifiedamp.spec._frameworks import FRAMEWORKS
 
-__all__ = ["ALIASES", "CANONICAL", "POSITIONAL", "RULES", "ScalerConfig", "config_from_args",
-           "is_real"]
+__all__ = ["ALIASES", "CANONICAL", "INT32_MAX", "POSITIONAL", "RULES", "ScalerConfig",
+           "config_from_args", "is_real", "python_scalar"]
 
 
 CANONICAL = (
@@ -49,16 +49,24 @@ def _derive_aliases() -> dict[str, str]:
 #: never bring the other framework's defaults along.
 ALIASES: dict[str, str] = _derive_aliases()
 
+#: The largest trackers, growth_interval and hysteresis: devices count in int32.
+INT32_MAX = 2**31 - 1
+
 RULES = {
     "init_scale": "a finite number > 0 that float32 can hold",
-    "growth_factor": "a finite number >= 1",
-    "backoff_factor": "a number with 0 < backoff_factor <= 1",
-    "growth_interval": "an int >= 1",
+    "growth_factor": "a finite number >= 1 that float32 can hold",
+    "backoff_factor": "a number with 0 < backoff_factor <= 1 that is > 0 in float32",
+    "growth_interval": f"an int with 1 <= growth_interval <= {INT32_MAX}",
     "enabled": "a bool",
-    "hysteresis": "an int >= 1",
+    "hysteresis": f"an int with 1 <= hysteresis <= {INT32_MAX}",
     "min_scale": "None or a finite number > 0 that float32 can hold, <= max_scale",
     "max_scale": "None or a finite number > 0 that float32 can hold, >= min_scale",
     "dynamic": "a bool",
+}
+
+# What a porting user most likely meant by a parameter that has no counterpart here.
+_FOREIGN = {
+    "factor": "jmp's factor=f means growth_factor=f and backoff_factor=1/f: pass both",
 }
 
 
@@ -67,14 +75,42 @@ def is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _invalid(name: str, value: Any, exc: type[Exception] = ValueError) -> Exception:
-    return exc(f"{name} must be {RULES[name]}, got {value!r}")
+def _invalid(name: str, value: Any, exc: type[Exception] = ValueError, hint: str = "") -> Exception:
+    return exc(f"{name} must be {RULES[name]}{hint}, got {value!r}")
+
+
+def python_scalar(name: str, value: Any) -> Any:
+    """A 0-d array of any framework (NumPy, JAX, torch...) as the Python number it holds.
+
+    Anything else is returned as it is, for the type checks to judge. Configs are
+    static: a traced value (inside ``jax.jit``) has no number yet and is refused.
+
+    Example:
+        >>> import numpy as np
+        >>> python_scalar("init_scale", np.asarray(1024.0)), python_scalar("x", "s")
+        (1024.0, 's')
+    """
+    shape = getattr(value, "shape", None)
+    if shape is None or isinstance(value, (numbers.Number, str)):
+        return value
+    if tuple(shape) != ():
+        raise TypeError(f"{name} must be a number, got an array of shape {tuple(shape)}")
+    try:
+        return value.item()
+    except Exception:  # noqa: BLE001 - each framework raises its own type for a tracer
+        raise TypeError(
+            f"{name} must be a concrete number, got {type(value).__name__} {value!r}: a "
+            "scaler's config is static, so build it outside jax.jit (or any traced "
+            "function) from Python numbers or concrete arrays") from None
 
 
 def _check_real(name: str, value: Any) -> float:
     if not is_real(value):
         raise _invalid(name, value, TypeError)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past float64's range
+        raise _invalid(name, value) from None
 
 
 def _check_positive_f32(name: str, value: Any) -> float:
@@ -89,6 +125,9 @@ def _check_int(name: str, value: Any) -> int:
         raise _invalid(name, value, TypeError)
     if value < 1:
         raise _invalid(name, value)
+    if value > INT32_MAX:
+        never = "; growth_factor=1.0 never grows" if name == "growth_interval" else ""
+        raise _invalid(name, value, hint=f" (trackers count in int32 on devices{never})")
     return int(value)
 
 
@@ -128,7 +167,7 @@ class ScalerConfig:
         >>> ScalerConfig(growth_interval=0)
         Traceback (most recent call last):
         ...
-        ValueError: growth_interval must be an int >= 1, got 0
+        ValueError: growth_interval must be an int with 1 <= growth_interval <= 2147483647, got 0
     """
 
     init_scale: float = 65536.0
@@ -143,28 +182,41 @@ class ScalerConfig:
     dynamic: bool = True
 
     def __post_init__(self) -> None:
+        raw = {name: python_scalar(name, getattr(self, name)) for name in CANONICAL}
         values = {
-            "init_scale": _check_positive_f32("init_scale", self.init_scale),
-            "growth_factor": _check_real("growth_factor", self.growth_factor),
-            "backoff_factor": _check_real("backoff_factor", self.backoff_factor),
-            "growth_interval": _check_int("growth_interval", self.growth_interval),
-            "enabled": _check_bool("enabled", self.enabled),
-            "hysteresis": _check_int("hysteresis", self.hysteresis),
-            "dynamic": _check_bool("dynamic", self.dynamic),
+            "init_scale": _check_positive_f32("init_scale", raw["init_scale"]),
+            "growth_factor": _check_real("growth_factor", raw["growth_factor"]),
+            "backoff_factor": _check_real("backoff_factor", raw["backoff_factor"]),
+            "growth_interval": _check_int("growth_interval", raw["growth_interval"]),
+            "enabled": _check_bool("enabled", raw["enabled"]),
+            "hysteresis": _check_int("hysteresis", raw["hysteresis"]),
+            "dynamic": _check_bool("dynamic", raw["dynamic"]),
         }
-        if not (math.isfinite(values["growth_factor"]) and values["growth_factor"] >= 1):
-            raise _invalid("growth_factor", self.growth_factor)
-        if not 0 < values["backoff_factor"] <= 1:
-            raise _invalid("backoff_factor", self.backoff_factor)
+        growth, backoff = values["growth_factor"], values["backoff_factor"]
+        # The rule multiplies by f32(factor): a factor that rounds to inf or 0 there
+        # would make every growth overflow or every backoff a collapse to 0.
+        if not (math.isfinite(growth) and growth >= 1 and math.isfinite(f32(growth))):
+            raise _invalid("growth_factor", raw["growth_factor"])
+        if not (0 < backoff <= 1 and f32(backoff) > 0):
+            raise _invalid("backoff_factor", raw["backoff_factor"])
         for name in ("min_scale", "max_scale"):
-            value = getattr(self, name)
-            values[name] = None if value is None else _check_positive_f32(name, value)
+            values[name] = None if raw[name] is None else _check_positive_f32(name, raw[name])
         lo, hi = values["min_scale"], values["max_scale"]
         if lo is not None and hi is not None and f32(lo) > f32(hi):
             raise ValueError(
-                f"min_scale must be <= max_scale, got min_scale={self.min_scale!r} "
-                f"and max_scale={self.max_scale!r}; swap them or drop one"
+                f"min_scale must be <= max_scale, got min_scale={raw['min_scale']!r} "
+                f"and max_scale={raw['max_scale']!r}; swap them or drop one"
             )
+        # Outside its bounds, the first backoff would raise the scale to min_scale
+        # (or the first growth lower it to max_scale).
+        init = f32(values["init_scale"])
+        for name, outside in (("min_scale", lo is not None and init < f32(lo)),
+                              ("max_scale", hi is not None and init > f32(hi))):
+            if outside:
+                raise ValueError(
+                    f"init_scale must be within [min_scale, max_scale], got init_scale="
+                    f"{raw['init_scale']!r} and {name}={raw[name]!r}; start at {name} or "
+                    "move the bound")
         # Store plain Python values so the config hashes, compares and serialises
         # the same whatever numeric types the caller passed.
         for name, value in values.items():
@@ -190,6 +242,8 @@ class ScalerConfig:
 
 
 def _suggest(name: str, extra_names: tuple[str, ...]) -> str:
+    if name in _FOREIGN:
+        return f"Unknown parameter: {name!r} ({_FOREIGN[name]})"
     known = [*CANONICAL, *ALIASES, *extra_names]
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     if not close:

@@ -11,7 +11,13 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
-from unifiedamp.spec._config import CANONICAL, ScalerConfig, config_from_args, is_real
+from unifiedamp.spec._config import (
+    CANONICAL,
+    INT32_MAX,
+    ScalerConfig,
+    config_from_args,
+    is_real,
+)
 from unifiedamp.spec._float32 import f32
 from unifiedamp.spec._frameworks import FRAMEWORKS
 from unifiedamp.spec._rule import ScalerState
@@ -52,6 +58,9 @@ def _tracker(d: Mapping[str, Any], key: str, as_name: str) -> int:
     value = d[key]
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
         raise _state_error(f"{as_name} must be an int >= 0, got {key}={value!r}")
+    if value > INT32_MAX - 1:
+        raise _state_error(f"{as_name} must be <= {INT32_MAX - 1} (devices count it up by one "
+                           f"in int32), got {key}={value!r}")
     return int(value)
 
 
@@ -114,7 +123,7 @@ def parse_state_dict(
 
     Raises:
         ValueError: Another format or version, a missing or ill-typed field, a
-            non-finite or non-positive scale, a negative tracker.
+            non-finite or non-positive scale, a tracker below 0 or past int32.
         TypeError: ``d`` is not a mapping.
 
     Example:
@@ -138,7 +147,8 @@ def parse_state_dict(
         )
     if d["format"] != STATE_FORMAT:
         raise _state_error(f"format must be {STATE_FORMAT!r}, got {d['format']!r}")
-    if d.get("version") != STATE_VERSION:
+    version = d.get("version")
+    if version != STATE_VERSION or isinstance(version, bool):
         raise _state_error(
             f"version {d.get('version')!r} is not supported (this unifiedamp reads version "
             f"{STATE_VERSION}); load it with the unifiedamp release that wrote it"
@@ -146,6 +156,9 @@ def parse_state_dict(
     missing = [k for k in STATE_KEYS if k not in d]
     if missing:
         raise _state_error(f"missing key(s) {missing}")
+    if not isinstance(d["backend"], str) or not d["backend"]:
+        raise _state_error(f"backend must be the name of the backend that wrote it, got "
+                           f"{d['backend']!r}")
     raw = d["config"]
     if not isinstance(raw, Mapping):
         raise _state_error(f"config must be a dict, got {raw!r}")
