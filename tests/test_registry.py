@@ -109,6 +109,44 @@ def test_module_class_target_loads_any_class():
     assert type(scaler) is NumpyGradScaler
 
 
+def test_module_class_target_must_be_a_gradscaler_subclass(capsys):
+    with pytest.raises(ua.UnknownBackendError) as info:
+        ua.GradScaler(1.0, 2.0, backend="builtins:print")
+    assert capsys.readouterr().out == ""  # print was never called
+    assert str(info.value) == (
+        "backend 'builtins:print' is builtins.print, not a subclass of unifiedamp.GradScaler; "
+        "point backend= at a scaler class that subclasses unifiedamp.GradScaler "
+        "(docs/backends.md, 'Third-party backends')")
+    with pytest.raises(ua.UnknownBackendError, match="'collections:OrderedDict' is "
+                                                     "collections.OrderedDict, not a subclass"):
+        _registry.load("collections:OrderedDict")
+
+
+def test_the_scaler_base_named_by_the_registry_is_unifiedamps():
+    assert _registry.load("unifiedamp._scaler:GradScaler") is ua.GradScaler
+
+
+@pytest.mark.parametrize("target", [":", "mod:", ":Cls", "my mod:Cls", "mod:Cls:x", "mod.:Cls",
+                                    "mod:Outer.Inner"])
+def test_malformed_module_class_target_names_the_expected_form(target):
+    with pytest.raises(ua.UnknownBackendError) as info:
+        ua.GradScaler(backend=target)
+    assert str(info.value) == (
+        f"backend {target!r} is not a 'module:Class' target: expected an importable dotted "
+        "module name, one colon, then a class name, as in 'mypackage.amp:MyScaler'")
+
+
+def test_a_framework_whose_import_raises_oserror_is_a_missing_backend(tmp_path, monkeypatch):
+    # As torch does when one of its shared libraries failed to install.
+    (tmp_path / "brokenfw.py").write_text("raise OSError('libfake.so: cannot open shared "
+                                          "object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ua.MissingBackendError, match=r"backend 'brokenfw:Scaler' cannot be "
+                                                     r"imported \(OSError: libfake.so: cannot "
+                                                     r"open shared object file\); to use it:"):
+        ua.GradScaler(backend="brokenfw:Scaler")
+
+
 def test_missing_framework_is_an_import_error_saying_what_to_install(run_python):
     code = textwrap.dedent("""
         import sys
@@ -129,21 +167,32 @@ def test_backend_class_refuses_a_backend_argument():
         NumpyGradScaler(backend="numpy")
 
 
-@pytest.fixture
-def third_party(tmp_path):
+def install_third_party(where: pathlib.Path, entry_name: str) -> pathlib.Path:
     """A real installed distribution (dist-info + module) registering an entry point."""
-    (tmp_path / "thirdscaler.py").write_text(textwrap.dedent("""
+    (where / "thirdscaler.py").write_text(textwrap.dedent("""
         from unifiedamp.backends.numpy import NumpyGradScaler
 
         class ThirdScaler(NumpyGradScaler):
             backend = "third"
     """))
-    info = tmp_path / "thirdscaler-1.0.dist-info"
+    info = where / "thirdscaler-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdscaler\nVersion: 1.0\n")
     (info / "entry_points.txt").write_text(
-        "[unifiedamp.backends]\nthird = thirdscaler:ThirdScaler\n")
-    return tmp_path
+        f"[unifiedamp.backends]\n{entry_name} = thirdscaler:ThirdScaler\n")
+    return where
+
+
+@pytest.fixture
+def third_party(tmp_path):
+    """A third-party backend registered as 'third'."""
+    return install_third_party(tmp_path, "third")
+
+
+@pytest.fixture
+def third_party_named_numpy(tmp_path):
+    """A third-party backend whose entry point takes a built-in backend's name."""
+    return install_third_party(tmp_path, "numpy")
 
 
 def test_third_party_backends_register_through_entry_points(third_party, monkeypatch):
@@ -152,6 +201,26 @@ def test_third_party_backends_register_through_entry_points(third_party, monkeyp
     scaler = ua.GradScaler(8.0, backend="third")
     assert type(scaler).__name__ == "ThirdScaler" and scaler.state_dict()["backend"] == "third"
     assert "third" in _registry.available()
+
+
+def test_an_entry_point_named_like_a_builtin_backend_does_not_replace_it(
+        third_party_named_numpy, monkeypatch):
+    monkeypatch.syspath_prepend(str(third_party_named_numpy))
+    assert _registry.entry_points() == {"numpy": "thirdscaler:ThirdScaler"}
+    assert _registry.available()["numpy"] == _registry.BUILTIN["numpy"]
+    assert _registry.load("numpy") is NumpyGradScaler
+    assert type(ua.GradScaler(backend="numpy")) is NumpyGradScaler
+
+
+def test_paddle_objects_are_detected_as_paddle_without_importing_paddle():
+    # A stand-in for paddle.optimizer.Adam: detection reads only the type's module name.
+    optimizer = type("Adam", (), {"__module__": "paddle.optimizer"})()
+    imported = "paddle" in sys.modules
+    assert _registry.detect(optimizer) == "paddle"
+    with pytest.raises(ua.UnknownBackendError, match="backend 'paddle' is not available in this "
+                                                     "version of unifiedamp"):
+        ua.GradScaler(backend=optimizer)
+    assert ("paddle" in sys.modules) == imported
 
 
 def test_paddle_after_tensorflow_is_refused_instead_of_crashing(run_python):

@@ -176,35 +176,90 @@ def detect(obj: Any = None) -> str:
     return imported[0] if imported else "numpy"
 
 
+#: ``"module:Class"`` of the class every scaler derives from, named by a string
+#: because the facade sits above this module (imports run one way).
+SCALER_BASE = "unifiedamp._scaler:GradScaler"
+
+
+def resolve(name: str) -> BackendInfo:
+    """The table row of a backend name or ``"module:Class"``, checked without importing it.
+
+    Raises:
+        UnknownBackendError: No such backend, a framework with no backend in
+            this version, or a malformed ``"module:Class"``.
+
+    Example:
+        >>> resolve("numpy").target
+        'unifiedamp.backends.numpy:NumpyGradScaler'
+        >>> resolve("mypackage.amp:MyScaler").modules
+        ('mypackage',)
+    """
+    rows = available()
+    if name in rows:
+        return rows[name]
+    if ":" in name:
+        _check_target(name)
+        module = name.partition(":")[0].split(".")[0]
+        return BackendInfo(name, name, module, (module,), f"install the package providing {name}")
+    if name in _KNOWN_FRAMEWORKS.values():
+        raise UnknownBackendError(
+            f"backend {name!r} is not available in this version of unifiedamp; "
+            f"available: {sorted(rows)}"
+        )
+    raise UnknownBackendError(
+        f"Unknown backend {name!r}; available: {sorted(rows)}, or 'module:Class'"
+    )
+
+
+def _check_target(target: str) -> None:
+    module_name, _, attr = target.partition(":")
+    parts = [*module_name.split("."), attr]
+    if not all(part.isidentifier() for part in parts):
+        raise UnknownBackendError(
+            f"backend {target!r} is not a 'module:Class' target: expected an importable dotted "
+            "module name, one colon, then a class name, as in 'mypackage.amp:MyScaler'"
+        )
+
+
 def load(name: str) -> type:
     """Imports and returns the scaler class of a backend name or ``"module:Class"``.
 
     Raises:
-        UnknownBackendError: No such backend.
-        MissingBackendError: Its framework is not installed (the message says what to install).
+        UnknownBackendError: No such backend, or the target is not a subclass
+            of ``unifiedamp.GradScaler``.
+        MissingBackendError: Its framework is not installed or its import
+            fails (the message says what to install).
+
+    Example:
+        >>> load("numpy").__name__
+        'NumpyGradScaler'
     """
-    rows = available()
-    if name in rows:
-        row = rows[name]
-    elif ":" in name:
-        module = name.partition(":")[0].split(".")[0]
-        row = BackendInfo(name, name, module, (module,), f"install the package providing {name}")
-    else:
-        if name in _KNOWN_FRAMEWORKS.values():
-            raise UnknownBackendError(
-                f"backend {name!r} is not available in this version of unifiedamp; "
-                f"available: {sorted(rows)}"
-            )
-        raise UnknownBackendError(
-            f"Unknown backend {name!r}; available: {sorted(rows)}, or 'module:Class'"
-        )
+    row = resolve(name)
     ensure_importable(row.modules[0])
     try:
-        return _import(row.target)
-    except ImportError as exc:
+        cls = _import(row.target)
+    # A framework found on disk whose shared libraries are missing or broken
+    # raises OSError from its import (torch does), not ImportError.
+    except (ImportError, OSError) as exc:
+        detail = str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
         raise MissingBackendError(
-            f"backend {row.name!r} cannot be imported ({exc}); to use it: {row.install}"
+            f"backend {row.name!r} cannot be imported ({detail}); to use it: {row.install}"
         ) from exc
+    _check_scaler(row.name, cls)
+    return cls
+
+
+def _check_scaler(name: str, obj: Any) -> None:
+    # Any callable would otherwise be called with the scaler's arguments
+    # ('builtins:print' printed them).
+    mro = getattr(obj, "__mro__", ())
+    if SCALER_BASE not in {f"{klass.__module__}:{klass.__qualname__}" for klass in mro}:
+        what = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"
+        raise UnknownBackendError(
+            f"backend {name!r} is {what}, not a subclass of unifiedamp.GradScaler; point "
+            "backend= at a scaler class that subclasses unifiedamp.GradScaler "
+            "(docs/backends.md, 'Third-party backends')"
+        )
 
 
 def _import(target: str) -> Any:

@@ -33,7 +33,11 @@ def _worker(name: str) -> dict[str, Any]:
     try:
         cls = _registry.load(name)
     except ImportError as exc:
-        return {"backend": name, "status": "not installed", "detail": str(exc)}
+        # The framework's own error (an OSError from a missing shared library...):
+        # the install hint is in the table already.
+        cause = exc.__cause__ or exc
+        return {"backend": name, "status": "not importable",
+                "detail": f"{type(cause).__name__}: {cause}"}
     return {"backend": name, "status": "ok", "devices": list(cls.devices())}
 
 
@@ -53,7 +57,8 @@ def _info_in_subprocess(name: str) -> dict[str, Any]:
 
 def _last_line(proc: subprocess.CompletedProcess) -> str:
     lines = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-    return lines[-1] if lines else "no output"
+    # pytest prefixes an error raised while it configures; the error is what matters.
+    return lines[-1].removeprefix("INTERNALERROR> ") if lines else "no output"
 
 
 # --------------------------------------------------------------------------- backends
@@ -66,21 +71,37 @@ def _framework_version(row: _registry.BackendInfo) -> str | None:
         return None
 
 
+def _found(module: str) -> bool:
+    """Whether a top-level module is installed, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:  # in sys.modules without a __spec__: it is there
+        return True
+
+
 def backends_report() -> list[dict[str, Any]]:
-    """One dict per known backend: installed or not, framework version, devices, install hint."""
+    """One dict per known backend: installed (found) and importable or not, framework version,
+    devices, install hint, and the import's error where there is one."""
     report = []
     for name, row in _registry.available().items():
-        installed = importlib.util.find_spec(row.modules[0]) is not None
-        entry = {"backend": name, "installed": installed, "framework": row.framework,
-                 "version": _framework_version(row), "devices": [], "install": row.install}
+        installed = _found(row.modules[0])
+        entry = {"backend": name, "installed": installed, "importable": False,
+                 "framework": row.framework, "version": _framework_version(row), "devices": [],
+                 "install": row.install}
         if installed:
             info = _info_in_subprocess(name)
             entry["devices"] = info.get("devices", [])
+            entry["importable"] = info["status"] == "ok"
             if info["status"] != "ok":
-                entry["installed"] = info["status"] != "not installed"
-                entry["error"] = info.get("detail")
+                entry["status"], entry["error"] = info["status"], info.get("detail")
         report.append(entry)
     return report
+
+
+def _installed_cell(entry: dict[str, Any]) -> str:
+    if not entry["installed"]:
+        return "no"
+    return entry.get("status", "yes")
 
 
 def _cmd_backends(args: argparse.Namespace) -> int:
@@ -91,9 +112,14 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     rows = [("backend", "installed", "framework", "devices", "install")]
     for e in report:
         framework = f"{e['framework']} {e['version'] or ''}".strip()
-        rows.append((e["backend"], "yes" if e["installed"] else "no", framework,
+        rows.append((e["backend"], _installed_cell(e), framework,
                      ", ".join(e["devices"]) or "-", e["install"]))
     _print_table(rows)
+    for e in report:
+        if e.get("status") == "not importable":
+            print(f"\n{e['backend']}: installed but not importable: {e['error']}")
+        elif "error" in e:
+            print(f"\n{e['backend']}: {e['status']}: {e['error']}")
     return 0
 
 
@@ -130,22 +156,48 @@ def run_suite(name: str, max_examples: int | None = None) -> dict[str, Any]:
     return report
 
 
-def _failed(result: dict[str, Any]) -> bool:
-    return result["status"] == "error" or any(
+def _failed(result: dict[str, Any], requested: bool) -> bool:
+    # Only a framework that is not there at all may be passed over, and only
+    # when the run was not asked for it by name: a CI job whose framework
+    # failed to install must not go green.
+    if result["status"] == "not installed":
+        return requested
+    return result["status"] != "ok" or any(
         t["outcome"] in ("failed", "error", "xpassed") for t in result.get("tests", {}).values())
 
 
-def conformance_report(names: list[str], max_examples: int | None = None) -> dict[str, Any]:
-    """Runs the conformance suite on each backend, each in its own subprocess."""
-    results = {}
-    for name in names:
-        row = _registry.available().get(name)
-        if row is not None and importlib.util.find_spec(row.modules[0]) is None:
-            results[name] = {"status": "not installed", "detail": row.install}
-        else:
-            results[name] = run_suite(name, max_examples)
+def _run_backend(name: str, max_examples: int | None) -> dict[str, Any]:
+    row = _registry.resolve(name)
+    if not _found(row.modules[0]):
+        return {"status": "not installed", "detail": row.install}
+    result = run_suite(name, max_examples)
+    if result["status"] == "not installed":
+        # Found on disk, yet its import failed (a broken install): not "missing".
+        result["status"] = "not importable"
+    return result
+
+
+def conformance_report(names: list[str] | None = None,
+                       max_examples: int | None = None) -> dict[str, Any]:
+    """Runs the conformance suite on each backend, each in its own subprocess.
+
+    Args:
+        names: Backends (names or ``"module:Class"``) requested by name: any
+            of them that does not run fails the report. ``None``: every known
+            backend, where one whose framework is not installed is listed in
+            ``not_run`` without failing the report.
+        max_examples: Hypothesis examples per property (default 200).
+    """
+    requested = names is not None
+    names = list(_registry.available()) if names is None else names
+    results = {name: _run_backend(name, max_examples) for name in names}
+    not_run = {n: r["status"] for n, r in results.items() if r["status"] in _NOT_RUN}
     return {"unifiedamp": __version__, "spec_version": spec.SPEC_VERSION,
-            "passed": not any(_failed(r) for r in results.values()), "backends": results}
+            "passed": not any(_failed(r, requested) for r in results.values()),
+            "requested": requested, "not_run": not_run, "backends": results}
+
+
+_NOT_RUN = ("not installed", "not importable")
 
 
 _CELL = {"passed": "pass", "failed": "FAIL", "error": "ERROR", "skipped": "skip",
@@ -168,11 +220,11 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
         print("unifiedamp conformance runs a pytest suite: pip install 'unifiedamp[conformance]'",
               file=sys.stderr)
         return 2
-    names = args.backend or list(_registry.available())
-    report = conformance_report(names, args.max_examples)
+    report = conformance_report(args.backend, args.max_examples)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0 if report["passed"] else 1
+    names = list(report["backends"])
     tests: list[str] = []
     for r in report["backends"].values():
         tests += [t for t in r.get("tests", {}) if t not in tests]
@@ -182,6 +234,10 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
                  + [(t, *(_cell(report["backends"][n], t) for n in names)) for t in tests])
     for name in names:
         r = report["backends"][name]
+        if r["status"] in _NOT_RUN:
+            print(f"\n{name}: {r['status']} ({_why_not_run(r, report['requested'])}): "
+                  f"{r.get('detail', '')}")
+            continue
         if r["status"] != "ok":
             print(f"\n{name}: {r['status']}: {r.get('detail', '')}")
             continue
@@ -195,8 +251,26 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
             print(f"\n{name}: xfail entry matched no test: {e['where']}: {e['pattern']}")
     for reason in reasons:
         print(f"\n{reason}")
-    print("\nresult:", "PASS" if report["passed"] else "FAIL")
+    result = "PASS" if report["passed"] else "FAIL"
+    print(f"\nresult: {result}{_not_run_note(report['not_run'])}")
     return 0 if report["passed"] else 1
+
+
+def _why_not_run(result: dict[str, Any], requested: bool) -> str:
+    if requested:
+        return "requested with --backend, so the run fails"
+    if _failed(result, requested):
+        return "found but broken, so the run fails"
+    return "not requested with --backend, so the run does not fail"
+
+
+def _not_run_note(not_run: dict[str, str]) -> str:
+    """`` (not run: torch, jax: not installed; mlx: not importable)``, or nothing."""
+    groups: dict[str, list[str]] = {}
+    for name, status in not_run.items():
+        groups.setdefault(status, []).append(name)
+    notes = [f"{', '.join(names)}: {status}" for status, names in groups.items()]
+    return f" (not run: {'; '.join(notes)})" if notes else ""
 
 
 # --------------------------------------------------------------------------- main
@@ -208,6 +282,29 @@ def _print_table(rows: list[tuple[str, ...]]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if j == 0:
             print("  ".join("-" * w for w in widths))
+
+
+def _backend_arg(value: str) -> str:
+    """``--backend``: a known name or a well-formed ``module:Class``, checked without importing
+    anything (frameworks are only imported in the per-backend subprocesses)."""
+    try:
+        _registry.resolve(value)
+    except _registry.UnknownBackendError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _examples_arg(value: str) -> int:
+    """``--max-examples``: hypothesis rejects 0 and below only inside each test, and reads 0
+    as "the default", so both are refused here."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer >= 1 (hypothesis examples per property), got {value!r}")
+    return number
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -222,10 +319,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["json", "markdown"], default="markdown")
     p.set_defaults(func=_cmd_spec)
     p = sub.add_parser("conformance", help="run the conformance suite on every installed backend")
-    p.add_argument("--backend", action="append",
-                   help="a backend name or module:Class (repeatable; default: all known)")
-    p.add_argument("--max-examples", type=int, default=None,
-                   help="hypothesis examples per property (default 200)")
+    p.add_argument("--backend", action="append", type=_backend_arg,
+                   help="a backend name or module:Class (repeatable; default: all known, where "
+                        "one that is not installed does not fail the run; a backend named "
+                        "here that does not run does)")
+    p.add_argument("--max-examples", type=_examples_arg, default=None, metavar="N",
+                   help="hypothesis examples per property, at least 1 (default 200)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_conformance)
     return parser
@@ -238,7 +337,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_worker(argv[1])))
         return 0
     args = _parser().parse_args(argv)
-    return args.func(args)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe must fail here, not in the interpreter's exit
+    except BrokenPipeError:
+        # The reader went away (`unifiedamp backends --json | head`): stop quietly,
+        # and keep Python from failing again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return code
 
 
 if __name__ == "__main__":
