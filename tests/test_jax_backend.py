@@ -87,7 +87,7 @@ def test_config_survives_jit_and_scan_where_jmp_loses_min_loss_scale():
 
 def test_checkpointing_round_trips_through_json_pickle_and_array_checkpoints(tmp_path):
     scaler = JaxGradScaler(**EXTRAS).update(jnp.array(True))
-    assert JaxGradScaler().load_state_dict(json.loads(json.dumps(
+    assert JaxGradScaler().restore(json.loads(json.dumps(
         scaler.state_dict()))).state == scaler.state
     assert pickle.loads(pickle.dumps(scaler)).config == scaler.config
     # Array checkpointers (orbax and the like) save leaves and restore them into a
@@ -100,14 +100,27 @@ def test_checkpointing_round_trips_through_json_pickle_and_array_checkpoints(tmp
     assert restored.state == scaler.state and restored.config == scaler.config
 
 
-def test_load_state_dict_returns_a_new_scaler_and_validates():
+def test_restore_returns_a_new_scaler_and_validates():
     scaler = JaxGradScaler(8.0)
-    loaded = scaler.load_state_dict({"scale": 64.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-                                     "growth_interval": 7, "_growth_tracker": 3})
+    loaded = scaler.restore({"scale": 64.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                             "growth_interval": 7, "_growth_tracker": 3})
     assert loaded.state == spec.ScalerState(64.0, 3, 0) and loaded.config.growth_interval == 7
     assert scaler.get_scale() == 8.0
     with pytest.raises(ValueError, match="nothing was loaded"):
-        scaler.load_state_dict({**scaler.state_dict(), "scale": -1.0})
+        scaler.restore({**scaler.state_dict(), "scale": -1.0})
+
+
+@pytest.mark.parametrize("backend", ["jax",
+                                     pytest.param("mlx", marks=pytest.mark.framework("mlx"))])
+def test_torch_style_load_state_dict_fails_loudly_showing_the_right_line(backend):
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    scaler = ua.GradScaler(8.0, backend=backend)
+    saved = ua.GradScaler(64.0, backend=backend).state_dict()
+    with pytest.raises(TypeError, match=r"immutable value: load_state_dict\(\) cannot change it "
+                                        r"in place.*scaler = scaler.restore\(state_dict\)"):
+        scaler.load_state_dict(saved)  # torch's habit: the result would be dropped
+    assert scaler.restore(saved).get_scale() == 64.0
 
 
 def test_scale_keeps_dtypes_and_unscale_checks_in_one_pass():
@@ -329,3 +342,158 @@ def test_inf_on_one_of_four_devices_skips_and_backs_off_everywhere(mode):
     assert out["stepped"] == [False] * 4
     out = run_devices({"init_scale": 1024.0, "growth_interval": 1}, ["F"] * 4, mode)
     assert out["states"] == [[2048.0, 0, 0]] * 4 and out["stepped"] == [True] * 4
+
+
+# ------------------------------------------------------------ scale/unscale at extreme scales
+
+MIN_NORMAL = np.float32(2.0**-126)
+
+
+def numpy_product(x, c):
+    """NumPy's f32(x * c), with the results XLA flushes (below 2**-126) as signed zeros."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = x * np.float32(c)
+    return np.where(np.abs(out) < MIN_NORMAL, np.copysign(np.float32(0), out), out)
+
+
+def numpy_reciprocal(scale):
+    """What torch, NumPy and MLX unscale with: the float64 reciprocal rounded once."""
+    with np.errstate(over="ignore", divide="ignore"):
+        return (1.0 / np.asarray(scale, np.float64)).astype(np.float32)
+
+
+def scalers_with_scales(scales):
+    """One JaxGradScaler whose loss_scale leaf holds a batch of scales (for vmap)."""
+    treedef = jax.tree.structure(JaxGradScaler())
+    zeros = jnp.zeros(len(scales), jnp.int32)
+    return jax.tree.unflatten(treedef, [jnp.asarray(scales, jnp.float32), zeros, zeros])
+
+
+def same_bits(got, expected):
+    got, expected = np.asarray(got), np.asarray(expected)
+    both_nan = np.isnan(got) & np.isnan(expected)
+    return both_nan | (got.view(np.uint32 if got.dtype == np.float32 else np.uint16)
+                       == expected.view(np.uint32 if got.dtype == np.float32 else np.uint16))
+
+
+def test_unscale_at_two_to_the_127_gives_numpy_s_value_not_zero():
+    grads, finite = JaxGradScaler(2.0**127).unscale({"g": jnp.float32(1.7e8)})
+    expected = np.float32(1.7e8) * numpy_reciprocal(2.0**127)
+    assert bool(finite) and float(grads["g"]) == float(expected) != 0.0  # ~1e-30
+
+
+def test_scale_and_unscale_match_numpy_over_the_whole_float32_range():
+    rng = np.random.default_rng(0)
+    scales = np.concatenate([
+        np.float32([2.0**127, 2.0**126, 2.0**-126, 2.0**-127, 2.0**-149, 3 * 2.0**-149,
+                    2.9387359e-39, 2.9387361e-39, 1.0, 65536.0]),
+        np.nextafter(np.float32(2.0**126), np.float32(np.inf))[None],
+        np.finfo(np.float32).max[None],
+        rng.integers(1, 0x7F7FFFFF, 120, dtype=np.uint32).view(np.float32),   # anywhere
+        rng.integers(0x7E800000, 0x7F7FFFFF, 60, dtype=np.uint32).view(np.float32),  # >2**126
+        rng.integers(1, 0x00800000, 60, dtype=np.uint32).view(np.float32),   # subnormal
+    ])
+    # normal inputs of every magnitude and sign (XLA reads a subnormal input as zero)
+    xs = np.concatenate([
+        rng.integers(0x00800000, 0x7F7FFFFF, 400, dtype=np.uint32).view(np.float32),
+        np.float32([1.0, 1.7e8, 0.0, -0.0, np.inf, -np.inf, np.nan, -3.5, 6.5e-38]),
+    ])
+    xs = np.where(rng.random(xs.size) < 0.5, -xs, xs).astype(np.float32)
+    batched = scalers_with_scales(scales)
+    scaled = jax.jit(jax.vmap(lambda s: s.scale(jnp.asarray(xs))))(batched)
+    unscaled, finite = jax.jit(jax.vmap(lambda s: s.unscale(jnp.asarray(xs))))(batched)
+    inv = numpy_reciprocal(scales)
+    for i, s in enumerate(scales):
+        bad = ~same_bits(scaled[i], numpy_product(xs, s))
+        assert not bad.any(), ("scale", s, xs[bad][:3])
+        bad = ~same_bits(unscaled[i], numpy_product(xs, inv[i]))
+        assert not bad.any(), ("unscale", s, xs[bad][:3])
+    assert not np.asarray(finite).any()  # the inputs hold an inf
+
+
+def test_float16_leaves_match_numpy_at_extreme_scales():
+    xs = np.float16([1.0, -2.5, 65504.0, 6e-5, 0.0])
+    for s in (2.0**127, 2.0**-126, 2.0**-149, 2.0**-140, 3.0e38):
+        scaler = JaxGradScaler(s)
+        with np.errstate(over="ignore", invalid="ignore"):
+            expected_scale = (xs * np.float32(s)).astype(np.float16)
+            expected_unscale = (xs * numpy_reciprocal(s)).astype(np.float16)
+        got = np.asarray(scaler.scale(jnp.asarray(xs)))
+        assert got.dtype == np.float16 and same_bits(got, expected_scale).all(), s
+        got = np.asarray(scaler.unscale(jnp.asarray(xs))[0])
+        assert same_bits(got, expected_unscale).all(), s
+
+
+def test_scale_stays_differentiable_and_exact_for_a_loss():
+    scaler = JaxGradScaler(2.0**-140)
+    # a loss large enough that the scaled loss is a normal float32
+    value, grad = jax.value_and_grad(lambda w: scaler.scale(w * 2.0**120))(jnp.float32(1.0))
+    assert float(value) == 2.0**-20
+    assert float(jax.grad(lambda w: JaxGradScaler(8.0).scale(w * 3.0))(jnp.float32(1.0))) == 24.0
+
+
+# ------------------------------------------------------------ get_scale under tracing
+
+
+def test_get_scale_is_a_float_outside_jit_and_an_array_when_traced():
+    scaler = JaxGradScaler(8.0, growth_interval=1)
+    assert type(scaler.get_scale()) is float
+    traced = jax.jit(lambda s: s.update(True).get_scale())(scaler)
+    assert traced.dtype == jnp.float32 and float(traced) == 16.0
+
+    def body(s, finite):
+        s = s.update(finite)
+        return s, s.get_scale()
+
+    _, logged = jax.lax.scan(body, scaler, jnp.array([True, False, False]))
+    assert np.asarray(logged).tolist() == [16.0, 8.0, 4.0]
+    disabled = JaxGradScaler(8.0, enabled=False)
+    assert jax.jit(lambda s: jnp.asarray(s.get_scale()))(disabled) == 1.0
+
+
+# ------------------------------------------------------------ update(finite) validation
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    ("no", TypeError, r"got str 'no'.*Python bool or a 0-d bool array"),
+    (float("nan"), TypeError, r"got float nan"),
+    (1, TypeError, r"got int 1"),
+    (None, TypeError, r"got NoneType None"),
+    (np.float32(1.0), TypeError, r"dtype float32"),
+    (jnp.array(1.0), TypeError, r"dtype float32"),
+    (jnp.array([True, False, True]), ValueError, r"shape \(3,\).*jnp.all"),
+    (np.ones((2, 2), bool), ValueError, r"shape \(2, 2\)"),
+])
+def test_update_refuses_anything_but_one_flag(bad, error, message):
+    with pytest.raises(error, match=message):
+        JaxGradScaler(8.0).update(bad)
+
+
+def test_update_refuses_bad_flags_under_jit_and_accepts_the_good_ones():
+    scaler = JaxGradScaler(8.0, growth_interval=1)
+    with pytest.raises(ValueError, match=r"shape \(2,\)"):
+        jax.jit(lambda s, f: s.update(f))(scaler, jnp.array([True, True]))
+    with pytest.raises(TypeError, match="dtype int32"):
+        jax.jit(lambda s, f: s.update(f))(scaler, jnp.int32(1))
+    for flag in (True, np.bool_(True), np.array(True), jnp.array(True)):
+        assert scaler.update(flag).get_scale() == 16.0
+    assert jax.jit(lambda s, f: s.update(f))(scaler, jnp.array(False)).get_scale() == 4.0
+    leaves = jax.tree.leaves(jax.jit(lambda s: s.update(jnp.array(True)))(scaler))
+    assert [leaf.shape for leaf in leaves] == [()] * 3
+
+
+# ------------------------------------------------------------ loss_scaled without optax
+
+
+def test_loss_scaled_without_optax_says_what_to_install(run_python):
+    proc = run_python(
+        "import sys; sys.modules['optax'] = None  # makes 'import optax' fail\n"
+        "from unifiedamp._registry import MissingBackendError\n"
+        "from unifiedamp.backends.jax import JaxGradScaler, loss_scaled\n"
+        "try:\n"
+        "    loss_scaled(object(), JaxGradScaler())\n"
+        "except MissingBackendError as exc:\n"
+        "    print('MissingBackendError:', exc)\n")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "MissingBackendError: loss_scaled needs optax" in proc.stdout
+    assert "pip install 'unifiedamp[jax]'" in proc.stdout

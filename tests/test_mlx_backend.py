@@ -91,3 +91,13 @@ def test_apply_skips_without_touching_parameters_or_optimizer_state():
     assert all((np.array(a) == b).all() for a, b in zip((model.weight, model.bias), before,
                                                         strict=True))
     assert optimizer.state["step"].item() == 0
+
+
+def test_update_refuses_anything_but_one_flag_like_the_jax_backend():
+    scaler = MlxGradScaler(8.0)
+    for bad, error in (("no", TypeError), (float("nan"), TypeError),
+                       (mx.array([True, False]), ValueError), (mx.array(1.0), TypeError)):
+        with pytest.raises(error, match="update\\(finite\\) got"):
+            scaler.update(bad)
+    assert scaler.update(mx.array(False)).get_scale() == 4.0
+    assert scaler.update(np.bool_(True)).state == scaler.state._replace(growth_tracker=1)

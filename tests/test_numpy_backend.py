@@ -325,3 +325,21 @@ def test_max_consecutive_skips_takes_numpy_ints_like_the_config():
                            growth_interval=np.int64(5))
     assert scaler._monitor.max_consecutive_skips == 5
     assert type(scaler._monitor.max_consecutive_skips) is int
+
+
+def test_a_scale_whose_reciprocal_overflows_skips_every_step_and_reloads_at_zero():
+    # Unscaling multiplies by f32(1/scale): inf below about 2.94e-39, so finite
+    # gradients would reach the parameters as inf; every step is skipped instead.
+    w = np.ones(2, np.float32)
+    opt = SGD([w], lr=0.1)
+    scaler = ua.GradScaler(2.0**-140, growth_interval=1, backend="numpy")
+    with pytest.warns(ua.ScaleCollapseWarning, match="below float32's smallest normal"):
+        for _ in range(12):
+            opt.grads = [scaler.scale(np.ones(2, np.float32))]
+            scaler.step(opt)
+            scaler.update()
+            assert scaler.last_step_skipped
+    assert w.tolist() == [1.0, 1.0] and scaler.get_scale() == 0.0
+    resumed = ua.GradScaler(backend="numpy")
+    resumed.load_state_dict(scaler.state_dict())
+    assert resumed.state == scaler.state

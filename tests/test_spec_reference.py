@@ -181,3 +181,12 @@ def test_reference_equals_an_independent_numpy_float32_model(config, steps):
         e = expected[i]
         assert spec.f32_hex(state.scale) == spec.f32_hex(float(e[0])), f"step {i + 1}"
         assert (state.growth_tracker, state.hysteresis_tracker) == (e[1], e[2]), f"step {i + 1}"
+
+
+def test_min_unscalable_is_where_the_float32_reciprocal_stops_overflowing():
+    below = spec.f32_from_bits(spec.f32_bits(spec.MIN_UNSCALABLE) - 1)
+    with np.errstate(over="ignore", divide="ignore"):
+        assert np.isfinite(np.float32(1.0 / spec.MIN_UNSCALABLE))
+        assert np.isinf(np.float32(1.0 / below)) and np.isinf(np.float32(1.0) / np.float32(0.0))
+    assert [spec.unscale_overflows(s) for s in (0.0, below, spec.MIN_UNSCALABLE, 1.0)] == [
+        True, True, False, False]

@@ -22,15 +22,22 @@ class MyScaler:
     def scale(self, x):
         return x * self.scale_ if self.enabled else x
 
+    def _reciprocal(self):
+        # Below ~2.94e-39 it is inf, and every unscaled gradient would be inf or NaN:
+        # the spec counts that as an inf, so the step is skipped.
+        with np.errstate(over="ignore", divide="ignore"):
+            return np.float32(1.0) / self.scale_
+
     def unscale(self, grads):
-        finite = all(np.isfinite(g).all() for g in grads)
+        finite = np.isfinite(self._reciprocal()) and all(np.isfinite(g).all() for g in grads)
         self.found["functional"] = not finite
         return [g / self.scale_ for g in grads], finite
 
     def step(self, opt):
         if not self.enabled:
             return opt.step()
-        inf = any(not np.isfinite(g).all() for g in opt.grads if g is not None)
+        inf = not np.isfinite(self._reciprocal()) or any(
+            not np.isfinite(g).all() for g in opt.grads if g is not None)
         self.found[id(opt)] = inf
         with np.errstate(over="ignore"):  # a tiny scale may overflow: the spec allows it
             opt.grads = [None if g is None else g / self.scale_ for g in opt.grads]

@@ -13,7 +13,7 @@ Example:
 from unifiedamp._isolation import FrameworkConflictError
 from unifiedamp._monitor import ScaleCollapseError, ScaleCollapseWarning
 from unifiedamp._registry import AmbiguousBackendError, MissingBackendError, UnknownBackendError
-from unifiedamp._scaler import GradScaler, NoInfChecksError
+from unifiedamp._scaler import GradScaler, NoInfChecksError, ScaleNotCalledError
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __version__ = "0.1.0"
@@ -26,6 +26,7 @@ __all__ = [
     "NoInfChecksError",
     "ScaleCollapseError",
     "ScaleCollapseWarning",
+    "ScaleNotCalledError",
     "ScalerConfig",
     "ScalerState",
     "UnknownBackendError",

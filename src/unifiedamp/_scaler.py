@@ -30,6 +30,19 @@ class NoInfChecksError(RuntimeError, AssertionError):
     """
 
 
+class ScaleNotCalledError(RuntimeError, AssertionError):
+    """``step()`` or ``unscale_()`` came before any ``scale()`` (torch backend).
+
+    torch raises an AssertionError here (``Attempted step but _scale is None``);
+    this is also a RuntimeError, like the other call-order errors, so either
+    except clause catches it.
+
+    Example:
+        >>> issubclass(ScaleNotCalledError, AssertionError)
+        True
+    """
+
+
 class _FacadeMeta(abc.ABCMeta):
     # Dispatch in the metaclass, not in __new__: a __new__ that returns a
     # GradScaler subclass would have Python call its __init__ a second time.
@@ -113,8 +126,8 @@ class GradScaler(metaclass=_FacadeMeta):
 
     @abc.abstractmethod
     def load_state_dict(self, state_dict: dict[str, Any]) -> Any:
-        """Restores a canonical dict of any backend or a native torch/Paddle dict, validated
-        before anything is written (functional backends return a new scaler)."""
+        """Imperative: loads a canonical dict of any backend or a native torch/Paddle dict in
+        place, validated before anything is written. Functional: raises, naming restore()."""
 
     # ------------------------------------------------------------ one style only
 
@@ -130,10 +143,15 @@ class GradScaler(metaclass=_FacadeMeta):
         """Functional: ``(grads divided by the scale, all finite)``; the check counts."""
         raise NotImplementedError(self._other_style("unscale"))
 
+    def restore(self, state_dict: dict[str, Any]) -> Any:
+        """Functional: a new scaler holding a state dict's config and state."""
+        raise NotImplementedError(self._other_style("restore"))
+
     def _other_style(self, verb: str) -> str:
         return (f"the {self.backend!r} backend has no {verb}(): imperative backends use "
-                "scale/unscale_/step/update(), functional ones scale/unscale(grads) -> "
-                "(grads, finite)/update(finite) -> new scaler")
+                "scale/unscale_/step/update() and load_state_dict(d), functional ones "
+                "scale/unscale(grads) -> (grads, finite)/update(finite) -> new scaler and "
+                "restore(d) -> new scaler")
 
     # ------------------------------------------------------------ tooling
 

@@ -21,6 +21,24 @@ from unifiedamp.spec import ScalerConfig, ScalerState
 LEAVES = ("loss_scale", "growth_tracker", "hysteresis_tracker")
 
 
+def _check_flag(finite: Any) -> None:
+    # Static facts only (type, dtype, shape), so the check is free under tracing.
+    hint = ("pass the flag unscale() returns (or all_finite(grads)): a Python bool or a 0-d "
+            "bool array")
+    if isinstance(finite, bool):
+        return
+    dtype = getattr(finite, "dtype", None)
+    if dtype is None:
+        raise TypeError(f"update(finite) got {type(finite).__name__} {finite!r}; {hint}")
+    # numpy and jax print "bool", mlx "mlx.core.bool".
+    if str(dtype).rsplit(".", 1)[-1] != "bool":
+        raise TypeError(f"update(finite) got an array of dtype {dtype} ({finite!r}); {hint}")
+    if tuple(getattr(finite, "shape", ())) != ():
+        raise ValueError(f"update(finite) got a bool array of shape {tuple(finite.shape)} "
+                         f"({finite!r}); one flag for the whole step is needed: reduce it "
+                         "with jnp.all / mx.all, or pass all_finite(grads)")
+
+
 class FunctionalGradScaler(GradScaler):
     """Base of the immutable scalers; a subclass sets ``backend`` and ``xp`` and implements
     ``_array``, ``scale`` and ``unscale``.
@@ -120,20 +138,37 @@ class FunctionalGradScaler(GradScaler):
         """The canonical dict (reads the device)."""
         return spec.to_state_dict(self._config, self.state, self.backend)
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> Any:
+    def restore(self, state_dict: dict[str, Any]) -> Any:
         """A new scaler from a canonical dict of any backend, or a native torch/paddle dict.
 
         The scaler is a value: this returns the loaded one and leaves ``self`` as it
-        was. ``enabled`` stays as ``self`` was built. A bad dict raises ``ValueError``.
+        was, so write ``scaler = scaler.restore(d)``. ``enabled`` stays as ``self``
+        was built. A bad dict raises ``ValueError``.
 
         Example:
             >>> import unifiedamp as ua
             >>> a = ua.GradScaler(8.0, backend="jax")
-            >>> ua.GradScaler(backend="jax").load_state_dict(a.state_dict()).get_scale()
+            >>> ua.GradScaler(backend="jax").restore(a.state_dict()).get_scale()
             8.0
         """
         config, state = spec.parse_state_dict(state_dict, base=self._config)
         return self._make(config.replace(enabled=self._config.enabled), *self._arrays(state))
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Refused: torch's in-place habit would silently keep the old state here.
+
+        Example:
+            >>> import unifiedamp as ua
+            >>> s = ua.GradScaler(backend="jax")
+            >>> s.load_state_dict(s.state_dict())
+            Traceback (most recent call last):
+            ...
+            TypeError: JaxGradScaler is an immutable value: load_state_dict() cannot change it ...
+        """
+        raise TypeError(
+            f"{type(self).__name__} is an immutable value: load_state_dict() cannot change it "
+            "in place, and a call whose result is not kept would silently resume from the old "
+            "state. Write: scaler = scaler.restore(state_dict)")
 
     # ------------------------------------------------------------ the rule
 
@@ -162,7 +197,21 @@ class FunctionalGradScaler(GradScaler):
         return self.xp.isfinite(encoded)
 
     def update(self, finite: Any) -> Any:
-        """The scaler after one iteration whose gradients were all ``finite`` (or not)."""
+        """The scaler after one iteration whose gradients were all ``finite`` (or not).
+
+        Args:
+            finite: One flag: the 0-d bool array ``unscale`` returns, a Python bool
+                or a 0-d NumPy bool. Anything else (a string, a float, an array of
+                flags) raises ``TypeError``/``ValueError`` rather than being read as
+                true or reshaping the scaler's arrays; the check reads only static
+                type, dtype and shape, so it costs nothing under jit.
+
+        Example:
+            >>> import unifiedamp as ua
+            >>> ua.GradScaler(8.0, backend="jax").update(False).get_scale()
+            4.0
+        """
+        _check_flag(finite)
         config, xp = self._config, self.xp
         if not config.enabled:
             return self

@@ -8,7 +8,11 @@ data, so it survives ``jax.jit``, ``tree_flatten``/``tree_unflatten``,
 XLA flushes float32 subnormals to zero (inputs and results, on CPU and by
 default on GPU). The update therefore multiplies the scale by a factor with
 integer and float ops that never see a subnormal, so the scale follows the
-spec bit for bit also below float32's smallest normal number.
+spec bit for bit also below float32's smallest normal number. ``scale`` and
+``unscale`` multiply by the scale and by ``f32(1 / scale)`` split into two
+normal float32 factors (:func:`_split`), so neither multiplier is flushed at
+any scale: their results are NumPy's (and torch's, MLX's) bits wherever those
+are normal numbers, zeros, infs or NaNs.
 """
 
 from __future__ import annotations
@@ -21,13 +25,88 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from unifiedamp._registry import MissingBackendError
 from unifiedamp.backends._functional import LEAVES, FunctionalGradScaler
-from unifiedamp.spec import ScalerConfig, f32_bits, f32_from_bits
+from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, f32_bits, f32_from_bits
 
 __all__ = ["JaxGradScaler", "LossScaledState", "LossScaledTransformation", "all_finite",
            "find_scaler", "loss_scaled", "step_if_finite", "where_finite"]
 
 _EXP_MASK = 0x7F800000
+_MIN_NORMAL_BITS = 0x00800000  # bits of 2**-126, float32's smallest normal number
+
+
+def _split(bits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Two float32 0-d arrays ``hi, lo`` whose product is exactly the non-negative
+    float32 with bit pattern ``bits``, both normal (or ``hi`` 0 or inf).
+
+    ``(x * hi) * lo`` is then ``f32(x * value)`` for every x whose product is a
+    normal number, zero, inf or NaN, while XLA flushes a subnormal ``value`` used
+    directly (to 0, so ``x * value`` is 0 and ``x / value`` inf). A normal value
+    gives ``lo = 1``: the common case stays one multiply, and a multiply by 1 is
+    free in the fused elementwise kernel. A subnormal value ``k * 2**-149`` gives
+    ``hi = k * 2**-85`` (an exact int-to-float conversion, k < 2**23) and
+    ``lo = 2**-64``: ``|x * hi|`` stays below 2**66 (no spurious inf), is rounded
+    once to 24 bits, and the scaling by ``lo`` is exact unless the result is
+    subnormal.
+    """
+    subnormal = bits < _MIN_NORMAL_BITS
+    hi = jnp.where(subnormal, bits.astype(jnp.float32) * jnp.float32(2.0**-85),
+                   lax.bitcast_convert_type(bits, jnp.float32))
+    lo = jnp.where(subnormal, jnp.float32(2.0**-64), jnp.float32(1.0))
+    return lax.stop_gradient(hi), lax.stop_gradient(lo)
+
+
+def _split_bits(x: jax.Array, keep: int) -> tuple[jax.Array, jax.Array]:
+    """Dekker's split of a normal float32 array: ``x == high + low`` exactly, ``high``
+    with the top ``keep`` mantissa bits (so products of halves are exact)."""
+    mask = -(1 << (23 - keep))
+    high = lax.bitcast_convert_type(lax.bitcast_convert_type(x, jnp.int32) & mask, jnp.float32)
+    return high, x - high
+
+
+def _reciprocal_bits(scale: jax.Array) -> jax.Array:
+    """The bits of ``f32(1 / scale)`` for a non-negative float32 0-d array: the float64
+    reciprocal rounded once to float32, what torch, NumPy and MLX unscale with.
+
+    float32 division is correctly rounded, and equals that double rounding (53 >=
+    2 * 24 + 2 bits), so ``1 / scale`` is used for normal scales below 2**126.
+    XLA flushes a subnormal scale (1 / scale would be inf) and a subnormal
+    reciprocal (a scale above 2**126, 1 / scale would be 0): both are computed
+    on a normalised mantissa instead, the subnormal reciprocal rounded to its
+    multiple of 2**-149 with the exact remainder deciding a tie.
+    """
+    bits = lax.bitcast_convert_type(scale, jnp.int32)
+    expo = bits >> 23
+    mant = bits & 0x7FFFFF
+    # A subnormal scale k * 2**-149 (k = mant): 1 / scale = (1 / (k * 2**-85)) * 2**64,
+    # the product exact unless it overflows (to inf where float64 -> float32 does too).
+    small = (jnp.float32(1.0) / (mant.astype(jnp.float32) * jnp.float32(2.0**-85))
+             ) * jnp.float32(2.0**64)
+    # A scale m * 2**e with m in [1, 2), e in {126, 127}: 1 / scale = (1 / m) * 2**-e is
+    # a subnormal k * 2**-149 with k = round((1 / m) * 2**(149 - e)), at most 2**23.
+    m = lax.bitcast_convert_type((127 << 23) | mant, jnp.float32)
+    r = jnp.float32(1.0) / m
+    t = r * lax.bitcast_convert_type((149 - (expo - 127) + 127) << 23, jnp.float32)
+    floor = jnp.floor(t)
+    frac = t - floor
+    # r is 1 / m rounded to 24 bits; rounding r again is right except when r lands on
+    # a tie: then the sign of the exact 1 - m * r (Dekker's product) says which way.
+    mh, ml = _split_bits(m, 11)
+    rh, rl = _split_bits(r, 11)
+    p = m * r
+    rest = (jnp.float32(1.0) - p) - ((((mh * rh - p) + mh * rl) + ml * rh) + ml * rl)
+    odd = jnp.floor(floor * 0.5) * 2 != floor
+    up = (frac > 0.5) | ((frac == 0.5) & ((rest > 0) | ((rest == 0) & odd)))
+    large = floor.astype(jnp.int32) + up.astype(jnp.int32)
+    normal = lax.bitcast_convert_type(jnp.float32(1.0) / scale, jnp.int32)
+    return jnp.where(expo == 0, lax.bitcast_convert_type(small, jnp.int32),
+                     jnp.where(expo < 253, normal, large))
+
+
+def _multiply(tree: Any, hi: jax.Array, lo: jax.Array) -> Any:
+    """Every leaf times ``hi * lo`` (see :func:`_split`), in the leaf's dtype."""
+    return jax.tree.map(lambda x: ((x * hi) * lo).astype(jnp.result_type(x)), tree)
 
 
 def _mul_bits(x: jax.Array, c: float) -> jax.Array:
@@ -186,22 +265,66 @@ class JaxGradScaler(FunctionalGradScaler):
 
     def scale(self, tree: Any) -> Any:
         """Multiplies every leaf (a loss, or a tree of outputs) by the scale; each leaf
-        keeps its dtype."""
+        keeps its dtype.
+
+        The product is NumPy's ``f32(x * scale)`` at every scale, subnormal scales
+        included, wherever that is a normal number, zero, inf or NaN; a product
+        below 2**-126 is flushed to zero, as XLA does for every float32 op.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> JaxGradScaler(2.0**-149).scale(jnp.float32(2.0**100))
+            Array(1.7763568e-15, dtype=float32)
+        """
         if not self._config.enabled:
             return tree
-        return jax.tree.map(lambda x: (x * self.loss_scale).astype(jnp.result_type(x)), tree)
+        # asarray: in a flax nnx optimizer state the leaf is a Variable, not an array.
+        scale = jnp.asarray(self.loss_scale)
+        return _multiply(tree, *_split(lax.bitcast_convert_type(scale, jnp.int32)))
 
     def unscale(self, grads: Any, axis_name: Any = None) -> tuple[Any, jax.Array]:
         """Divides every leaf by the scale; returns ``(grads, all finite)`` in one pass.
 
-        ``all finite`` is decided on the gradients as given (scaled), like every
-        backend; with ``axis_name`` it is agreed across that mapped axis.
+        Each leaf is multiplied by ``f32(1 / scale)`` (the float64 reciprocal rounded
+        once, like torch, NumPy and MLX), giving their bits at every scale wherever
+        the result is a normal number, zero, inf or NaN; a result below 2**-126 is
+        flushed to zero, as XLA does for every float32 op. ``all finite`` is
+        decided on the gradients as given (scaled), like every backend, and is
+        false at a scale whose reciprocal overflows (``spec.unscale_overflows``);
+        with ``axis_name`` it is agreed across that mapped axis.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> grads, finite = JaxGradScaler(2.0**127).unscale(jnp.float32(1.7e8))
+            >>> grads, bool(finite)
+            (Array(9.991702e-31, dtype=float32), True)
         """
         if not self._config.enabled:
             return grads, jnp.array(True)
-        inv = 1.0 / self.loss_scale
-        finite = all_finite(grads, axis_name)
-        return jax.tree.map(lambda g: (g * inv).astype(jnp.result_type(g)), grads), finite
+        finite = all_finite(grads, axis_name) & self._unscalable()
+        return _multiply(grads, *_split(_reciprocal_bits(jnp.asarray(self.loss_scale)))), finite
+
+    def _unscalable(self) -> jax.Array:
+        # spec.unscale_overflows: below MIN_UNSCALABLE (a subnormal) 1/scale is inf, and
+        # every check finds inf. Compared on bit patterns: XLA flushes subnormal operands.
+        bits = lax.bitcast_convert_type(jnp.asarray(self.loss_scale), jnp.int32)
+        return bits >= f32_bits(MIN_UNSCALABLE)
+
+    def get_scale(self) -> float | jax.Array:
+        """The scale: a Python float (reads the device), or, while traced (inside
+        ``jax.jit``, ``lax.scan``, ``shard_map``...), the float32 0-d array
+        ``loss_scale``, which can be returned or logged from the traced function.
+        1.0 when disabled, in both cases.
+
+        Example:
+            >>> import jax
+            >>> s = JaxGradScaler(8.0)
+            >>> s.get_scale(), jax.jit(lambda s: s.get_scale())(s)
+            (8.0, Array(8., dtype=float32))
+        """
+        if self._config.enabled and isinstance(jnp.asarray(self.loss_scale), jax.core.Tracer):
+            return jnp.asarray(self.loss_scale)
+        return super().get_scale()
 
     # ------------------------------------------------------------ tooling
 
@@ -259,7 +382,12 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
         (Array([0., 0.], dtype=float32), 4.0)
     """
 
-    import optax
+    try:
+        import optax
+    except ImportError as exc:
+        raise MissingBackendError(
+            f"loss_scaled needs optax, which cannot be imported ({exc}); install it with: "
+            "pip install 'unifiedamp[jax]'") from exc
 
     # optax's own adapter: passes extra args to transformations that take them.
     inner_tx = optax.with_extra_args_support(inner)
@@ -270,7 +398,8 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
     def update(updates: Any, state: LossScaledState, params: Any = None,
                **extra_args: Any) -> tuple[Any, LossScaledState]:
         scaler = state.scaler
-        finite = all_finite(updates, axis_name) if scaler.is_enabled() else jnp.array(True)
+        finite = (all_finite(updates, axis_name) & scaler._unscalable() if scaler.is_enabled()
+                  else jnp.array(True))
 
         def apply(_: Any) -> tuple[Any, Any]:
             # Unscaling inside the branch lets XLA fuse it into the inner update.
@@ -283,7 +412,17 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape[0])
             return zeros, state.inner_state
 
-        new_updates, new_inner = lax.cond(finite, apply, skip, None)
+        # Inside a shard_map (which checks varying manual axes by default), gradients
+        # that vary over an axis make apply's outputs vary, while skip's zeros and
+        # the incoming state may not; lax.cond needs equal types, so both branches
+        # are cast to the union of their varying axes (a no-op outside shard_map).
+        varying = jax.tree.map(lambda a, b: _varying_axes(a) | _varying_axes(b),
+                               out_shape, jax.eval_shape(skip, None))
+
+        def cast(branch: Callable[[Any], Any]) -> Callable[[Any], Any]:
+            return lambda _: jax.tree.map(_cast_varying, branch(_), varying)
+
+        new_updates, new_inner = lax.cond(finite, cast(apply), cast(skip), None)
         return new_updates, LossScaledState(scaler.update(finite), new_inner)
 
     def init_partition_spec(params_spec: Any) -> LossScaledState:
@@ -294,6 +433,24 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
         return LossScaledState(replicated, inner.init_partition_spec(params_spec))
 
     return LossScaledTransformation(init, update, init_partition_spec)
+
+
+def _varying_axes(x: Any) -> frozenset[Any]:
+    """The manual mesh axes ``x`` (an array or ShapeDtypeStruct) varies over inside a
+    ``shard_map``; empty elsewhere."""
+    aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+    manual = getattr(aval, "manual_axis_type", None)  # jax 0.10; earlier ones call it vma
+    return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()) or ())
+
+
+def _cast_varying(x: Any, axes: frozenset[Any]) -> Any:
+    """``x`` typed as varying over ``axes`` (a type cast, no data moves)."""
+    missing = tuple(a for a in axes if a not in _varying_axes(x))
+    if not missing:
+        return x
+    if hasattr(lax, "pcast"):
+        return lax.pcast(x, missing, to="varying")
+    return lax.pvary(x, missing)  # jax < 0.9 (pragma: no cover)
 
 
 def find_scaler(opt_state: Any) -> JaxGradScaler:

@@ -78,11 +78,13 @@ class MlxGradScaler(FunctionalGradScaler):
         return tree_map(lambda x: (x * self.loss_scale).astype(x.dtype), tree)
 
     def unscale(self, grads: Any) -> tuple[Any, mx.array]:
-        """``(grads / scale, all finite)``; finiteness is decided on the scaled gradients."""
+        """``(grads / scale, all finite)``; finiteness is decided on the scaled gradients,
+        and is false at a scale whose reciprocal overflows (``spec.unscale_overflows``)."""
         if not self._config.enabled:
             return grads, mx.array(True)
         inv = mx.array(1.0, dtype=mx.float32) / self.loss_scale
-        return tree_map(lambda g: (g * inv).astype(g.dtype), grads), all_finite(grads)
+        finite = all_finite(grads) & mx.isfinite(inv)
+        return tree_map(lambda g: (g * inv).astype(g.dtype), grads), finite
 
     def apply(self, optimizer: Any, model: Any, grads: Any, finite: mx.array) -> None:
         """``optimizer.update(model, grads)``, undone where not ``finite``: parameters and

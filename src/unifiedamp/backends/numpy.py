@@ -240,9 +240,9 @@ class NumpyGradScaler(GradScaler):
     def _inv_scale(self) -> np.float32:
         # The reciprocal in float64, rounded once: what torch does, so that
         # unscaled gradients match torch's bit for bit (inf for a scale below ~2.9e-39,
-        # as in torch).
-        with np.errstate(over="ignore"):
-            return np.float32(1.0 / self._state.scale)
+        # where every check finds inf: spec.unscale_overflows).
+        with np.errstate(over="ignore", divide="ignore"):
+            return np.float32(np.float64(1.0) / self._state.scale)
 
     def unscale(self, grads: Any) -> tuple[Any, bool]:
         """Functional unscale: returns ``(unscaled copy of grads, all finite)``.
@@ -258,7 +258,7 @@ class NumpyGradScaler(GradScaler):
         if not self._config.enabled:
             return grads, True
         inv = self._inv_scale()
-        finite = True
+        finite = not spec.unscale_overflows(self._state.scale)
 
         def unscale_one(g: Any) -> Any:
             nonlocal finite
@@ -314,7 +314,7 @@ class NumpyGradScaler(GradScaler):
             raise RuntimeError("unscale_() is being called after step().")
         grads = self._grads_of(optimizer)
         inv = self._inv_scale()
-        found_inf = False
+        found_inf = spec.unscale_overflows(self._state.scale)
         for g in grads:
             # Checked before unscaling, as torch's kernel does: the spec's
             # found_inf is about the gradients backpropagated from the scaled loss.

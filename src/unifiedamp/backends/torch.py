@@ -13,21 +13,23 @@ call ``optimizer.step()``, as torch's does, and fused optimizers get
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import GradScaler, NoInfChecksError
+from unifiedamp._scaler import GradScaler, NoInfChecksError, ScaleNotCalledError
 from unifiedamp._tree import leaves, tree_map
 from unifiedamp.spec import ScalerConfig, ScalerState
 
-__all__ = ["TorchGradScaler"]
+__all__ = ["ScaleNotCalledError", "TorchGradScaler"]
 
 _EXTRA_NAMES = ("device", "process_group", "distributed", "max_consecutive_skips",
                 "on_collapse", "backend")
@@ -42,6 +44,38 @@ def torch_expressible(config: ScalerConfig) -> bool:
     """
     return (config.growth_factor > 1.0 and config.backoff_factor < 1.0 and config.hysteresis == 1
             and config.min_scale is None and config.max_scale is None and config.dynamic)
+
+
+def _split_device(args: tuple[Any, ...], device: Any) -> tuple[tuple[Any, ...], Any]:
+    """Takes torch's first positional parameter, the device, off ``args``.
+
+    ``torch.amp.GradScaler(device, init_scale, growth_factor, backoff_factor,
+    growth_interval, enabled)``: after the device, torch's order is the spec's.
+    A number first is the spec's ``init_scale``.
+
+    Example:
+        >>> _split_device(("cpu", 1024.0), None)
+        ((1024.0,), 'cpu')
+    """
+    if not args or not isinstance(args[0], (str, torch.device)):
+        return args, device
+    first, rest = args[0], args[1:]
+    if device is not None:
+        raise TypeError(f"device given twice: {first!r} as the first positional argument and "
+                        f"device={device!r}; pass it once")
+    if isinstance(first, str):
+        try:
+            torch.device(first)
+        except RuntimeError:
+            try:
+                hint = f"init_scale={float(first)!r}"
+            except ValueError:
+                hint = "init_scale=65536.0"
+            raise ValueError(
+                f"{first!r} is not a torch device: the first positional argument is the device "
+                "(as in torch.amp.GradScaler(device, init_scale, ...)) or the scale as a number. "
+                f"Pass a device such as 'cpu' or 'cuda:0', or a number ({hint})") from None
+    return rest, first
 
 
 def _spec_update_(scale: torch.Tensor, growth: torch.Tensor, hyst: torch.Tensor,
@@ -88,10 +122,13 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
     Unlike ``torch.amp.GradScaler()``, it is never silently disabled on a CPU.
 
     Args:
-        *args: ``init_scale, growth_factor, backoff_factor, growth_interval, enabled``.
-        device: Where the scale lives (``"cpu"``, ``"cuda"``, ``"cuda:1"``...). By
-            default, the device of the first tensor scaled or of the first
-            optimizer's parameters.
+        *args: ``init_scale, growth_factor, backoff_factor, growth_interval, enabled``,
+            or torch's order with the device first: ``TorchGradScaler("cuda", 1024.0)``
+            is ``TorchGradScaler(1024.0, device="cuda")``.
+        device: Where the scale lives (a string such as ``"cpu"``, ``"cuda"``,
+            ``"cuda:1"``, or a ``torch.device``). By default, the device of the first
+            tensor scaled. A CUDA device on a machine without CUDA raises
+            ``RuntimeError`` (torch warns and disables its scaler there).
         process_group: With ``torch.distributed`` initialised, the group whose
             ranks must agree on found_inf (default: the world).
         distributed: ``None`` (default) all-reduces found_inf whenever
@@ -130,9 +167,19 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         on_collapse: str = "warn",
         **kwargs: Any,
     ):
+        args, device = _split_device(args, device)
         config = spec.config_from_args(args, kwargs, extra_names=_EXTRA_NAMES)
         monitor = CollapseMonitor(max_consecutive_skips, on_collapse)
         explicit = torch.device(device) if device is not None else None
+        if explicit is not None and explicit.type == "cuda" and config.enabled \
+                and not torch.cuda.is_available():
+            # torch.amp.GradScaler (2.13) warns and disables itself here, and the run
+            # goes on in float16 with no loss scaling: gradients underflow unnoticed
+            # in a log full of warnings. A loud error at construction costs nothing.
+            raise RuntimeError(
+                f"device={str(explicit)!r} but CUDA is not available: pass device='cpu' or "
+                "enabled=False (or leave device out: the scale then lives on the device of "
+                "the first tensor scaled)")
         # torch's own checks refuse factors of 1 and its default device "cuda"
         # disables itself on a CPU-only machine: give it values it accepts and
         # keep the real config here.
@@ -163,9 +210,20 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._skipped_on_host = 0
         self._last_skipped: bool | torch.Tensor = False
         self._bf16_warned = False
+        # torch lets step()/unscale_() run only once scale() has created the scale;
+        # here device= creates it at once, so a flag tells whether scale() ran.
+        self._scale_called = False
         self.num_steps = 0
         if explicit is not None and config.enabled:
-            self._lazy_init_scale_growth_tracker(explicit)
+            try:
+                self._lazy_init_scale_growth_tracker(explicit)
+            except (RuntimeError, AssertionError) as exc:
+                # e.g. "cuda:3" on a 2-GPU machine, or an "mps" torch was not built with.
+                # torch's first sentence names the cause; the rest can be a dispatcher dump.
+                cause = str(exc).strip().split(". ")[0].splitlines()[0] if str(exc).strip() \
+                    else type(exc).__name__
+                raise RuntimeError(f"device={str(explicit)!r} cannot hold the scale ({cause}): "
+                                   "pass device='cpu' or enabled=False") from exc
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.state}, {self._config})"
@@ -246,11 +304,41 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         return int(self._hysteresis_tracker.item())
 
     def state_dict(self) -> dict[str, Any]:
-        """The canonical dict (a disabled scaler returns it too, with ``enabled`` False).
+        """The canonical dict, plus torch's own keys when torch can run the config.
 
-        ``native_state_dict()`` gives torch's own format.
+        A disabled scaler returns it too, with ``enabled`` False. When
+        ``torch_expressible(config)``, the dict also carries ``growth_factor``,
+        ``backoff_factor``, ``growth_interval`` and ``_growth_tracker`` (``scale``
+        is shared), so ``torch.amp.GradScaler.load_state_dict`` reads it: a
+        checkpoint resumes with torch's own scaler (Lightning's default). Every
+        unifiedamp backend reads it as the canonical dict (it has ``format``).
+        ``native_state_dict()`` gives torch's format alone.
+
+        Example:
+            >>> import torch
+            >>> d = TorchGradScaler(1024.0).state_dict()
+            >>> d["format"], d["scale"], d["_growth_tracker"]
+            ('unifiedamp.GradScaler', 1024.0, 0)
+            >>> native = torch.amp.GradScaler("cpu")
+            >>> native.load_state_dict(d)
+            >>> native.get_scale()
+            1024.0
         """
-        return spec.to_state_dict(self._config, self.state, self.backend)
+        state = self.state
+        canonical = spec.to_state_dict(self._config, state, self.backend)
+        if not torch_expressible(self._config):
+            # torch would load the keys and run another rule (no hysteresis, no
+            # clamp): its KeyError is the better outcome.
+            return canonical
+        return {**canonical, **self._torch_keys(state)}
+
+    def _torch_keys(self, state: ScalerState) -> dict[str, Any]:
+        # The factors rounded to float32: torch's kernel multiplies by the factor
+        # it holds, and with the float32 one it computes the spec's bits.
+        return {"scale": state.scale, "growth_factor": spec.f32(self._config.growth_factor),
+                "backoff_factor": spec.f32(self._config.backoff_factor),
+                "growth_interval": self._config.growth_interval,
+                "_growth_tracker": state.growth_tracker}
 
     def native_state_dict(self) -> dict[str, Any]:
         """``torch.amp.GradScaler``'s own state dict, for tools that expect one.
@@ -263,11 +351,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                 f"torch.amp.GradScaler's state dict cannot carry this config ({self._config}: "
                 "torch has no hysteresis, min/max scale or static mode, and refuses factors "
                 "of 1); use state_dict(), which every unifiedamp backend loads")
-        state = self.state
-        return {"scale": state.scale, "growth_factor": self._config.growth_factor,
-                "backoff_factor": self._config.backoff_factor,
-                "growth_interval": self._config.growth_interval,
-                "_growth_tracker": state.growth_tracker}
+        return self._torch_keys(self.state)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a canonical dict of any backend, or a native torch or paddle dict.
@@ -294,6 +378,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         d["_init_hysteresis_tracker"] = self._get_hysteresis_tracker()
         d["_skipped_on_host"] = self.num_skipped_steps
         d["_last_skipped"] = self.last_step_skipped
+        # torch's copy re-creates its scale lazily, so its step() needs a scale() first.
+        d["_scale_called"] = False
         for name in ("_hysteresis_tracker", "_consecutive_skips", "_skipped_on_device",
                      "_process_group"):
             d[name] = None
@@ -322,6 +408,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         """Multiplies a tensor, or a list/tuple/dict of them, by the scale (dtype kept)."""
         if not self._enabled:
             return outputs
+        if not self._scale_called:
+            self._scale_called = True
         if not self._bf16_warned:
             self._warn_if_bf16(outputs)
         # torch's scale() takes a tensor or an iterable of them; dicts (named
@@ -361,6 +449,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         agreed across ranks when ``torch.distributed`` is initialised. No host sync."""
         if not self._enabled:
             return
+        self._require_scale_called("unscale_")
         self._ensure_scale(optimizer)
         try:
             super().unscale_(optimizer)
@@ -373,12 +462,37 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                 "unscaled float16 gradients flush small values to zero, which is what loss "
                 "scaling exists to prevent. (Fused optimizers take float16 gradients.)"
             ) from None
+        self._found_inf_if_reciprocal_overflows(
+            self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
         self._agree_across_ranks(optimizer)
+
+    def _require_scale_called(self, verb: str) -> None:
+        # torch 2.13 raises this (an AssertionError) when its lazily created scale
+        # does not exist yet; without it the gradients of an unscaled loss would be
+        # divided by the scale and the step taken. Like torch, only before the
+        # first scale(): later iterations are not checked (no per-step cost).
+        if not self._scale_called:
+            raise ScaleNotCalledError(
+                f"Attempted {verb} but _scale is None.  This may indicate your script did not "
+                "use scaler.scale(loss or outputs) earlier in the iteration. Fix: call "
+                f"scaler.scale(loss).backward() before scaler.{verb}(optimizer); without it "
+                "the unscaled gradients would be divided by the scale.")
+
+    def _found_inf_if_reciprocal_overflows(self, founds: Any) -> None:
+        # spec.unscale_overflows: below about 2.94e-39 (and at 0) 1/scale is inf in
+        # float32, so every unscaled gradient is inf or NaN, yet torch's kernel checks
+        # the gradients before it multiplies (2.13) and finds them finite. Raise the
+        # flag on the device (a max, so it stays 0/1 for fused kernels): no host sync.
+        overflow = (self._scale < spec.MIN_UNSCALABLE).float()
+        for found in founds:
+            found.clamp_(min=overflow.to(found.device, non_blocking=True))
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         # The fused path's check: no unscaling (the fused kernel does it).
         self._ensure_scale(optimizer)
         super()._check_inf_per_device(optimizer)
+        self._found_inf_if_reciprocal_overflows(
+            self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
         self._agree_across_ranks(optimizer)
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
 
@@ -417,6 +531,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
+        self._require_scale_called("step")
         self._ensure_scale(optimizer)
         retval = super().step(optimizer, *args, **kwargs)
         self.num_steps += 1
@@ -434,6 +549,12 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         ``grads`` is a tensor or a list/tuple/dict of them; ``all finite`` is a 0-dim
         bool tensor. The check counts towards the next ``update()``.
         """
+        for leaf in leaves(grads):
+            if not isinstance(leaf, torch.Tensor):
+                raise TypeError(
+                    f"grads must be a Tensor or a list/tuple/dict of Tensors, got a "
+                    f"{type(leaf).__name__} leaf ({leaf!r}); convert it with torch.as_tensor "
+                    "(gradients of a scaled loss are tensors already)")
         out = tree_map(lambda grad: grad.detach().clone(), grads)
         copies = leaves(out)
         if not self._enabled:
@@ -450,14 +571,23 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             found_here = torch.zeros((), dtype=torch.float32, device=device)
             torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_here, inv.to(device))
             found += found_here.to(found.device)
+        self._found_inf_if_reciprocal_overflows([found])
         self._functional_found_inf.append(found)
         return out, found == 0
 
-    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+    def update(self, new_scale: float | torch.Tensor | np.ndarray | None = None) -> None:
         """Adapts the scale from every check since the last update, per the spec; no host sync.
 
-        ``new_scale`` (a float, finite and > 0, or a 1-element float tensor) sets
-        the scale instead, leaving the trackers, as torch does.
+        ``new_scale`` sets the scale instead, leaving the trackers, as torch does:
+        a Python or NumPy number, or a 1-element NumPy array (checked: finite and
+        > 0 in float32), or a 1-element floating-point tensor (not checked: that
+        would wait for the device).
+
+        Example:
+            >>> import numpy as np
+            >>> scaler = TorchGradScaler(1024.0, device="cpu")
+            >>> scaler.update(np.float32(8.0)); scaler.get_scale()
+            8.0
         """
         if not self._enabled:
             return
@@ -478,18 +608,25 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         self._functional_found_inf = []
 
-    def _set_scale(self, new_scale: float | torch.Tensor) -> None:
+    def _set_scale(self, new_scale: Any) -> None:
+        # One message shape with the numpy backend's, whatever the type.
+        refused = f"new_scale must be a float or a 1-element array/tensor, got {new_scale!r}"
         if isinstance(new_scale, torch.Tensor):
             if new_scale.numel() != 1 or new_scale.requires_grad or \
                     not new_scale.dtype.is_floating_point:
-                raise TypeError(
-                    "new_scale must be a float or a 1-element floating-point tensor with "
-                    f"requires_grad=False, got {new_scale!r}")
+                raise TypeError(f"{refused} (a tensor must be floating-point, with "
+                                "requires_grad=False)")
             # The value is not checked: that would wait for the device.
             self._scale.copy_(new_scale.reshape(()))
             return
-        if isinstance(new_scale, bool) or not isinstance(new_scale, (int, float)):
-            raise TypeError(f"new_scale must be a float or a 1-element tensor, got {new_scale!r}")
+        # NumPy values are on the host already, as the numpy backend takes them;
+        # lists and strings are not arrays here.
+        if isinstance(new_scale, (np.ndarray, np.generic)):
+            if new_scale.size != 1:
+                raise TypeError(f"{refused} (it has {new_scale.size} elements)")
+            new_scale = new_scale.item()
+        if isinstance(new_scale, bool) or not isinstance(new_scale, (numbers.Integral, float)):
+            raise TypeError(refused)
         value = spec.f32(float(new_scale))
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"new_scale must be finite and > 0 in float32, got {new_scale!r}")

@@ -70,7 +70,7 @@ def run_steps(adapter: Any, config: ScalerConfig, steps: str, name: str = "steps
     handle = adapter.new(config) if handle is None else handle
     state = start or ScalerState.initial(config)
     for i, kind in enumerate(steps):
-        state = spec.update(config, state, kind != "F")
+        state = spec.update(config, state, kind != "F" or spec.unscale_overflows(state.scale))
         handle = adapter.iterate(handle, kind)
         got = normalise(adapter.read(handle))
         if not same(state, got):

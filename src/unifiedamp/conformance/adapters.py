@@ -89,7 +89,7 @@ class Adapter:
 
 class FunctionalAdapter(Adapter):
     """Shared by adapters of immutable scalers (JAX, MLX): handles are ``(scaler, rest)``
-    and the scaler's ``with_config``/``load_state_dict`` return new scalers."""
+    and the scaler's ``with_config``/``restore`` return new scalers."""
 
     def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
         return handle[0].with_config(**changes), handle[1]
@@ -101,7 +101,7 @@ class FunctionalAdapter(Adapter):
         return handle[0].state_dict()
 
     def load(self, handle: Any, state_dict: dict[str, Any]) -> Any:
-        return handle[0].load_state_dict(state_dict), handle[1]
+        return handle[0].restore(state_dict), handle[1]
 
 
 class ImperativeAdapter(Adapter):

@@ -205,6 +205,30 @@ class ScalerContract:
         for prefix in ("FF", "FFFFFI"):  # mid-growth, then mid-hysteresis
             _check_resume(adapter, adapter, config, prefix, "FFIIFFFFIF")
 
+    def test_every_reachable_state_reloads(self, adapter: Any, max_examples: int) -> None:
+        """A scaler reloads whatever it wrote: after random configs and steps, and after
+        backoffs that take the scale to 0, save -> JSON -> load gives the same state."""
+        require(adapter, "state_dict")
+
+        def reload(config: ScalerConfig, steps: str) -> None:
+            handle = adapter.new(config)
+            for kind in steps:
+                handle = adapter.iterate(handle, kind)
+            saved = normalise(adapter.read(handle))
+            d = json.loads(json.dumps(adapter.save(handle)))
+            got = normalise(adapter.read(adapter.load(adapter.new(ScalerConfig()), d)))
+            assert same(saved, got), (f"saved {saved} after {steps!r}, reloaded {got}; "
+                                      f"config {config.to_dict()}")
+
+        reload(ScalerConfig(2.0**-148), "III")  # the scale reaches 0
+
+        @self._settings(max_examples)
+        @given(strategies.configs(), strategies.step_sequences())
+        def check(config: ScalerConfig, steps: str) -> None:
+            reload(config, steps)
+
+        check()
+
     def test_state_dict_moves_between_backends(self, adapter: Any) -> None:
         require(adapter, "state_dict")
         from unifiedamp.backends.numpy import NumpyGradScaler

@@ -46,7 +46,7 @@ from unifiedamp.spec._config import ALIASES, CANONICAL, INT32_MAX, ScalerConfig,
 from unifiedamp.spec._document import SCHEMA_VERSION, SPEC_VERSION, spec_document, spec_markdown
 from unifiedamp.spec._float32 import FLOAT32_MIN_NORMAL, f32, f32_bits, f32_from_bits, f32_hex
 from unifiedamp.spec._frameworks import FRAMEWORKS
-from unifiedamp.spec._rule import ScalerState, update
+from unifiedamp.spec._rule import MIN_UNSCALABLE, ScalerState, unscale_overflows, update
 from unifiedamp.spec._state_dict import (
     STATE_FORMAT,
     STATE_VERSION,
@@ -61,6 +61,7 @@ __all__ = [
     "FLOAT32_MIN_NORMAL",
     "FRAMEWORKS",
     "INT32_MAX",
+    "MIN_UNSCALABLE",
     "SCHEMA_VERSION",
     "SPEC_VERSION",
     "STATE_FORMAT",
@@ -79,5 +80,6 @@ __all__ = [
     "spec_document",
     "spec_markdown",
     "to_state_dict",
+    "unscale_overflows",
     "update",
 ]

@@ -6,9 +6,9 @@ import math
 from typing import NamedTuple
 
 from unifiedamp.spec._config import ScalerConfig
-from unifiedamp.spec._float32 import f32
+from unifiedamp.spec._float32 import f32, f32_from_bits
 
-__all__ = ["ScalerState", "update"]
+__all__ = ["MIN_UNSCALABLE", "ScalerState", "unscale_overflows", "update"]
 
 
 class ScalerState(NamedTuple):
@@ -65,3 +65,24 @@ def update(config: ScalerConfig, state: ScalerState, found_inf: bool) -> ScalerS
             scale = candidate
         growth = 0
     return ScalerState(scale, growth, hyst)
+
+
+#: The smallest float32 scale whose reciprocal is finite in float32 (bits 0x00200001,
+#: about 2.94e-39, a subnormal). Devices that flush subnormals compare bit patterns.
+MIN_UNSCALABLE = f32_from_bits(0x00200001)
+
+
+def unscale_overflows(scale: float) -> bool:
+    """Whether ``f32(1 / scale)`` is inf: a scale of 0 or below :data:`MIN_UNSCALABLE`.
+
+    Unscaling multiplies by that reciprocal, so every gradient would come out inf
+    or NaN: an unscale check at such a scale finds inf whatever the gradients
+    hold, and the step is skipped instead of writing inf into the parameters.
+    The rule's backoffs can take the scale there (to 0 after about 166 of them
+    from the default scale, without ``min_scale``).
+
+    Example:
+        >>> unscale_overflows(2.0**-127), unscale_overflows(2.0**-128), unscale_overflows(0.0)
+        (False, True, True)
+    """
+    return scale < MIN_UNSCALABLE

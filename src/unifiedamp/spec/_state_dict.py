@@ -77,9 +77,11 @@ def _scale_value(value: Any) -> float:
     if not is_real(value):
         raise _state_error(f"scale must be a number, got {value!r}")
     scale = float(value)
-    if not (math.isfinite(scale) and scale > 0 and math.isfinite(f32(scale)) and f32(scale) > 0):
-        raise _state_error(f"scale must be finite and > 0 in float32, got {value!r}")
-    return f32(scale)
+    # 0 is a state the rule reaches (backoffs without min_scale end there), and a
+    # scaler reloads every state it can write.
+    if not (math.isfinite(scale) and scale >= 0 and math.isfinite(f32(scale))):
+        raise _state_error(f"scale must be finite and >= 0 in float32, got {value!r}")
+    return f32(scale) + 0.0  # + 0.0: -0.0 is 0
 
 
 def _parse_native(d: Mapping[str, Any], base: ScalerConfig) -> tuple[ScalerConfig, ScalerState]:

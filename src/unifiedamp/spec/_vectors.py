@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from unifiedamp.spec._config import ScalerConfig
-from unifiedamp.spec._rule import ScalerState, update
+from unifiedamp.spec._rule import ScalerState, unscale_overflows, update
 
 __all__ = ["VECTORS", "Vector", "run_reference"]
 
@@ -45,7 +45,7 @@ def run_reference(vector: Vector) -> list[ScalerState]:
     for i, kind in enumerate(vector.steps):
         if i in vector.changes:
             config = config.replace(**vector.changes[i])
-        state = update(config, state, kind != "F")
+        state = update(config, state, kind != "F" or unscale_overflows(state.scale))
         trace.append(state)
     return trace
 
@@ -83,6 +83,13 @@ VECTORS: tuple[Vector, ...] = (
                                   "growth_interval": 2}, "IFIFF", (8, 8, 8, 8, 16)),
     Vector("static_mode", {"init_scale": 1024.0, "growth_interval": 1, "dynamic": False},
            "FIFNF", (1024, 1024, 1024, 1024, 1024)),
+    # Below about 2.94e-39, 1/scale overflows float32: every check finds inf, so a
+    # finite step backs off like an inf one (spec.unscale_overflows).
+    Vector("reciprocal_overflow_skips_finite_steps",
+           {"init_scale": 2.0**-130, "growth_interval": 1}, "FFF",
+           (2.0**-131, 2.0**-132, 2.0**-133)),
+    Vector("backoff_reaches_zero_and_stays", {"init_scale": 2.0**-148, "growth_interval": 1},
+           "IIFF", (2.0**-149, 0.0, 0.0, 0.0)),
     Vector("lowered_interval_grows_next_finite",
            {"init_scale": 1024.0, "growth_interval": 5},
            "FFFFF", (1024, 1024, 1024, 2048, 2048), changes={3: {"growth_interval": 2}}),
