@@ -190,3 +190,16 @@ def test_min_unscalable_is_where_the_float32_reciprocal_stops_overflowing():
         assert np.isinf(np.float32(1.0 / below)) and np.isinf(np.float32(1.0) / np.float32(0.0))
     assert [spec.unscale_overflows(s) for s in (0.0, below, spec.MIN_UNSCALABLE, 1.0)] == [
         True, True, False, False]
+
+
+def test_static_mode_resets_trackers_carried_in():
+    # A state loaded (or configured) with trackers, then run with dynamic=False.
+    config = ScalerConfig(1024.0, growth_interval=3, hysteresis=2, dynamic=False)
+    for found_inf in (False, True):
+        assert update(config, ScalerState(1024.0, 2, 1), found_inf) == ScalerState(1024.0, 0, 0)
+
+
+def test_bounds_are_compared_as_float32_values():
+    assert trace(ScalerConfig(0.125, min_scale=0.1), "I")[0].scale == 0.10000000149011612
+    assert trace(ScalerConfig(8.0, growth_interval=1, max_scale=10.1), "F")[0].scale == (
+        10.100000381469727)

@@ -359,12 +359,17 @@ class NumpyGradScaler(GradScaler):
         if not self._config.enabled:
             return
         if new_scale is not None:
-            value = np.asarray(new_scale)
-            if value.size != 1 or not isinstance(value.item(), numbers.Real):
-                raise TypeError(
-                    f"new_scale must be a float or a 1-element array, got {new_scale!r}"
-                )
-            value = spec.f32(float(value.item()))
+            # The torch backend's types and message: numbers and 1-element arrays, no
+            # bools or lists.
+            refused = f"new_scale must be a float or a 1-element array/tensor, got {new_scale!r}"
+            value = new_scale
+            if isinstance(value, (np.ndarray, np.generic)):
+                if value.size != 1:
+                    raise TypeError(f"{refused} (it has {value.size} elements)")
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(refused)
+            value = spec.f32(float(value))
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(
                     f"new_scale must be finite and > 0 in float32, got {new_scale!r}"

@@ -183,6 +183,15 @@ class ScalerContract:
 
         check()
 
+    def test_large_finite_gradients_are_finite(self, adapter: Any) -> None:
+        """The check is on the gradients as given (scaled), as torch's kernel does: finite
+        values near float32's maximum are finite, even where unscaling takes them past
+        it, and even where their sum would overflow."""
+        require(adapter, "functional_unscale")
+        tree = {"g": np.full(4, 3e38, np.float32), "h": [np.full(2, -3e38, np.float32)]}
+        _, finite = adapter.unscale_tree(adapter.new(ScalerConfig(2.0**-10)), tree)
+        assert finite is True, "finite gradients of 3e38 were reported non-finite"
+
     def test_no_inf_found_in_empty_or_finite_trees(self, adapter: Any,
                                                    max_examples: int) -> None:
         require(adapter, "functional_unscale")

@@ -83,6 +83,30 @@ VECTORS: tuple[Vector, ...] = (
                                   "growth_interval": 2}, "IFIFF", (8, 8, 8, 8, 16)),
     Vector("static_mode", {"init_scale": 1024.0, "growth_interval": 1, "dynamic": False},
            "FIFNF", (1024, 1024, 1024, 1024, 1024)),
+    # Bounds are float32 values too: f32(0.1) = 0.10000000149..., f32(0.15) = 0.15000000596...
+    Vector("bounds_rounded_to_float32",
+           {"init_scale": 0.125, "growth_interval": 1, "min_scale": 0.1, "max_scale": 0.15},
+           "IFF", (0.10000000149011612, 0.15000000596046448, 0.15000000596046448)),
+    # The same with hysteresis 2: torch runs these configs as tensor ops, not its kernel.
+    Vector("growth_overflow_keeps_scale_with_hysteresis",
+           {"init_scale": 2.0**127, "growth_interval": 1, "hysteresis": 2},
+           "FFIIF", (2.0**127, 2.0**127, 2.0**127, 2.0**126, 2.0**127)),
+    Vector("non_power_of_two_factors_with_hysteresis",
+           {"init_scale": 1.0, "growth_factor": 1.1, "backoff_factor": 0.7,
+            "growth_interval": 1, "hysteresis": 2},
+           "FFFII", (_G, 1.2100000381469727, 1.3310000896453857, 1.3310000896453857,
+                     0.9317000508308411)),
+    # 24-bit mantissas everywhere: the product needs every bit (JAX's exact multiply).
+    # (2 - 2**-23)**2 = 4 - 2**-21 + 2**-46 rounds down to 4 - 2**-21, and so on.
+    Vector("full_mantissa_operands",
+           {"init_scale": 2 - 2.0**-23, "growth_factor": 2 - 2.0**-23,
+            "backoff_factor": 1 - 2.0**-24, "growth_interval": 1},
+           "FIFI", (4 - 2.0**-21, 4 - 3 * 2.0**-22, 8 - 2.0**-19, 8 - 5 * 2.0**-21)),
+    # Subnormal products round to the nearest multiple of 2**-149: 1536 * f32(0.7) =
+    # 1075.19998 -> 1075, then 1075 * f32(0.7) = 752.49998 -> 752 (just below a tie).
+    Vector("subnormal_products_round_to_nearest",
+           {"init_scale": 3 * 2.0**-140, "backoff_factor": 0.7}, "II",
+           (1075 * 2.0**-149, 752 * 2.0**-149)),
     # Below about 2.94e-39, 1/scale overflows float32: every check finds inf, so a
     # finite step backs off like an inf one (spec.unscale_overflows).
     Vector("reciprocal_overflow_skips_finite_steps",
