@@ -22,6 +22,7 @@ from unifiedamp.backends.jax import (  # noqa: E402
     all_finite,
     find_scaler,
     loss_scaled,
+    replace_scaler,
     step_if_finite,
     where_finite,
 )
@@ -57,12 +58,13 @@ def test_imperative_verbs_say_which_functional_verbs_to_use():
 def test_arrays_are_leaves_and_every_option_is_static_aux_data():
     scaler = JaxGradScaler(**EXTRAS).update(jnp.array(False))
     leaves, treedef = jax.tree.flatten(scaler)
-    assert [leaf.dtype for leaf in leaves] == [jnp.float32, jnp.int32, jnp.int32]
+    assert [leaf.dtype for leaf in leaves] == [jnp.float32] + [jnp.int32] * 4
     back = jax.tree.unflatten(treedef, leaves)
     assert back.config == scaler.config == spec.ScalerConfig(**EXTRAS)
     assert back.state == scaler.state == spec.ScalerState(1024.0, 0, 1)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(scaler)[0]]
-    assert paths == [".loss_scale", ".growth_tracker", ".hysteresis_tracker"]
+    assert paths == [".loss_scale", ".growth_tracker", ".hysteresis_tracker", ".skipped_steps",
+                     ".consecutive_skips"]
 
 
 def test_config_survives_jit_and_scan_where_jmp_loses_min_loss_scale():
@@ -96,7 +98,7 @@ def test_checkpointing_round_trips_through_json_pickle_and_array_checkpoints(tmp
     saved = np.load(tmp_path / "ckpt.npz")
     template = JaxGradScaler(**EXTRAS)
     restored = jax.tree.unflatten(jax.tree.structure(template),
-                                  [jnp.asarray(saved[f"arr_{i}"]) for i in range(3)])
+                                  [jnp.asarray(saved[f"arr_{i}"]) for i in range(5)])
     assert restored.state == scaler.state and restored.config == scaler.config
 
 
@@ -366,7 +368,7 @@ def scalers_with_scales(scales):
     """One JaxGradScaler whose loss_scale leaf holds a batch of scales (for vmap)."""
     treedef = jax.tree.structure(JaxGradScaler())
     zeros = jnp.zeros(len(scales), jnp.int32)
-    return jax.tree.unflatten(treedef, [jnp.asarray(scales, jnp.float32), zeros, zeros])
+    return jax.tree.unflatten(treedef, [jnp.asarray(scales, jnp.float32)] + [zeros] * 4)
 
 
 def same_bits(got, expected):
@@ -479,7 +481,7 @@ def test_update_refuses_bad_flags_under_jit_and_accepts_the_good_ones():
         assert scaler.update(flag).get_scale() == 16.0
     assert jax.jit(lambda s, f: s.update(f))(scaler, jnp.array(False)).get_scale() == 4.0
     leaves = jax.tree.leaves(jax.jit(lambda s: s.update(jnp.array(True)))(scaler))
-    assert [leaf.shape for leaf in leaves] == [()] * 3
+    assert [leaf.shape for leaf in leaves] == [()] * 5
 
 
 # ------------------------------------------------------------ loss_scaled without optax
@@ -497,3 +499,44 @@ def test_loss_scaled_without_optax_says_what_to_install(run_python):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "MissingBackendError: loss_scaled needs optax" in proc.stdout
     assert "pip install 'unifiedamp[jax]'" in proc.stdout
+
+
+# ------------------------------------------------------------ skip counters, replacing the scaler
+
+
+def test_skip_counters_are_leaves_that_count_under_jit_and_in_loss_scaled():
+    @jax.jit
+    def run(scaler, flags):
+        def body(s, finite):
+            s = s.update(finite)
+            return s, (s.num_skipped_steps, s.last_step_skipped)
+        return jax.lax.scan(body, scaler, flags)
+
+    flags = jnp.array([True, False, False, True, False])
+    scaler, (counts, last) = run(JaxGradScaler(8.0, growth_interval=100), flags)
+    assert counts.tolist() == [0, 1, 2, 2, 3] and last.tolist() == [False, True, True, False, True]
+    assert (scaler.num_skipped_steps, scaler.last_step_skipped) == (3, True)
+    assert int(scaler.consecutive_skips) == 1
+    # kept by with_config and restore (they are this run's, not the checkpoint's)
+    assert scaler.with_config(growth_interval=5).num_skipped_steps == 3
+    assert scaler.restore(JaxGradScaler(2.0).state_dict()).num_skipped_steps == 3
+    tx = loss_scaled(optax.sgd(0.1), JaxGradScaler(8.0))
+    params = {"w": jnp.ones(2)}
+    state = tx.init(params)
+    for g in ([1.0, 1.0], [jnp.inf, 1.0], [1.0, 1.0]):
+        _, state = tx.update({"w": jnp.array(g)}, state, params)
+    assert (find_scaler(state).num_skipped_steps, find_scaler(state).last_step_skipped) == (
+        1, False)
+
+
+def test_replace_scaler_puts_a_restored_scaler_inside_chain_and_multisteps():
+    tx = optax.MultiSteps(optax.chain(optax.clip(1.0), loss_scaled(optax.sgd(0.1),
+                                                                      JaxGradScaler())), 2)
+    state = tx.init({"w": jnp.ones(2)})
+    restored = JaxGradScaler().restore({**JaxGradScaler(64.0).state_dict(), "growth_tracker": 3})
+    new = replace_scaler(state, restored)
+    assert find_scaler(new).state == spec.ScalerState(64.0, 3, 0)
+    assert new.acc_grads["w"] is state.acc_grads["w"] and new.mini_step is state.mini_step
+    assert find_scaler(state).get_scale() == 65536.0  # the old state is unchanged
+    with pytest.raises(ValueError, match="build the optimizer with"):
+        replace_scaler(optax.sgd(0.1).init({"w": jnp.ones(2)}), restored)

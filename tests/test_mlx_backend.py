@@ -101,3 +101,11 @@ def test_update_refuses_anything_but_one_flag_like_the_jax_backend():
             scaler.update(bad)
     assert scaler.update(mx.array(False)).get_scale() == 4.0
     assert scaler.update(np.bool_(True)).state == scaler.state._replace(growth_tracker=1)
+
+
+def test_skip_counters_and_their_tree():
+    scaler = MlxGradScaler(8.0).update(mx.array(False)).update(mx.array(False))
+    assert (scaler.num_skipped_steps, scaler.last_step_skipped) == (2, True)
+    assert sorted(scaler.tree()) == ["consecutive_skips", "growth_tracker",
+                                     "hysteresis_tracker", "loss_scale", "skipped_steps"]
+    assert scaler.with_tree(scaler.tree()).update(mx.array(True)).last_step_skipped is False

@@ -17,8 +17,9 @@ from unifiedamp import spec
 from unifiedamp._scaler import GradScaler
 from unifiedamp.spec import ScalerConfig, ScalerState
 
-#: The arrays of a scaler, in pytree order.
-LEAVES = ("loss_scale", "growth_tracker", "hysteresis_tracker")
+#: The arrays of a scaler, in pytree order: the state, then the skip counters.
+LEAVES = ("loss_scale", "growth_tracker", "hysteresis_tracker", "skipped_steps",
+          "consecutive_skips")
 
 
 def _check_flag(finite: Any) -> None:
@@ -47,6 +48,9 @@ class FunctionalGradScaler(GradScaler):
         loss_scale: The scale, a float32 0-d array.
         growth_tracker: Consecutive finite updates, an int32 0-d array.
         hysteresis_tracker: Consecutive non-finite updates, an int32 0-d array.
+        skipped_steps: Updates whose gradients were not all finite (the skipped
+            steps), an int32 0-d array; not part of a state dict, as in torch.
+        consecutive_skips: Such updates in a row up to the last one, an int32 0-d array.
     """
 
     #: The array namespace: ``jax.numpy`` or ``mlx.core``.
@@ -54,7 +58,8 @@ class FunctionalGradScaler(GradScaler):
 
     def __init__(self, *args: Any, **kwargs: Any):
         config = spec.config_from_args(args, kwargs, extra_names=("backend",))
-        self._set_arrays(config, *self._arrays(ScalerState.initial(config)))
+        zero = self._array(0, self.xp.int32)
+        self._set_arrays(config, *self._arrays(ScalerState.initial(config)), zero, zero)
 
     @classmethod
     def _array(cls, value: Any, dtype: Any) -> Any:
@@ -67,17 +72,29 @@ class FunctionalGradScaler(GradScaler):
         return (cls._array(state.scale, xp.float32), cls._array(state.growth_tracker, xp.int32),
                 cls._array(state.hysteresis_tracker, xp.int32))
 
-    def _set_arrays(self, config: ScalerConfig, scale: Any, growth: Any, hyst: Any) -> None:
+    def _set_arrays(self, config: ScalerConfig, *arrays: Any) -> None:
         object.__setattr__(self, "_config", config)
-        object.__setattr__(self, "loss_scale", scale)
-        object.__setattr__(self, "growth_tracker", growth)
-        object.__setattr__(self, "hysteresis_tracker", hyst)
+        for name, array in zip(LEAVES, arrays, strict=True):
+            object.__setattr__(self, name, array)
 
     @classmethod
-    def _make(cls, config: ScalerConfig, scale: Any, growth: Any, hyst: Any) -> Any:
+    def _make(cls, config: ScalerConfig, *arrays: Any) -> Any:
+        """A scaler from a config and one array per name of :data:`LEAVES`."""
         new = object.__new__(cls)
-        new._set_arrays(config, scale, growth, hyst)
+        new._set_arrays(config, *arrays)
         return new
+
+    def _leaves(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in LEAVES)
+
+    def _traced(self, array: Any) -> bool:
+        """Whether ``array`` is a placeholder of a traced function, with no value to read."""
+        return False
+
+    def _host(self, array: Any, cast: Any) -> Any:
+        # Outside a traced function, a Python value; inside, the array itself, which
+        # the traced function can return or log.
+        return array if self._traced(array) else cast(array.item())
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable: update() and with_config() "
@@ -94,8 +111,11 @@ class FunctionalGradScaler(GradScaler):
         Example:
             >>> import unifiedamp as ua
             >>> s = ua.GradScaler(8.0, backend="mlx")
-            >>> sorted(s.tree()), s.with_tree(s.tree()).get_scale()
-            (['growth_tracker', 'hysteresis_tracker', 'loss_scale'], 8.0)
+            >>> list(s.tree())  # doctest: +NORMALIZE_WHITESPACE
+            ['loss_scale', 'growth_tracker', 'hysteresis_tracker', 'skipped_steps',
+             'consecutive_skips']
+            >>> s.with_tree(s.tree()).get_scale()
+            8.0
         """
         return {name: getattr(self, name) for name in LEAVES}
 
@@ -118,9 +138,38 @@ class FunctionalGradScaler(GradScaler):
     def is_enabled(self) -> bool:
         return self._config.enabled
 
-    def get_scale(self) -> float:
-        """The scale as a Python float (reads the device); 1.0 when disabled."""
-        return float(self.loss_scale.item()) if self._config.enabled else 1.0
+    def get_scale(self) -> Any:
+        """The scale: a Python float (reads the device), or, while traced (inside
+        ``jax.jit``, ``lax.scan``, ``shard_map``...), the float32 0-d array
+        ``loss_scale``, which can be returned or logged from the traced function.
+        1.0 when disabled, in both cases.
+
+        Example:
+            >>> import jax, unifiedamp as ua
+            >>> s = ua.GradScaler(8.0, backend="jax")
+            >>> s.get_scale(), jax.jit(lambda s: s.get_scale())(s)
+            (8.0, Array(8., dtype=float32))
+        """
+        return self._host(self.loss_scale, float) if self._config.enabled else 1.0
+
+    @property
+    def num_skipped_steps(self) -> Any:
+        """Updates whose gradients were not all finite: the steps ``step_if_finite`` /
+        ``where_finite`` (or ``apply``) skipped. An int, or the int32 array while traced.
+
+        Example:
+            >>> import unifiedamp as ua
+            >>> s = ua.GradScaler(8.0, backend="jax").update(False).update(True).update(False)
+            >>> s.num_skipped_steps, s.last_step_skipped
+            (2, True)
+        """
+        return self._host(self.skipped_steps, int)
+
+    @property
+    def last_step_skipped(self) -> Any:
+        """Whether the last update's gradients were not all finite (a bool, or a 0-d bool
+        array while traced); ``consecutive_skips`` counts them in a row."""
+        return self._host(self.consecutive_skips > 0, bool)
 
     def with_config(self, **changes: Any) -> Any:
         """A scaler with the same state and some parameters changed (validated).
@@ -131,8 +180,7 @@ class FunctionalGradScaler(GradScaler):
             >>> s.config.growth_interval, s.get_scale()
             (5, 8.0)
         """
-        return self._make(self._config.replace(**changes), self.loss_scale, self.growth_tracker,
-                          self.hysteresis_tracker)
+        return self._make(self._config.replace(**changes), *self._leaves())
 
     def state_dict(self) -> dict[str, Any]:
         """The canonical dict (reads the device)."""
@@ -152,7 +200,9 @@ class FunctionalGradScaler(GradScaler):
             8.0
         """
         config, state = spec.parse_state_dict(state_dict, base=self._config)
-        return self._make(config.replace(enabled=self._config.enabled), *self._arrays(state))
+        # The skip counters are this run's, not the checkpoint's (as in torch).
+        return self._make(config.replace(enabled=self._config.enabled), *self._arrays(state),
+                          self.skipped_steps, self.consecutive_skips)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Refused: torch's in-place habit would silently keep the old state here.
@@ -215,10 +265,12 @@ class FunctionalGradScaler(GradScaler):
         config, xp = self._config, self.xp
         if not config.enabled:
             return self
+        inf = xp.logical_not(self._array(finite, xp.bool_))
+        skipped = (self.skipped_steps + inf.astype(xp.int32)).astype(xp.int32)
+        in_a_row = xp.where(inf, self.consecutive_skips + 1, 0).astype(xp.int32)
         if not config.dynamic:
             zero = xp.zeros_like(self.growth_tracker)
-            return self._make(config, self.loss_scale, zero, zero)
-        inf = xp.logical_not(self._array(finite, xp.bool_))
+            return self._make(config, self.loss_scale, zero, zero, skipped, in_a_row)
         hyst = xp.where(inf, self.hysteresis_tracker + 1, 0).astype(xp.int32)
         growth = xp.where(inf, 0, self.growth_tracker + 1).astype(xp.int32)
         back_off = inf & (hyst >= config.hysteresis)
@@ -234,4 +286,4 @@ class FunctionalGradScaler(GradScaler):
         new = xp.where(back_off, backed, xp.where(grow, grown, scale))
         return self._make(config, self._decode(new),
                           xp.where(grow, 0, growth).astype(xp.int32),
-                          xp.where(back_off, 0, hyst).astype(xp.int32))
+                          xp.where(back_off, 0, hyst).astype(xp.int32), skipped, in_a_row)

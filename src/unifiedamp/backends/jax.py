@@ -29,8 +29,9 @@ from unifiedamp._registry import MissingBackendError
 from unifiedamp.backends._functional import LEAVES, FunctionalGradScaler
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, f32_bits, f32_from_bits
 
-__all__ = ["JaxGradScaler", "LossScaledState", "LossScaledTransformation", "all_finite",
-           "find_scaler", "loss_scaled", "step_if_finite", "where_finite"]
+__all__ = ["JaxGradScaler", "LossScaledAccumulateState", "LossScaledState",
+           "LossScaledTransformation", "all_finite", "find_scaler", "loss_scaled",
+           "loss_scaled_accumulate", "replace_scaler", "step_if_finite", "where_finite"]
 
 _EXP_MASK = 0x7F800000
 _MIN_NORMAL_BITS = 0x00800000  # bits of 2**-126, float32's smallest normal number
@@ -310,21 +311,8 @@ class JaxGradScaler(FunctionalGradScaler):
         bits = lax.bitcast_convert_type(jnp.asarray(self.loss_scale), jnp.int32)
         return bits >= f32_bits(MIN_UNSCALABLE)
 
-    def get_scale(self) -> float | jax.Array:
-        """The scale: a Python float (reads the device), or, while traced (inside
-        ``jax.jit``, ``lax.scan``, ``shard_map``...), the float32 0-d array
-        ``loss_scale``, which can be returned or logged from the traced function.
-        1.0 when disabled, in both cases.
-
-        Example:
-            >>> import jax
-            >>> s = JaxGradScaler(8.0)
-            >>> s.get_scale(), jax.jit(lambda s: s.get_scale())(s)
-            (8.0, Array(8., dtype=float32))
-        """
-        if self._config.enabled and isinstance(jnp.asarray(self.loss_scale), jax.core.Tracer):
-            return jnp.asarray(self.loss_scale)
-        return super().get_scale()
+    def _traced(self, array: Any) -> bool:
+        return isinstance(jnp.asarray(array), jax.core.Tracer)
 
     # ------------------------------------------------------------ tooling
 
@@ -401,28 +389,16 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
         finite = (all_finite(updates, axis_name) & scaler._unscalable() if scaler.is_enabled()
                   else jnp.array(True))
 
-        def apply(_: Any) -> tuple[Any, Any]:
+        def apply() -> tuple[Any, Any]:
             # Unscaling inside the branch lets XLA fuse it into the inner update.
             grads = scaler.unscale(updates)[0]
             return inner_tx.update(grads, state.inner_state, params, **extra_args)
 
-        out_shape = jax.eval_shape(apply, None)
-
-        def skip(_: Any) -> tuple[Any, Any]:
-            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape[0])
+        def skip() -> tuple[Any, Any]:
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(apply)[0])
             return zeros, state.inner_state
 
-        # Inside a shard_map (which checks varying manual axes by default), gradients
-        # that vary over an axis make apply's outputs vary, while skip's zeros and
-        # the incoming state may not; lax.cond needs equal types, so both branches
-        # are cast to the union of their varying axes (a no-op outside shard_map).
-        varying = jax.tree.map(lambda a, b: _varying_axes(a) | _varying_axes(b),
-                               out_shape, jax.eval_shape(skip, None))
-
-        def cast(branch: Callable[[Any], Any]) -> Callable[[Any], Any]:
-            return lambda _: jax.tree.map(_cast_varying, branch(_), varying)
-
-        new_updates, new_inner = lax.cond(finite, cast(apply), cast(skip), None)
+        new_updates, new_inner = _cond_varying(finite, apply, skip)
         return new_updates, LossScaledState(scaler.update(finite), new_inner)
 
     def init_partition_spec(params_spec: Any) -> LossScaledState:
@@ -433,6 +409,144 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
         return LossScaledState(replicated, inner.init_partition_spec(params_spec))
 
     return LossScaledTransformation(init, update, init_partition_spec)
+
+
+class LossScaledAccumulateState(NamedTuple):
+    """The state of :func:`loss_scaled_accumulate`.
+
+    Attributes:
+        scaler: The scaler (read it with :func:`find_scaler` to scale each micro-batch's
+            loss); updated once per window.
+        mini_step: The micro-batches summed so far in this window, an int32 0-d array
+            (0 to ``every_k - 1``).
+        acc_grads: The running sum of this window's *scaled* gradients, the parameters'
+            structure and dtypes.
+        inner_state: The inner transformation's state.
+    """
+
+    scaler: JaxGradScaler
+    mini_step: Any
+    acc_grads: Any
+    inner_state: Any
+
+
+def loss_scaled_accumulate(inner: Any, scaler: JaxGradScaler, every_k: int, *,
+                           axis_name: Any = None) -> Any:
+    """Gradient accumulation with dynamic loss scaling, step for step as torch does it.
+
+    torch's recipe calls ``scaler.scale(loss / k).backward()`` on every micro-batch
+    (the scaled gradients add up in ``.grad``) and, once every ``k`` micro-batches,
+    ``scaler.step(optimizer)`` (unscale the sum; skip the whole window if it holds an
+    inf/NaN) and ``scaler.update()``. This transformation does the same: each
+    ``update`` adds the gradients of the scaled loss to a running sum and returns
+    zero updates; every ``every_k``-th call unscales the sum, applies ``inner`` to it
+    or, if it is not finite, returns zero updates and keeps ``inner``'s state, then
+    updates the scaler exactly once and clears the sum. The scale therefore grows
+    and backs off per optimizer step, as in torch, not per micro-batch as with
+    ``loss_scaled(optax.MultiSteps(inner, k), scaler)``, which drops a bad micro-batch
+    and steps on the others.
+
+    The sum is a sum, as in torch: divide each micro-batch's loss by ``every_k``
+    for the mean (``optax.MultiSteps`` averages instead). Checked and unscaled once
+    per window with the scaler's ``unscale``, so a scale whose reciprocal overflows
+    counts as inf, as the spec says. Pure and jit-safe: two ``lax.cond``, no host
+    transfer; the scaler is in the state, where :func:`find_scaler` finds it.
+
+    Args:
+        inner: Any optax ``GradientTransformation``; it sees the unscaled sum.
+        scaler: The initial :class:`JaxGradScaler`.
+        every_k: Micro-batches per optimizer step, an int >= 1.
+        axis_name: Inside ``shard_map``/``pmap``, the axis whose devices must agree.
+
+    Returns:
+        An ``optax.GradientTransformationExtraArgs`` whose state is a
+        :class:`LossScaledAccumulateState`.
+
+    Raises:
+        TypeError: ``every_k`` is not an int.
+        ValueError: ``every_k`` is below 1.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> tx = loss_scaled_accumulate(optax.sgd(0.1), JaxGradScaler(8.0, growth_interval=1),
+        ...                             every_k=2)
+        >>> params = {"w": jnp.ones(2)}
+        >>> state = tx.init(params)
+        >>> for scaled in ([8.0, 16.0], [8.0, 0.0], [8.0, jnp.inf], [8.0, 0.0]):
+        ...     updates, state = tx.update({"w": jnp.array(scaled)}, state, params)
+        ...     print(updates["w"], find_scaler(state).get_scale())
+        [0. 0.] 8.0
+        [-0.2 -0.2] 16.0
+        [0. 0.] 16.0
+        [0. 0.] 8.0
+    """
+    if not isinstance(every_k, int) or isinstance(every_k, bool):
+        raise TypeError(f"every_k must be an int >= 1 (micro-batches per optimizer step), "
+                        f"got {every_k!r} of type {type(every_k).__name__}")
+    if every_k < 1:
+        raise ValueError(f"every_k must be an int >= 1 (micro-batches per optimizer step), "
+                         f"got {every_k}; use 1 for no accumulation")
+    try:
+        import optax
+    except ImportError as exc:
+        raise MissingBackendError(
+            f"loss_scaled_accumulate needs optax, which cannot be imported ({exc}); install "
+            "it with: pip install 'unifiedamp[jax]'") from exc
+
+    inner_tx = optax.with_extra_args_support(inner)
+
+    def init(params: Any) -> LossScaledAccumulateState:
+        return LossScaledAccumulateState(scaler, jnp.zeros((), jnp.int32),
+                                         jax.tree.map(jnp.zeros_like, params),
+                                         inner_tx.init(params))
+
+    def update(updates: Any, state: LossScaledAccumulateState, params: Any = None,
+               **extra_args: Any) -> tuple[Any, LossScaledAccumulateState]:
+        acc = jax.tree.map(lambda a, g: (a + g).astype(a.dtype), state.acc_grads, updates)
+
+        def apply(grads: Any) -> tuple[Any, Any]:
+            return inner_tx.update(grads, state.inner_state, params, **extra_args)
+
+        out_shape = jax.eval_shape(apply, acc)
+
+        def zeros() -> Any:
+            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape[0])
+
+        def step(_: Any) -> tuple[Any, ...]:
+            grads, finite = state.scaler.unscale(acc, axis_name)
+            new_updates, new_inner = _cond_varying(
+                finite, lambda: apply(grads), lambda: (zeros(), state.inner_state))
+            cleared = jax.tree.map(jnp.zeros_like, acc)
+            return (new_updates, new_inner, state.scaler.update(finite), cleared,
+                    jnp.zeros((), jnp.int32))
+
+        def accumulate(_: Any) -> tuple[Any, ...]:
+            return zeros(), state.inner_state, state.scaler, acc, state.mini_step + 1
+
+        new_updates, new_inner, new_scaler, new_acc, mini_step = _cond_varying(
+            state.mini_step >= every_k - 1, lambda: step(None), lambda: accumulate(None))
+        return new_updates, LossScaledAccumulateState(new_scaler, mini_step, new_acc,
+                                                      new_inner)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _cond_varying(pred: jax.Array, true_fn: Callable[[], Any],
+                  false_fn: Callable[[], Any]) -> Any:
+    """``lax.cond(pred, true_fn, false_fn)`` whose branches may vary over different
+    manual axes inside a ``shard_map``: both are typed as varying over their union
+    (a no-op outside ``shard_map``).
+
+    A default ``shard_map`` checks varying manual axes: gradients that vary over an
+    axis make the step's outputs vary, while a skip branch's zeros and the incoming
+    state may not, and ``lax.cond`` needs equal types in both branches."""
+    varying = jax.tree.map(lambda a, b: _varying_axes(a) | _varying_axes(b),
+                           jax.eval_shape(true_fn), jax.eval_shape(false_fn))
+
+    def cast(branch: Callable[[], Any]) -> Callable[[Any], Any]:
+        return lambda _: jax.tree.map(_cast_varying, branch(), varying)
+
+    return lax.cond(pred, cast(true_fn), cast(false_fn), None)
 
 
 def _varying_axes(x: Any) -> frozenset[Any]:
@@ -465,3 +579,23 @@ def find_scaler(opt_state: Any) -> JaxGradScaler:
         raise ValueError("no JaxGradScaler in this optimizer state: build the optimizer with "
                          "unifiedamp.backends.jax.loss_scaled(inner, scaler)")
     return found[0]
+
+
+def replace_scaler(opt_state: Any, scaler: JaxGradScaler) -> Any:
+    """The optimizer state with its scaler replaced (within chain, MultiSteps...), e.g. by
+    one restored from a checkpoint: ``opt_state = replace_scaler(opt_state, restored)``.
+
+    Raises:
+        ValueError: There is no scaler to replace (see :func:`find_scaler`).
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> tx = optax.chain(optax.clip(1.0), loss_scaled(optax.sgd(0.1), JaxGradScaler()))
+        >>> state = tx.init({"w": jnp.ones(2)})
+        >>> restored = JaxGradScaler().restore(JaxGradScaler(8.0).state_dict())
+        >>> find_scaler(replace_scaler(state, restored)).get_scale()
+        8.0
+    """
+    find_scaler(opt_state)  # the same error when there is none
+    is_scaler = lambda x: isinstance(x, JaxGradScaler)  # noqa: E731
+    return jax.tree.map(lambda x: scaler if is_scaler(x) else x, opt_state, is_leaf=is_scaler)

@@ -1,0 +1,459 @@
+"""Mutation testing: does the test suite catch small, realistic bugs in the spec and backends?
+
+Usage: python tools/mutation.py [--only NAME ...] [--list] [--full] [--baseline] [--timeout S]
+
+Each mutant below is one hand-written bug: an exact piece of text in one source
+file and what to replace it with. For each mutant the script writes the bug
+into the file, runs pytest (``-x -q -p no:cacheprovider``) on the mutant's test
+selection (or on the whole suite with ``--full``), writes the original file
+back, and records whether the tests failed ("killed") or passed ("survived").
+It prints a table and the kill rate per area and always exits 0: it is a
+report for developers, not a CI gate. A run of every mutant takes about half
+an hour on two cores.
+
+The source tree is edited in place while a mutant runs, so do not run tests,
+benchmarks or an editor's auto-save on the same checkout meanwhile. The
+original bytes are kept in memory and written back in a ``finally`` (also on
+Ctrl-C, SIGTERM or an error), and the script refuses to start when
+``git status`` shows a target file modified, so it never overwrites
+uncommitted work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Mutant(NamedTuple):
+    """One realistic bug: ``old`` (exactly once in ``path``) becomes ``new``.
+
+    ``tests`` is the pytest selection expected to kill it (files, node ids, and
+    ``-k`` expressions, as on a command line), kept to about a minute or less.
+    """
+
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: str
+
+
+SPEC = "src/unifiedamp/spec"
+BACKENDS = "src/unifiedamp/backends"
+
+# Selections, fastest first within each: with -x the first failure ends the run.
+_T_RULE = f"tests/test_spec_reference.py {SPEC}/_rule.py " \
+          "tests/test_conformance_builtin.py::TestNumpyConformance"
+_T_STATE = f"tests/test_state_dict.py {SPEC}/_state_dict.py " \
+           "tests/test_conformance_builtin.py::TestNumpyConformance"
+_T_CONFIG = f"tests/test_spec_config.py {SPEC}/_config.py tests/test_spec_reference.py"
+_T_NUMPY = "tests/test_numpy_backend.py tests/test_conformance_builtin.py::TestNumpyConformance"
+_T_TORCH = "tests/test_torch_backend.py tests/test_conformance_builtin.py::TestTorchConformance"
+_T_TORCH_STATE = "tests/test_torch_backend.py tests/test_torch_porting.py " \
+                 "tests/test_conformance_builtin.py::TestTorchConformance"
+_T_JAX = "tests/test_jax_backend.py tests/test_conformance_builtin.py::TestJaxConformance"
+_T_MLX = "tests/test_mlx_backend.py tests/test_conformance_builtin.py::TestMlxConformance"
+_T_FUNCTIONAL = f"{_T_MLX} {_T_JAX}"
+
+MUTANTS: tuple[Mutant, ...] = (
+    # ---------------------------------------------------------------- spec: the rule
+    Mutant("spec-static-keeps-trackers", f"{SPEC}/_rule.py",
+           "return ScalerState(scale, 0, 0)",
+           "return ScalerState(scale, growth, hyst)", _T_RULE),
+    Mutant("spec-backoff-gt", f"{SPEC}/_rule.py",
+           "if hyst >= config.hysteresis:", "if hyst > config.hysteresis:", _T_RULE),
+    Mutant("spec-growth-gt", f"{SPEC}/_rule.py",
+           "if growth >= config.growth_interval:", "if growth > config.growth_interval:",
+           _T_RULE),
+    Mutant("spec-hysteresis-kept-on-finite", f"{SPEC}/_rule.py",
+           "hyst, growth = 0, growth + 1", "hyst, growth = hyst, growth + 1", _T_RULE),
+    Mutant("spec-growth-kept-on-inf", f"{SPEC}/_rule.py",
+           "growth, hyst = 0, hyst + 1", "growth, hyst = growth, hyst + 1", _T_RULE),
+    Mutant("spec-min-scale-unrounded", f"{SPEC}/_rule.py",
+           "scale = max(scale, f32(config.min_scale))",
+           "scale = max(scale, config.min_scale)", _T_RULE),
+    Mutant("spec-max-scale-unrounded", f"{SPEC}/_rule.py",
+           "candidate = min(candidate, f32(config.max_scale))",
+           "candidate = min(candidate, config.max_scale)", _T_RULE),
+    Mutant("spec-growth-factor-unrounded", f"{SPEC}/_rule.py",
+           "candidate = f32(scale * f32(config.growth_factor))",
+           "candidate = f32(scale * config.growth_factor)", _T_RULE),
+    Mutant("spec-overflowing-growth-taken", f"{SPEC}/_rule.py",
+           "if math.isfinite(candidate):", "if not math.isnan(candidate):", _T_RULE),
+    Mutant("spec-unscale-overflow-boundary", f"{SPEC}/_rule.py",
+           "return scale < MIN_UNSCALABLE", "return scale <= MIN_UNSCALABLE", _T_RULE),
+    Mutant("spec-reference-nan-is-finite", f"{SPEC}/_vectors.py",
+           'kind != "F" or unscale_overflows', 'kind == "I" or unscale_overflows', _T_RULE),
+    # ---------------------------------------------------------------- spec: state dicts
+    Mutant("state-older-version-accepted", f"{SPEC}/_state_dict.py",
+           "if version != STATE_VERSION or isinstance(version, bool):",
+           "if not isinstance(version, int) or version > STATE_VERSION "
+           "or isinstance(version, bool):", _T_STATE),
+    Mutant("state-scale-not-rounded", f"{SPEC}/_state_dict.py",
+           "return f32(scale) + 0.0", "return scale + 0.0", _T_STATE),
+    Mutant("state-negative-tracker-accepted", f"{SPEC}/_state_dict.py",
+           "or isinstance(value, bool) or value < 0:", "or isinstance(value, bool):", _T_STATE),
+    Mutant("state-paddle-decr-count-dropped", f"{SPEC}/_state_dict.py",
+           'trackers = {"growth_tracker": "incr_count", "hysteresis_tracker": "decr_count"}',
+           'trackers = {"growth_tracker": "incr_count"}', _T_STATE),
+    # ---------------------------------------------------------------- spec: config
+    Mutant("config-min-max-compared-unrounded", f"{SPEC}/_config.py",
+           "if lo is not None and hi is not None and f32(lo) > f32(hi):",
+           "if lo is not None and hi is not None and lo > hi:", _T_CONFIG),
+    Mutant("config-init-bounds-unrounded", f"{SPEC}/_config.py",
+           '("min_scale", lo is not None and init < f32(lo))',
+           '("min_scale", lo is not None and init < lo)', _T_CONFIG),
+    Mutant("config-bool-interval-accepted", f"{SPEC}/_config.py",
+           "if not isinstance(value, numbers.Integral) or isinstance(value, bool):\n"
+           "        raise _invalid(name, value, TypeError)\n    if value < 1:",
+           "if not isinstance(value, numbers.Integral):\n"
+           "        raise _invalid(name, value, TypeError)\n    if value < 1:", _T_CONFIG),
+    Mutant("config-backoff-one-refused", f"{SPEC}/_config.py",
+           "0 < backoff <= 1 and", "0 < backoff < 1 and", _T_CONFIG),
+    # ---------------------------------------------------------------- functional base (JAX, MLX)
+    Mutant("functional-static-keeps-trackers", f"{BACKENDS}/_functional.py",
+           "self._make(config, self.loss_scale, zero, zero",
+           "self._make(config, self.loss_scale, self.growth_tracker, self.hysteresis_tracker",
+           _T_FUNCTIONAL),
+    Mutant("functional-min-clamp-swapped", f"{BACKENDS}/_functional.py",
+           "backed = xp.maximum(backed,", "backed = xp.minimum(backed,", _T_FUNCTIONAL),
+    Mutant("functional-max-clamp-swapped", f"{BACKENDS}/_functional.py",
+           "grown = xp.minimum(grown,", "grown = xp.maximum(grown,", _T_FUNCTIONAL),
+    Mutant("functional-backoff-gt", f"{BACKENDS}/_functional.py",
+           "(hyst >= config.hysteresis)", "(hyst > config.hysteresis)", _T_FUNCTIONAL),
+    Mutant("functional-growth-gt", f"{BACKENDS}/_functional.py",
+           "(growth >= config.growth_interval)", "(growth > config.growth_interval)",
+           _T_FUNCTIONAL),
+    Mutant("functional-growth-kept-on-inf", f"{BACKENDS}/_functional.py",
+           "xp.where(inf, 0, self.growth_tracker + 1)",
+           "xp.where(inf, self.growth_tracker, self.growth_tracker + 1)", _T_FUNCTIONAL),
+    Mutant("functional-restore-takes-enabled", f"{BACKENDS}/_functional.py",
+           "self._make(config.replace(enabled=self._config.enabled), *self._arrays(state)",
+           "self._make(config, *self._arrays(state)", _T_FUNCTIONAL),
+    # ---------------------------------------------------------------- JAX
+    Mutant("jax-mul-bits-factor-split-8", f"{BACKENDS}/jax.py",
+           "f32_bits(cn) & 0xFFFFF000", "f32_bits(cn) & 0xFFFFFF00", _T_JAX),
+    Mutant("jax-mul-bits-scale-split-8", f"{BACKENDS}/jax.py",
+           "jnp.int32) & -4096, jnp.float32)", "jnp.int32) & -256, jnp.float32)", _T_JAX),
+    Mutant("jax-mul-bits-no-zero-case", f"{BACKENDS}/jax.py",
+           "return jnp.where(bits == 0, 0, out).astype(jnp.int32)",
+           "return out.astype(jnp.int32)", _T_JAX),
+    Mutant("jax-unscale-checks-unscaled-grads", f"{BACKENDS}/jax.py",
+           "        finite = all_finite(grads, axis_name) & self._unscalable()\n"
+           "        return _multiply(grads, *_split(_reciprocal_bits(jnp.asarray("
+           "self.loss_scale)))), finite",
+           "        out = _multiply(grads, *_split(_reciprocal_bits(jnp.asarray("
+           "self.loss_scale))))\n"
+           "        return out, all_finite(out, axis_name) & self._unscalable()", _T_JAX),
+    Mutant("jax-all-finite-sums-leaves", f"{BACKENDS}/jax.py",
+           "jnp.isfinite(jnp.sum(leaf * 0))", "jnp.isfinite(jnp.sum(leaf))", _T_JAX),
+    Mutant("jax-all-finite-any-device", f"{BACKENDS}/jax.py",
+           "lax.psum((~finite).astype(jnp.int32), axis_name) == 0",
+           "lax.pmax(finite.astype(jnp.int32), axis_name) == 1", _T_JAX),
+    # ---------------------------------------------------------------- MLX
+    Mutant("mlx-nan-is-finite", f"{BACKENDS}/mlx.py",
+           "finite = finite & mx.isfinite(mx.sum(leaf * 0))",
+           "finite = finite & ~mx.any(mx.isinf(leaf))", _T_MLX),
+    # ---------------------------------------------------------------- NumPy
+    Mutant("numpy-nan-is-finite", f"{BACKENDS}/numpy.py",
+           "found_inf = found_inf or not bool(np.isfinite(g).all())",
+           "found_inf = found_inf or bool(np.isinf(g).any())", _T_NUMPY),
+    Mutant("numpy-unscale-not-recorded", f"{BACKENDS}/numpy.py",
+           "        self._functional_found_inf.append(not finite)\n", "", _T_NUMPY),
+    Mutant("numpy-unscale-skipped", f"{BACKENDS}/numpy.py",
+           "np.multiply(g, inv, out=g,", "np.multiply(g, 1.0, out=g,", _T_NUMPY),
+    Mutant("numpy-all-optimizers-must-be-inf", f"{BACKENDS}/numpy.py",
+           "found_inf = any(checks)", "found_inf = all(checks)", _T_NUMPY),
+    # ---------------------------------------------------------------- torch
+    Mutant("torch-spec-update-no-inf-guard", f"{BACKENDS}/torch.py",
+           "scale.copy_(torch.where(torch.isfinite(candidate), candidate, scale))",
+           "scale.copy_(candidate)", _T_TORCH),
+    # A Python float factor is rounded by torch.where's float32 result; the bug that
+    # changes bits keeps the factor in float64, as torch's own kernel takes it.
+    Mutant("torch-spec-update-growth-factor-float64", f"{BACKENDS}/torch.py",
+           "torch.where(grow, spec.f32(config.growth_factor), 1.0))",
+           "torch.where(grow, torch.tensor(config.growth_factor, dtype=torch.float64), 1.0))",
+           _T_TORCH),
+    Mutant("torch-spec-update-backoff-gt", f"{BACKENDS}/torch.py",
+           "back_off = new_hyst >= config.hysteresis", "back_off = new_hyst > config.hysteresis",
+           _T_TORCH),
+    Mutant("torch-spec-update-growth-gt", f"{BACKENDS}/torch.py",
+           "grow = new_growth >= config.growth_interval",
+           "grow = new_growth > config.growth_interval", _T_TORCH),
+    Mutant("torch-spec-update-static-keeps-trackers", f"{BACKENDS}/torch.py",
+           "        growth.zero_()\n        hyst.zero_()\n        return\n",
+           "        return\n", _T_TORCH),
+    Mutant("torch-spec-update-hysteresis-kept-on-finite", f"{BACKENDS}/torch.py",
+           "new_hyst = (hyst + 1).mul_(inf)", "new_hyst = hyst + inf", _T_TORCH),
+    Mutant("torch-native-growth-factor-unrounded", f"{BACKENDS}/torch.py",
+           "torch._amp_update_scale_(scale, growth, found, spec.f32(config.growth_factor),",
+           "torch._amp_update_scale_(scale, growth, found, config.growth_factor,", _T_TORCH),
+    Mutant("torch-clamp-off-by-one", f"{BACKENDS}/torch.py",
+           "growth.clamp_(max=config.growth_interval - 1)",
+           "growth.clamp_(max=config.growth_interval)", _T_TORCH),
+    Mutant("torch-update-last-optimizer-only", f"{BACKENDS}/torch.py",
+           "found = torch.stack(found_infs).sum() if len(found_infs) > 1 else found_infs[0]",
+           "found = found_infs[-1]", _T_TORCH),
+    Mutant("torch-load-no-clamp-rearm", f"{BACKENDS}/torch.py",
+           "        self._clamp_tracker = True\n        self._hysteresis_may_be_set = "
+           "state.hysteresis_tracker > 0",
+           "        self._hysteresis_may_be_set = state.hysteresis_tracker > 0",
+           _T_TORCH_STATE),
+    Mutant("torch-load-takes-enabled", f"{BACKENDS}/torch.py",
+           "self._config = config.replace(enabled=self._config.enabled)",
+           "self._config = config", _T_TORCH_STATE),
+)
+
+
+# ---------------------------------------------------------------- running
+
+
+class Result(NamedTuple):
+    mutant: Mutant
+    outcome: str  # killed, timeout, survived, stale, error
+    seconds: float
+    detail: str
+
+
+def area(path: str) -> str:
+    if path.startswith(SPEC + "/"):
+        return "spec"
+    if path.startswith(BACKENDS + "/"):
+        return "backends"
+    return "other"
+
+
+def occurrences(mutant: Mutant) -> int:
+    file = ROOT / mutant.path
+    return file.read_text(encoding="utf-8").count(mutant.old) if file.exists() else 0
+
+
+def modified_files(paths: list[str]) -> list[str] | None:
+    """Target files git reports as changed (staged, unstaged or untracked); None if git
+    cannot tell (not a checkout, no git)."""
+    try:
+        proc = subprocess.run(["git", "status", "--porcelain", "--", *paths], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    # Porcelain v1: two status letters, a space, the path (renames: "old -> new").
+    return sorted({line[3:].split(" -> ")[-1] for line in proc.stdout.splitlines() if line})
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    # Turned into an exception so the finally that restores the file runs.
+    raise _Terminated()
+
+
+@contextmanager
+def applied(mutant: Mutant) -> Iterator[None]:
+    """The mutant written into its file; the original bytes and times written back after."""
+    file = ROOT / mutant.path
+    original = file.read_bytes()
+    stat = file.stat()
+    mutated = original.decode("utf-8").replace(mutant.old, mutant.new, 1).encode("utf-8")
+    try:
+        file.write_bytes(mutated)
+        yield
+    finally:
+        file.write_bytes(original)
+        # The original mtime makes the bytecode cached for the original valid again.
+        os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    # pytest runs in its own session: this ends it and any process it started.
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_pytest(selection: list[str], timeout: float) -> tuple[int | None, str]:
+    """(pytest's exit code or None on timeout, its output)."""
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *selection]
+    # No bytecode from a mutated source is left behind for a later, honest run.
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        return None, ""
+    except BaseException:
+        _kill(proc)
+        raise
+    return proc.returncode, out
+
+
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.M)
+
+
+def first_failure(output: str) -> str:
+    match = _FAILED.search(output)
+    if match:
+        return match.group(1)
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    return lines[-1][:80] if lines else ""
+
+
+def judge(code: int | None, output: str) -> tuple[str, str]:
+    if code is None:
+        return "timeout", "(timed out: counted as killed)"
+    if code == 0:
+        return "survived", ""
+    if code in (1, 2):  # tests failed; or collection/import failed, which -x stops at
+        return "killed", first_failure(output)
+    # 3 internal error, 4 usage error, 5 no test selected: the selection is broken.
+    return "error", f"pytest exit {code}: {first_failure(output)}"
+
+
+def run_mutant(mutant: Mutant, full: bool, timeout: float) -> Result:
+    count = occurrences(mutant)
+    if count != 1:
+        return Result(mutant, "stale", 0.0, f"stale mutant: old text found {count} times")
+    selection = [] if full else shlex.split(mutant.tests)
+    start = time.perf_counter()
+    with applied(mutant):
+        code, output = run_pytest(selection, timeout)
+    outcome, detail = judge(code, output)
+    return Result(mutant, outcome, time.perf_counter() - start, detail)
+
+
+def run_baselines(mutants: list[Mutant], full: bool, timeout: float) -> dict[str, str]:
+    """Runs each distinct selection on the unmutated code; returns the failing ones."""
+    failing = {}
+    selections = sorted({"" if full else m.tests for m in mutants})
+    for sel in selections:
+        code, output = run_pytest(shlex.split(sel), timeout)
+        status = "passes" if code == 0 else f"FAILS ({judge(code, output)[1] or code})"
+        print(f"baseline: {sel or '(whole suite)'}: {status}", flush=True)
+        if code != 0:
+            failing[sel] = status
+    return failing
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def print_table(results: list[Result]) -> None:
+    width = max([len("mutant"), *(len(r.mutant.name) for r in results)])
+    fwidth = max([len("file"), *(len(r.mutant.path) for r in results)])
+    print(f"\n{'mutant':<{width}}  {'file':<{fwidth}}  {'result':<8}  {'seconds':>7}  "
+          "first failing test")
+    for r in results:
+        print(f"{r.mutant.name:<{width}}  {r.mutant.path:<{fwidth}}  {r.outcome:<8}  "
+              f"{r.seconds:7.1f}  {r.detail}")
+
+
+def print_summary(results: list[Result]) -> None:
+    print()
+    for name in ("spec", "backends", "other"):
+        rows = [r for r in results if area(r.mutant.path) == name]
+        if not rows:
+            continue
+        killed = sum(r.outcome in ("killed", "timeout") for r in rows)
+        judged = sum(r.outcome in ("killed", "timeout", "survived") for r in rows)
+        rate = f"{100 * killed / judged:.0f}%" if judged else "n/a"
+        others = {o: sum(r.outcome == o for r in rows) for o in ("stale", "error")}
+        extra = ", ".join(f"{n} {o}" for o, n in others.items() if n)
+        print(f"{name:<9} killed {killed}/{judged} ({rate})" + (f"; {extra}" if extra else ""))
+    survivors = [r.mutant.name for r in results if r.outcome == "survived"]
+    if survivors:
+        print("survived (write a test that fails on each):", ", ".join(survivors))
+
+
+def print_list() -> None:
+    for m in MUTANTS:
+        count = occurrences(m)
+        state = "" if count == 1 else f"  [stale mutant: old text found {count} times]"
+        print(f"{m.name:<44} {m.path}{state}\n{'':<44} tests: {m.tests}")
+
+
+def select(names: list[str] | None) -> list[Mutant]:
+    if not names:
+        return list(MUTANTS)
+    by_name = {m.name: m for m in MUTANTS}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        for name in unknown:
+            close = difflib.get_close_matches(name, by_name, n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            print(f"unknown mutant {name!r}{hint}; --list shows them all", file=sys.stderr)
+        raise SystemExit(2)
+    return [by_name[n] for n in names]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Apply hand-written mutants one at a time and report which the tests kill.")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--full", action="store_true",
+                        help="run the whole test suite for each mutant (slow)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="first check that each selection passes on the unmutated code")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds per mutant; a timeout counts as killed (default 600)")
+    args = parser.parse_args(argv)
+    if args.list:
+        print_list()
+        return 0
+    mutants = select(args.only)
+    paths = sorted({m.path for m in mutants})
+    changed = modified_files(paths)
+    if changed is None:
+        print("cannot run git status here: refusing to edit files whose uncommitted changes "
+              "could not be checked", file=sys.stderr)
+        return 2
+    if changed:
+        for path in changed:
+            print(f"{path} has uncommitted changes: commit or set them aside first; "
+                  "nothing was run", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    failing = run_baselines(mutants, args.full, args.timeout) if args.baseline else {}
+    results: list[Result] = []
+    try:
+        for i, mutant in enumerate(mutants, 1):
+            print(f"[{i}/{len(mutants)}] {mutant.name} ...", end=" ", flush=True)
+            if ("" if args.full else mutant.tests) in failing:
+                result = Result(mutant, "error", 0.0, "selection fails without the mutant")
+            else:
+                result = run_mutant(mutant, args.full, args.timeout)
+            results.append(result)
+            print(f"{result.outcome} ({result.seconds:.1f} s)", flush=True)
+    except (KeyboardInterrupt, _Terminated):
+        print("\ninterrupted; every file was restored; partial report:", file=sys.stderr)
+        print_table(results)
+        print_summary(results)
+        return 130
+    print_table(results)
+    print_summary(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
