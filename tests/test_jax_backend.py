@@ -148,9 +148,10 @@ def test_disabled_is_a_pass_through():
 def test_exact_float32_multiply_under_flush_to_zero():
     # XLA flushes subnormals; the update's multiply must not.
     rng = np.random.default_rng(0)
-    xs = np.concatenate([rng.integers(1, 0x00800000, 3000, dtype=np.uint32),
+    # 0 too: a scale reaches it after enough backoffs, and 0 * c is 0.
+    xs = np.concatenate([[0], rng.integers(1, 0x00800000, 3000, dtype=np.uint32),
                          rng.integers(0x00800000, 0x7F7FFFFF, 3000, dtype=np.uint32)]
-                        ).view(np.float32)
+                        ).astype(np.uint32).view(np.float32)
     for c in (0.5, 0.7, 1.1, 3.3, 0.999, 1e-20, 2.5e30):
         c = spec.f32(c)
         got = np.asarray(jax.jit(jax.vmap(lambda x, c=c: _mul_bits(x, c)))(jnp.asarray(xs)))

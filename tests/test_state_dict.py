@@ -246,3 +246,14 @@ def test_enabled_stays_as_the_loading_scaler_was_built(backend):
         d = canonical(spec.ScalerConfig(64.0, enabled=saved), 64.0)
         handle = adapter.load(adapter.new(spec.ScalerConfig(8.0, enabled=built)), d)
         assert adapter.save(handle)["config"]["enabled"] is built
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_static_mode_resets_trackers_a_checkpoint_carried_in(backend):
+    adapter = adapter_of(backend)
+    d = canonical(spec.ScalerConfig(64.0, growth_interval=5, hysteresis=3, dynamic=False),
+                  64.0, growth_tracker=2, hysteresis_tracker=1)
+    handle = adapter.load(adapter.new(spec.ScalerConfig()), d)
+    assert adapter.read(handle) == spec.ScalerState(64.0, 2, 1)
+    handle = adapter.iterate(handle, "F")
+    assert adapter.read(handle) == spec.ScalerState(64.0, 0, 0)

@@ -61,13 +61,15 @@ _T_RULE = f"tests/test_spec_reference.py {SPEC}/_rule.py " \
 _T_STATE = f"tests/test_state_dict.py {SPEC}/_state_dict.py " \
            "tests/test_conformance_builtin.py::TestNumpyConformance"
 _T_CONFIG = f"tests/test_spec_config.py {SPEC}/_config.py tests/test_spec_reference.py"
-_T_NUMPY = "tests/test_numpy_backend.py tests/test_conformance_builtin.py::TestNumpyConformance"
+# tests/test_state_dict.py drives every backend through a checkpoint (loads, static mode).
+_T_NUMPY = "tests/test_numpy_backend.py tests/test_conformance_builtin.py::TestNumpyConformance " \
+           "tests/test_state_dict.py"
 _T_TORCH = "tests/test_torch_backend.py tests/test_conformance_builtin.py::TestTorchConformance"
 _T_TORCH_STATE = "tests/test_torch_backend.py tests/test_torch_porting.py " \
-                 "tests/test_conformance_builtin.py::TestTorchConformance"
+                 "tests/test_conformance_builtin.py::TestTorchConformance tests/test_state_dict.py"
 _T_JAX = "tests/test_jax_backend.py tests/test_conformance_builtin.py::TestJaxConformance"
 _T_MLX = "tests/test_mlx_backend.py tests/test_conformance_builtin.py::TestMlxConformance"
-_T_FUNCTIONAL = f"{_T_MLX} {_T_JAX}"
+_T_FUNCTIONAL = f"{_T_MLX} {_T_JAX} tests/test_state_dict.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- spec: the rule
