@@ -232,3 +232,9 @@ def test_jmp_factor_says_it_stands_for_two_parameters():
     with pytest.raises(TypeError, match=r"Unknown parameter: 'factor' \(jmp's factor=f means "
                                         r"growth_factor=f and backoff_factor=1/f: pass both\)"):
         ua.GradScaler(backend="numpy", factor=2)
+
+
+def test_bounds_are_compared_as_the_float32_values_the_rule_uses():
+    # 1 + 1e-9 is above 1.0 but rounds to it: as float32 bounds, min == max.
+    c = ScalerConfig(1.0, min_scale=1.0 + 1e-9, max_scale=1.0)
+    assert spec.f32(c.min_scale) == spec.f32(c.max_scale) == 1.0
