@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from unifiedamp import spec
 from unifiedamp.conformance._pytest_process import run_pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -78,7 +79,8 @@ def test_the_suite_passes_on_numpy_with_a_header_and_capability_skips(tmp_path):
                              "--unifiedamp-max-examples", "20")
     assert proc.returncode == 0, proc.stdout[-3000:]
     out = proc.stdout
-    assert "unifiedamp 0.1.0 conformance, spec version 1" in out
+    assert f"unifiedamp 0.1.0 conformance, spec version {spec.SPEC_VERSION}" in out
+    assert spec.SPEC_VERSION == 2
     assert "backend: numpy (numpy " in out and "device: cpu" in out
     assert "not declared (skipped): distributed, jit" in out
     assert "numpy does not declare capability 'jit'" in out

@@ -323,3 +323,8 @@ def test_axis_name_in_a_default_shard_map_skips_the_window_on_every_device(run_p
     np.testing.assert_allclose(np.asarray(out["w"], np.float32),
                                np.asarray(out["ref"], np.float32), rtol=2e-6, atol=6e-8)
 
+
+
+def test_every_k_takes_numpy_ints_like_the_config():
+    tx = loss_scaled_accumulate(optax.sgd(0.1), JaxGradScaler(8.0), np.int64(2))
+    assert find_scaler(tx.init({"w": jnp.ones(2)})).get_scale() == 8.0

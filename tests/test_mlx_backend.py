@@ -109,3 +109,15 @@ def test_skip_counters_and_their_tree():
     assert sorted(scaler.tree()) == ["consecutive_skips", "growth_tracker",
                                      "hysteresis_tracker", "loss_scale", "skipped_steps"]
     assert scaler.with_tree(scaler.tree()).update(mx.array(True)).last_step_skipped is False
+
+
+def test_get_scale_and_counters_are_arrays_inside_mx_compile():
+    scaler = MlxGradScaler(8.0).update(mx.array(False))
+
+    def read(tree):
+        s = MlxGradScaler(8.0).with_tree(tree)
+        return s.get_scale(), s.num_skipped_steps, s.last_step_skipped
+
+    scale, skipped, last = mx.compile(read)(scaler.tree())
+    assert (scale.item(), skipped.item(), last.item()) == (4.0, 1, True)
+    assert (scaler.get_scale(), scaler.num_skipped_steps) == (4.0, 1)  # Python values outside

@@ -192,11 +192,14 @@ def test_an_interval_past_int32_says_how_to_never_grow():
 
 @pytest.mark.parametrize("bounds,name", [({"min_scale": 2.0}, "min_scale"),
                                          ({"max_scale": 0.5}, "max_scale")])
-def test_init_scale_outside_its_bounds_is_rejected_naming_both(bounds, name):
+def test_a_new_scaler_outside_its_bounds_is_rejected_naming_both(bounds, name):
     with pytest.raises(ValueError, match=rf"init_scale must be within \[min_scale, max_scale\], "
                                          rf"got init_scale=1.0 and {name}="):
-        ScalerConfig(1.0, **bounds)
-    ScalerConfig(1.0, min_scale=1.0, max_scale=1.0)  # the bounds themselves are inside
+        ua.GradScaler(1.0, backend="numpy", **bounds)
+    ua.GradScaler(1.0, min_scale=1.0, max_scale=1.0, backend="numpy")  # the bounds are inside
+    # A bound changed mid-run, or a loaded state, keeps init_scale as a record only.
+    running = config_from_args((1024.0,), {"max_scale": 2.0**20})
+    assert running.replace(max_scale=512.0).max_scale == 512.0
 
 
 def test_zero_d_numpy_arrays_are_their_numbers_and_larger_arrays_are_refused():

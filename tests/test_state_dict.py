@@ -105,8 +105,6 @@ def corruptions():
         ("backend empty", edit(lambda d: d.update(backend="")), "backend must be the name"),
         ("config past int32", edit(lambda d: d["config"].update(hysteresis=2**31)),
          "hysteresis must be an int with 1 <= hysteresis <= 2147483647"),
-        ("config init outside its bounds", edit(lambda d: d["config"].update(min_scale=4096.0)),
-         r"init_scale must be within \[min_scale, max_scale\]"),
         ("config factor that rounds to 0", edit(lambda d: d["config"].update(backoff_factor=1e-46)),
          "backoff_factor must be"),
         ("empty", {}, "it is empty"),
@@ -257,3 +255,14 @@ def test_static_mode_resets_trackers_a_checkpoint_carried_in(backend):
     assert adapter.read(handle) == spec.ScalerState(64.0, 2, 1)
     handle = adapter.iterate(handle, "F")
     assert adapter.read(handle) == spec.ScalerState(64.0, 0, 0)
+
+
+def test_a_checkpoint_whose_init_scale_is_outside_its_bounds_still_loads():
+    # Written by a release that let GradScaler(max_scale=1024.0) keep the default
+    # init_scale 65536: the running scale is what the bounds act on.
+    config = {**spec.ScalerConfig().to_dict(), "max_scale": 1024.0}
+    d = {**spec.to_state_dict(spec.ScalerConfig(), spec.ScalerState(1024.0, 3, 0), "numpy"),
+         "config": config}
+    scaler = ua.GradScaler(backend="numpy")
+    scaler.load_state_dict(d)
+    assert scaler.state == spec.ScalerState(1024.0, 3, 0) and scaler.config.max_scale == 1024.0

@@ -18,6 +18,7 @@ are normal numbers, zeros, infs or NaNs.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -302,10 +303,10 @@ class JaxGradScaler(FunctionalGradScaler):
         """
         if not self._config.enabled:
             return grads, jnp.array(True)
-        finite = all_finite(grads, axis_name) & self._unscalable()
+        finite = all_finite(grads, axis_name) & self._reciprocal_finite()
         return _multiply(grads, *_split(_reciprocal_bits(jnp.asarray(self.loss_scale)))), finite
 
-    def _unscalable(self) -> jax.Array:
+    def _reciprocal_finite(self) -> jax.Array:
         # spec.unscale_overflows: below MIN_UNSCALABLE (a subnormal) 1/scale is inf, and
         # every check finds inf. Compared on bit patterns: XLA flushes subnormal operands.
         bits = lax.bitcast_convert_type(jnp.asarray(self.loss_scale), jnp.int32)
@@ -370,12 +371,7 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
         (Array([0., 0.], dtype=float32), 4.0)
     """
 
-    try:
-        import optax
-    except ImportError as exc:
-        raise MissingBackendError(
-            f"loss_scaled needs optax, which cannot be imported ({exc}); install it with: "
-            "pip install 'unifiedamp[jax]'") from exc
+    optax = _import_optax("loss_scaled")
 
     # optax's own adapter: passes extra args to transformations that take them.
     inner_tx = optax.with_extra_args_support(inner)
@@ -386,8 +382,8 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
     def update(updates: Any, state: LossScaledState, params: Any = None,
                **extra_args: Any) -> tuple[Any, LossScaledState]:
         scaler = state.scaler
-        finite = (all_finite(updates, axis_name) & scaler._unscalable() if scaler.is_enabled()
-                  else jnp.array(True))
+        finite = (all_finite(updates, axis_name) & scaler._reciprocal_finite()
+                  if scaler.is_enabled() else jnp.array(True))
 
         def apply() -> tuple[Any, Any]:
             # Unscaling inside the branch lets XLA fuse it into the inner update.
@@ -480,18 +476,13 @@ def loss_scaled_accumulate(inner: Any, scaler: JaxGradScaler, every_k: int, *,
         [0. 0.] 16.0
         [0. 0.] 8.0
     """
-    if not isinstance(every_k, int) or isinstance(every_k, bool):
+    if not isinstance(every_k, numbers.Integral) or isinstance(every_k, bool):
         raise TypeError(f"every_k must be an int >= 1 (micro-batches per optimizer step), "
                         f"got {every_k!r} of type {type(every_k).__name__}")
     if every_k < 1:
         raise ValueError(f"every_k must be an int >= 1 (micro-batches per optimizer step), "
                          f"got {every_k}; use 1 for no accumulation")
-    try:
-        import optax
-    except ImportError as exc:
-        raise MissingBackendError(
-            f"loss_scaled_accumulate needs optax, which cannot be imported ({exc}); install "
-            "it with: pip install 'unifiedamp[jax]'") from exc
+    optax = _import_optax("loss_scaled_accumulate")
 
     inner_tx = optax.with_extra_args_support(inner)
 
@@ -529,6 +520,17 @@ def loss_scaled_accumulate(inner: Any, scaler: JaxGradScaler, every_k: int, *,
                                                       new_inner)
 
     return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _import_optax(caller: str) -> Any:
+    # optax is the jax extra's, not jax's: the scaler works without it, these wrappers not.
+    try:
+        import optax
+    except ImportError as exc:
+        raise MissingBackendError(
+            f"{caller} needs optax, which cannot be imported ({exc}); install it with: "
+            "pip install 'unifiedamp[jax]'") from exc
+    return optax
 
 
 def _cond_varying(pred: jax.Array, true_fn: Callable[[], Any],
@@ -577,7 +579,8 @@ def find_scaler(opt_state: Any) -> JaxGradScaler:
         x, JaxGradScaler)) if isinstance(x, JaxGradScaler)]
     if not found:
         raise ValueError("no JaxGradScaler in this optimizer state: build the optimizer with "
-                         "unifiedamp.backends.jax.loss_scaled(inner, scaler)")
+                         "unifiedamp.backends.jax.loss_scaled(inner, scaler) or "
+                         "loss_scaled_accumulate(inner, scaler, every_k)")
     return found[0]
 
 

@@ -65,6 +65,14 @@ class MlxGradScaler(FunctionalGradScaler):
     def _array(cls, value: Any, dtype: Any) -> mx.array:
         return mx.array(value, dtype=dtype)
 
+    def _host(self, array: Any, cast: Any) -> Any:
+        # MLX has no tracer type to test: inside mx.compile, reading a value raises
+        # ValueError ("Attempting to eval an array during function transformations").
+        try:
+            return cast(array.item())
+        except ValueError:
+            return array
+
     def __repr__(self) -> str:
         # Python numbers (it reads the device), as this backend has always printed itself.
         return f"{type(self).__name__}({self.state}, {self._config})"

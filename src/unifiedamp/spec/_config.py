@@ -207,16 +207,6 @@ class ScalerConfig:
                 f"min_scale must be <= max_scale, got min_scale={raw['min_scale']!r} "
                 f"and max_scale={raw['max_scale']!r}; swap them or drop one"
             )
-        # Outside its bounds, the first backoff would raise the scale to min_scale
-        # (or the first growth lower it to max_scale).
-        init = f32(values["init_scale"])
-        for name, outside in (("min_scale", lo is not None and init < f32(lo)),
-                              ("max_scale", hi is not None and init > f32(hi))):
-            if outside:
-                raise ValueError(
-                    f"init_scale must be within [min_scale, max_scale], got init_scale="
-                    f"{raw['init_scale']!r} and {name}={raw[name]!r}; start at {name} or "
-                    "move the bound")
         # Store plain Python values so the config hashes, compares and serialises
         # the same whatever numeric types the caller passed.
         for name, value in values.items():
@@ -306,4 +296,21 @@ def config_from_args(
         values[canonical] = value
     base_values = (base or ScalerConfig()).to_dict()
     base_values.update(values)
-    return ScalerConfig(**base_values)
+    config = ScalerConfig(**base_values)
+    if base is None:
+        _check_init_within_bounds(config)
+    return config
+
+
+def _check_init_within_bounds(config: ScalerConfig) -> None:
+    # A new scaler outside its bounds would have its first backoff raise the scale to
+    # min_scale (or its first growth lower it to max_scale). Checked when a scaler is
+    # built, not on a loaded state or a bound changed mid-run: there init_scale is
+    # only a record, and the running scale is what the bounds act on.
+    init = f32(config.init_scale)
+    for name, bound in (("min_scale", config.min_scale), ("max_scale", config.max_scale)):
+        if bound is not None and (init < f32(bound) if name == "min_scale" else
+                                  init > f32(bound)):
+            raise ValueError(
+                f"init_scale must be within [min_scale, max_scale], got init_scale="
+                f"{config.init_scale!r} and {name}={bound!r}; start at {name} or move the bound")

@@ -6,12 +6,15 @@ from typing import Any
 
 from unifiedamp.spec._config import ALIASES, CANONICAL, POSITIONAL, RULES, ScalerConfig
 from unifiedamp.spec._frameworks import FRAMEWORKS
+from unifiedamp.spec._rule import MIN_UNSCALABLE
 from unifiedamp.spec._state_dict import STATE_FORMAT, STATE_KEYS, STATE_VERSION
 from unifiedamp.spec._vectors import VECTORS
 
 __all__ = ["SCHEMA_VERSION", "SPEC_VERSION", "spec_document", "spec_markdown"]
 
-SPEC_VERSION = 1
+# 2: an unscale check also finds inf where 1/scale overflows float32, and a state
+# dict's scale may be 0 (both reachable by the rule; version 1 refused or missed them).
+SPEC_VERSION = 2
 # The layout of spec_document() (docs/spec-schema.md); bumped only when a key
 # changes meaning or disappears.
 SCHEMA_VERSION = 1
@@ -40,6 +43,12 @@ def spec_document() -> dict[str, Any]:
              "valid": RULES[name], "aliases": aliases[name]}
             for name in CANONICAL
         ],
+        "found_inf": {
+            "rule": "true if any gradient checked since the last update is inf or NaN (checked "
+                    "as backpropagated from the scaled loss, before unscaling), or if f32(1 / "
+                    "scale) is inf: a scale of 0 or below min_unscalable_scale",
+            "min_unscalable_scale": MIN_UNSCALABLE,
+        },
         "frameworks": FRAMEWORKS,
         "vectors": [v.to_dict() for v in VECTORS],
     }
@@ -50,7 +59,7 @@ def spec_markdown(doc: dict[str, Any]) -> str:
 
     Example:
         >>> print(spec_markdown(spec_document()).splitlines()[0])
-        # unifiedamp loss-scaling spec, version 1
+        # unifiedamp loss-scaling spec, version 2
     """
     out = [f"# unifiedamp loss-scaling spec, version {doc['spec_version']}", "",
            "## Parameters", "",
@@ -72,6 +81,9 @@ def spec_markdown(doc: dict[str, Any]) -> str:
             cells.append(f"{'`' + name + '`' if name else '-'} / {default} / "
                          f"{fw['native'][p['name']]}")
         out.append(f"| `{p['name']}` | " + " | ".join(cells) + " |")
+    found = doc["found_inf"]
+    out += ["", "## found_inf", "",
+            f"{found['rule']}; min_unscalable_scale = {found['min_unscalable_scale']!r}."]
     state = doc["state_format"]
     out += ["", "## state_dict", "",
             f"format `{state['format']}`, version {state['version']}, keys: "

@@ -125,7 +125,7 @@ def parse_state_dict(
 
     Raises:
         ValueError: Another format or version, a missing or ill-typed field, a
-            non-finite or non-positive scale, a tracker below 0 or past int32.
+            negative or non-finite scale, a tracker below 0 or past int32.
         TypeError: ``d`` is not a mapping.
 
     Example:
