@@ -9,10 +9,12 @@ this one class.
 from __future__ import annotations
 
 import abc
+import math
+import numbers
 from typing import Any
 
 from unifiedamp import _registry
-from unifiedamp.spec import ScalerConfig, ScalerState
+from unifiedamp.spec import ScalerConfig, ScalerState, f32
 
 
 class NoInfChecksError(RuntimeError, AssertionError):
@@ -41,6 +43,37 @@ class ScaleNotCalledError(RuntimeError, AssertionError):
         >>> issubclass(ScaleNotCalledError, AssertionError)
         True
     """
+
+
+def new_scale_value(new_scale: Any) -> float:
+    """The float32 value of ``update(new_scale=...)`` on an imperative backend.
+
+    A Python or NumPy number, or a 1-element array (NumPy's, or any with ``size``
+    and ``item()``); finite and > 0 in float32. Bools, lists and strings are
+    refused. (A torch tensor is the torch backend's own case: it stays on the device.)
+
+    Example:
+        >>> import numpy as np
+        >>> new_scale_value(8), new_scale_value(np.array([0.1]))
+        (8.0, 0.10000000149011612)
+        >>> new_scale_value([8.0])
+        Traceback (most recent call last):
+        ...
+        TypeError: new_scale must be a float or a 1-element array/tensor, got [8.0]
+    """
+    refused = f"new_scale must be a float or a 1-element array/tensor, got {new_scale!r}"
+    value = new_scale
+    size = getattr(value, "size", None)
+    if size is not None and not callable(size) and hasattr(value, "item"):
+        if size != 1:
+            raise TypeError(f"{refused} (it has {size} elements)")
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(refused)
+    scale = f32(float(value))
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"new_scale must be finite and > 0 in float32, got {new_scale!r}")
+    return scale
 
 
 class _FacadeMeta(abc.ABCMeta):

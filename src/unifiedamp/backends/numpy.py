@@ -14,15 +14,13 @@ optimizer is any object with:
 from __future__ import annotations
 
 import enum
-import math
-import numbers
 from typing import Any
 
 import numpy as np
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import GradScaler, NoInfChecksError
+from unifiedamp._scaler import GradScaler, NoInfChecksError, new_scale_value
 from unifiedamp._tree import tree_map
 from unifiedamp.spec import ScalerConfig, ScalerState
 
@@ -359,22 +357,7 @@ class NumpyGradScaler(GradScaler):
         if not self._config.enabled:
             return
         if new_scale is not None:
-            # The torch backend's types and message: numbers and 1-element arrays, no
-            # bools or lists.
-            refused = f"new_scale must be a float or a 1-element array/tensor, got {new_scale!r}"
-            value = new_scale
-            if isinstance(value, (np.ndarray, np.generic)):
-                if value.size != 1:
-                    raise TypeError(f"{refused} (it has {value.size} elements)")
-                value = value.item()
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(refused)
-            value = spec.f32(float(value))
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(
-                    f"new_scale must be finite and > 0 in float32, got {new_scale!r}"
-                )
-            self._state = self._state._replace(scale=value)
+            self._state = self._state._replace(scale=new_scale_value(new_scale))
         else:
             checks = [*self._found_inf.values(), *self._functional_found_inf]
             if not checks:

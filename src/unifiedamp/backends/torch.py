@@ -12,8 +12,6 @@ call ``optimizer.step()``, as torch's does, and fused optimizers get
 
 from __future__ import annotations
 
-import math
-import numbers
 import warnings
 from collections import defaultdict
 from typing import Any
@@ -25,7 +23,12 @@ from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import GradScaler, NoInfChecksError, ScaleNotCalledError
+from unifiedamp._scaler import (
+    GradScaler,
+    NoInfChecksError,
+    ScaleNotCalledError,
+    new_scale_value,
+)
 from unifiedamp._tree import leaves, tree_map
 from unifiedamp.spec import ScalerConfig, ScalerState
 
@@ -462,9 +465,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                 "unscaled float16 gradients flush small values to zero, which is what loss "
                 "scaling exists to prevent. (Fused optimizers take float16 gradients.)"
             ) from None
-        self._found_inf_if_reciprocal_overflows(
-            self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
-        self._agree_across_ranks(optimizer)
+        self._finish_check(optimizer)
 
     def _require_scale_called(self, verb: str) -> None:
         # torch 2.13 raises this (an AssertionError) when its lazily created scale
@@ -477,6 +478,13 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                 "use scaler.scale(loss or outputs) earlier in the iteration. Fix: call "
                 f"scaler.scale(loss).backward() before scaler.{verb}(optimizer); without it "
                 "the unscaled gradients would be divided by the scale.")
+
+    def _finish_check(self, optimizer: torch.optim.Optimizer) -> None:
+        # After torch's own check (unscale_ or the fused path's): the spec's extra
+        # inf, then agreement across ranks.
+        self._found_inf_if_reciprocal_overflows(
+            self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
+        self._agree_across_ranks(optimizer)
 
     def _found_inf_if_reciprocal_overflows(self, founds: Any) -> None:
         # spec.unscale_overflows: below about 2.94e-39 (and at 0) 1/scale is inf in
@@ -491,9 +499,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         # The fused path's check: no unscaling (the fused kernel does it).
         self._ensure_scale(optimizer)
         super()._check_inf_per_device(optimizer)
-        self._found_inf_if_reciprocal_overflows(
-            self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
-        self._agree_across_ranks(optimizer)
+        self._finish_check(optimizer)
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
 
     def _group(self) -> Any:
@@ -619,18 +625,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             # The value is not checked: that would wait for the device.
             self._scale.copy_(new_scale.reshape(()))
             return
-        # NumPy values are on the host already, as the numpy backend takes them;
-        # lists and strings are not arrays here.
-        if isinstance(new_scale, (np.ndarray, np.generic)):
-            if new_scale.size != 1:
-                raise TypeError(f"{refused} (it has {new_scale.size} elements)")
-            new_scale = new_scale.item()
-        if isinstance(new_scale, bool) or not isinstance(new_scale, (numbers.Integral, float)):
-            raise TypeError(refused)
-        value = spec.f32(float(new_scale))
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"new_scale must be finite and > 0 in float32, got {new_scale!r}")
-        self._scale.fill_(value)
+        # Host values (NumPy's too, as the numpy backend takes them): checked there.
+        self._scale.fill_(new_scale_value(new_scale))
 
     def _apply_update(self, scale: torch.Tensor, growth: torch.Tensor,
                       found: torch.Tensor) -> None:
