@@ -64,7 +64,8 @@ _T_CONFIG = f"tests/test_spec_config.py {SPEC}/_config.py tests/test_spec_refere
 # tests/test_state_dict.py drives every backend through a checkpoint (loads, static mode).
 _T_NUMPY = "tests/test_numpy_backend.py tests/test_conformance_builtin.py::TestNumpyConformance " \
            "tests/test_state_dict.py"
-_T_TORCH = "tests/test_torch_backend.py tests/test_conformance_builtin.py::TestTorchConformance"
+_T_TORCH = "tests/test_torch_backend.py tests/test_conformance_builtin.py::TestTorchConformance " \
+           "tests/test_state_dict.py"
 _T_TORCH_STATE = "tests/test_torch_backend.py tests/test_torch_porting.py " \
                  "tests/test_conformance_builtin.py::TestTorchConformance tests/test_state_dict.py"
 _T_JAX = "tests/test_jax_backend.py tests/test_conformance_builtin.py::TestJaxConformance"
