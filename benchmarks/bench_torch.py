@@ -112,7 +112,9 @@ def unscale_bench(device: str, repeats: int, elements: int = 50_000_000) -> None
     inv = torch.tensor(1.0, device=device)
     ours = ua.GradScaler(1.0, backend="torch", device=device)
     native = torch.amp.GradScaler(device, 1.0)
-    native.scale(torch.ones((), device=device))
+    # Both, like torch, want one scale() before their first unscale_().
+    for scaler in (ours, native):
+        scaler.scale(torch.ones((), device=device))
 
     def foreach_mul():
         torch._foreach_mul_(grads, inv)

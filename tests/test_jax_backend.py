@@ -541,3 +541,12 @@ def test_replace_scaler_puts_a_restored_scaler_inside_chain_and_multisteps():
     assert find_scaler(state).get_scale() == 65536.0  # the old state is unchanged
     with pytest.raises(ValueError, match="build the optimizer with"):
         replace_scaler(optax.sgd(0.1).init({"w": jnp.ones(2)}), restored)
+
+
+def test_a_new_scaler_can_be_donated_to_a_jitted_step():
+    # Every leaf its own buffer: donating one array twice is an error in XLA.
+    for scaler in (JaxGradScaler(8.0), JaxGradScaler(8.0, dynamic=False).update(True)):
+        leaves = jax.tree.leaves(scaler)
+        assert len({id(leaf) for leaf in leaves}) == len(leaves)
+        step = jax.jit(lambda s: s.update(jnp.array(True)), donate_argnums=0)
+        assert step(scaler).growth_tracker.shape == ()

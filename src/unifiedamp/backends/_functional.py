@@ -58,8 +58,10 @@ class FunctionalGradScaler(GradScaler):
 
     def __init__(self, *args: Any, **kwargs: Any):
         config = spec.config_from_args(args, kwargs, extra_names=("backend",))
-        zero = self._array(0, self.xp.int32)
-        self._set_arrays(config, *self._arrays(ScalerState.initial(config)), zero, zero)
+        # One array per leaf: a jitted step that donates the scaler's buffers may not
+        # meet the same buffer twice.
+        self._set_arrays(config, *self._arrays(ScalerState.initial(config)),
+                         self._array(0, self.xp.int32), self._array(0, self.xp.int32))
 
     @classmethod
     def _array(cls, value: Any, dtype: Any) -> Any:
@@ -269,8 +271,8 @@ class FunctionalGradScaler(GradScaler):
         skipped = (self.skipped_steps + inf.astype(xp.int32)).astype(xp.int32)
         in_a_row = xp.where(inf, self.consecutive_skips + 1, 0).astype(xp.int32)
         if not config.dynamic:
-            zero = xp.zeros_like(self.growth_tracker)
-            return self._make(config, self.loss_scale, zero, zero, skipped, in_a_row)
+            return self._make(config, self.loss_scale, xp.zeros_like(self.growth_tracker),
+                              xp.zeros_like(self.hysteresis_tracker), skipped, in_a_row)
         hyst = xp.where(inf, self.hysteresis_tracker + 1, 0).astype(xp.int32)
         growth = xp.where(inf, 0, self.growth_tracker + 1).astype(xp.int32)
         back_off = inf & (hyst >= config.hysteresis)
