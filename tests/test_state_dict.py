@@ -210,53 +210,6 @@ def test_a_tracker_or_interval_past_int32_loads_nothing_on_any_backend(backend, 
     assert scaler.config == before_config and scaler.state == before_state
 
 
-BACKENDS = [pytest.param(name, marks=pytest.mark.framework(name))
-            for name in ("numpy", "torch", "jax", "mlx")]
-REQUIRES = {"numpy": "numpy", "torch": "torch", "jax": "optax", "mlx": "mlx.core"}
-
-
-def adapter_of(backend):
-    """The backend's conformance adapter: real optimizers and autodiff behind one interface."""
-    pytest.importorskip(REQUIRES[backend])
-    return ua.GradScaler(backend=backend).conformance_adapter()
-
-
-def canonical(config, scale, growth_tracker=0, hysteresis_tracker=0):
-    return spec.to_state_dict(config, spec.ScalerState(scale, growth_tracker,
-                                                       hysteresis_tracker), "numpy")
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_loaded_tracker_past_the_interval_grows_on_the_next_finite_step(backend):
-    # Reachable by lowering the interval; torch's kernel tests tracker + 1 == interval
-    # and would never grow again unless the load re-arms the backend's clamp.
-    adapter = adapter_of(backend)
-    d = canonical(spec.ScalerConfig(1024.0, growth_interval=5), 1024.0, growth_tracker=7)
-    handle = adapter.load(adapter.new(spec.ScalerConfig(1024.0, growth_interval=100)), d)
-    handle = adapter.iterate(handle, "F")
-    assert adapter.read(handle) == spec.ScalerState(2048.0, 0, 0)
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_enabled_stays_as_the_loading_scaler_was_built(backend):
-    adapter = adapter_of(backend)
-    for built, saved in ((False, True), (True, False)):
-        d = canonical(spec.ScalerConfig(64.0, enabled=saved), 64.0)
-        handle = adapter.load(adapter.new(spec.ScalerConfig(8.0, enabled=built)), d)
-        assert adapter.save(handle)["config"]["enabled"] is built
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_static_mode_resets_trackers_a_checkpoint_carried_in(backend):
-    adapter = adapter_of(backend)
-    d = canonical(spec.ScalerConfig(64.0, growth_interval=5, hysteresis=3, dynamic=False),
-                  64.0, growth_tracker=2, hysteresis_tracker=1)
-    handle = adapter.load(adapter.new(spec.ScalerConfig()), d)
-    assert adapter.read(handle) == spec.ScalerState(64.0, 2, 1)
-    handle = adapter.iterate(handle, "F")
-    assert adapter.read(handle) == spec.ScalerState(64.0, 0, 0)
-
-
 def test_a_checkpoint_whose_init_scale_is_outside_its_bounds_still_loads():
     # Written by a release that let GradScaler(max_scale=1024.0) keep the default
     # init_scale 65536: the running scale is what the bounds act on.

@@ -238,6 +238,36 @@ class ScalerContract:
 
         check()
 
+    def test_a_loaded_tracker_past_the_interval_grows_on_the_next_finite_step(
+            self, adapter: Any) -> None:
+        """A state reached by lowering the interval, then saved and loaded: the next finite
+        update grows (``>=``; torch's kernel tests ``tracker + 1 == interval``)."""
+        require(adapter, "state_dict")
+        d = spec.to_state_dict(ScalerConfig(1024.0, growth_interval=5),
+                               ScalerState(1024.0, 7, 0), "reference")
+        handle = adapter.load(adapter.new(ScalerConfig(1024.0, growth_interval=100)), d)
+        got = normalise(adapter.read(adapter.iterate(handle, "F")))
+        assert same(ScalerState(2048.0, 0, 0), got), f"expected a growth to 2048, got {got}"
+
+    def test_static_mode_resets_the_trackers_of_a_loaded_state(self, adapter: Any) -> None:
+        require(adapter, "state_dict")
+        d = spec.to_state_dict(ScalerConfig(64.0, growth_interval=5, hysteresis=3, dynamic=False),
+                               ScalerState(64.0, 2, 1), "reference")
+        handle = adapter.load(adapter.new(ScalerConfig()), d)
+        assert same(ScalerState(64.0, 2, 1), normalise(adapter.read(handle)))
+        got = normalise(adapter.read(adapter.iterate(handle, "F")))
+        assert same(ScalerState(64.0, 0, 0), got), f"static mode kept the trackers: {got}"
+
+    def test_loading_keeps_enabled_as_the_scaler_was_built(self, adapter: Any) -> None:
+        """Whether to scale belongs to the run (device, dtype), not to the checkpoint."""
+        require(adapter, "state_dict")
+        for built, saved in ((False, True), (True, False)):
+            d = spec.to_state_dict(ScalerConfig(64.0, enabled=saved), ScalerState(64.0),
+                                   "reference")
+            handle = adapter.load(adapter.new(ScalerConfig(8.0, enabled=built)), d)
+            assert adapter.save(handle)["config"]["enabled"] is built, (
+                f"a scaler built with enabled={built} took enabled={saved} from a state dict")
+
     def test_state_dict_moves_between_backends(self, adapter: Any) -> None:
         require(adapter, "state_dict")
         from unifiedamp.backends.numpy import NumpyGradScaler
