@@ -81,7 +81,8 @@ class _FacadeMeta(abc.ABCMeta):
     # GradScaler subclass would have Python call its __init__ a second time.
     # The framework classes backends derive from (torch.amp.GradScaler,
     # paddle.amp.GradScaler, keras's LossScaleOptimizer) all have the metaclass
-    # `type`, so no backend meets a metaclass conflict (tests/test_registry.py).
+    # `type`, so no backend meets a metaclass conflict
+    # (tests/test_framework_assumptions.py).
     def __call__(cls, *args: Any, backend: Any = None, **kwargs: Any) -> Any:
         if cls is not GradScaler:
             if backend is not None:

@@ -1,7 +1,7 @@
 """The immutable scaler shared by the functional backends (JAX, MLX).
 
-A scaler is a value: three 0-d arrays (``loss_scale`` float32, ``growth_tracker``
-and ``hysteresis_tracker`` int32) and a static :class:`ScalerConfig`. Every verb
+A scaler is a value: five 0-d arrays (:data:`LEAVES`: the float32 ``loss_scale``,
+the int32 trackers and skip counters) and a static :class:`ScalerConfig`. Every verb
 returns a new value; nothing waits for the device. The rule, validation, state
 handling and the tree of arrays are written here once. A backend names its array
 namespace (``xp``) and how its arrays are made, and may change how the scale is

@@ -28,7 +28,7 @@ from jax import lax
 
 from unifiedamp._registry import MissingBackendError
 from unifiedamp.backends._functional import LEAVES, FunctionalGradScaler
-from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, f32_bits, f32_from_bits
+from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, f32_bits
 
 __all__ = ["JaxGradScaler", "LossScaledAccumulateState", "LossScaledState",
            "LossScaledTransformation", "all_finite", "find_scaler", "loss_scaled",
@@ -67,6 +67,25 @@ def _split_bits(x: jax.Array, keep: int) -> tuple[jax.Array, jax.Array]:
     return high, x - high
 
 
+def _product_error(a: jax.Array, b: jax.Array, p: jax.Array) -> jax.Array:
+    """``a * b - p`` exactly, for normal float32 ``a``, ``b`` and ``p = f32(a * b)``
+    (Dekker's product: the halves' products are exact in float32)."""
+    ah, al = _split_bits(a, 11)
+    bh, bl = _split_bits(b, 11)
+    return (((ah * bh - p) + ah * bl) + al * bh) + al * bl
+
+
+def _round_half_even(v: jax.Array, below: jax.Array) -> jax.Array:
+    """``v`` rounded to an int32, to nearest, ties to even, where ``v`` is a rounded
+    value and ``below`` the sign-carrying remainder it dropped: a tie in ``v`` goes up
+    when the exact value was above it."""
+    floor = jnp.floor(v)
+    frac = v - floor
+    odd = jnp.floor(floor * 0.5) * 2 != floor
+    up = (frac > 0.5) | ((frac == 0.5) & ((below > 0) | ((below == 0) & odd)))
+    return floor.astype(jnp.int32) + up.astype(jnp.int32)
+
+
 def _reciprocal_bits(scale: jax.Array) -> jax.Array:
     """The bits of ``f32(1 / scale)`` for a non-negative float32 0-d array: the float64
     reciprocal rounded once to float32, what torch, NumPy and MLX unscale with.
@@ -90,17 +109,10 @@ def _reciprocal_bits(scale: jax.Array) -> jax.Array:
     m = lax.bitcast_convert_type((127 << 23) | mant, jnp.float32)
     r = jnp.float32(1.0) / m
     t = r * lax.bitcast_convert_type((149 - (expo - 127) + 127) << 23, jnp.float32)
-    floor = jnp.floor(t)
-    frac = t - floor
     # r is 1 / m rounded to 24 bits; rounding r again is right except when r lands on
-    # a tie: then the sign of the exact 1 - m * r (Dekker's product) says which way.
-    mh, ml = _split_bits(m, 11)
-    rh, rl = _split_bits(r, 11)
+    # a tie: then the sign of the exact 1 - m * r says which way.
     p = m * r
-    rest = (jnp.float32(1.0) - p) - ((((mh * rh - p) + mh * rl) + ml * rh) + ml * rl)
-    odd = jnp.floor(floor * 0.5) * 2 != floor
-    up = (frac > 0.5) | ((frac == 0.5) & ((rest > 0) | ((rest == 0) & odd)))
-    large = floor.astype(jnp.int32) + up.astype(jnp.int32)
+    large = _round_half_even(t, (jnp.float32(1.0) - p) - _product_error(m, r, p))
     normal = lax.bitcast_convert_type(jnp.float32(1.0) / scale, jnp.int32)
     return jnp.where(expo == 0, lax.bitcast_convert_type(small, jnp.int32),
                      jnp.where(expo < 253, normal, large))
@@ -121,9 +133,7 @@ def _mul_bits(x: jax.Array, c: float) -> jax.Array:
     rounded once to a multiple of 2**-149 (subnormal result).
     """
     mant_c, exp_c = math.frexp(c)
-    cn, ec = mant_c * 2, exp_c - 1
-    ch = f32_from_bits(f32_bits(cn) & 0xFFFFF000)
-    cl = cn - ch
+    cn, ec = jnp.float32(mant_c * 2), exp_c - 1
     bits = lax.bitcast_convert_type(x, jnp.int32)
     ebits = (bits >> 23) & 0xFF
     mant = bits & 0x7FFFFF
@@ -131,22 +141,14 @@ def _mul_bits(x: jax.Array, c: float) -> jax.Array:
     shift = jnp.where(subnormal, lax.clz(mant) - 8, 0)
     ex = jnp.where(subnormal, -126 - shift, ebits - 127)
     xn = lax.bitcast_convert_type((127 << 23) | ((mant << shift) & 0x7FFFFF), jnp.float32)
-    xh = lax.bitcast_convert_type(lax.bitcast_convert_type(xn, jnp.int32) & -4096, jnp.float32)
-    xl = xn - xh
-    hi = xn * jnp.float32(cn)
-    lo = ((xh * jnp.float32(ch) - hi) + xh * jnp.float32(cl) + xl * jnp.float32(ch)) \
-        + xl * jnp.float32(cl)
+    hi = xn * cn
+    lo = _product_error(xn, cn, hi)
     hbits = lax.bitcast_convert_type(hi, jnp.int32)
     e_res = ((hbits >> 23) & 0xFF) + ex + ec
     normal = (hbits & 0x7FFFFF) | (e_res << 23)
     s = jnp.clip(149 + ex + ec, -60, 30)  # below -60 the result rounds to 0 anyway
     two_s = lax.bitcast_convert_type((s + 127) << 23, jnp.float32)
-    v, lo_s = hi * two_s, lo * two_s
-    floor = jnp.floor(v)
-    frac = v - floor
-    odd = jnp.floor(floor * 0.5) * 2 != floor
-    up = (frac > 0.5) | ((frac == 0.5) & ((lo_s > 0) | ((lo_s == 0) & odd)))
-    tiny = (floor + up).astype(jnp.int32)
+    tiny = _round_half_even(hi * two_s, lo * two_s)
     out = jnp.where(e_res >= 255, _EXP_MASK, jnp.where(e_res >= 1, normal, tiny))
     return jnp.where(bits == 0, 0, out).astype(jnp.int32)
 

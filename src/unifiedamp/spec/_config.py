@@ -307,10 +307,11 @@ def _check_init_within_bounds(config: ScalerConfig) -> None:
     # min_scale (or its first growth lower it to max_scale). Checked when a scaler is
     # built, not on a loaded state or a bound changed mid-run: there init_scale is
     # only a record, and the running scale is what the bounds act on.
-    init = f32(config.init_scale)
-    for name, bound in (("min_scale", config.min_scale), ("max_scale", config.max_scale)):
-        if bound is not None and (init < f32(bound) if name == "min_scale" else
-                                  init > f32(bound)):
-            raise ValueError(
-                f"init_scale must be within [min_scale, max_scale], got init_scale="
-                f"{config.init_scale!r} and {name}={bound!r}; start at {name} or move the bound")
+    init, lo, hi = f32(config.init_scale), config.min_scale, config.max_scale
+    name = ("min_scale" if lo is not None and init < f32(lo) else
+            "max_scale" if hi is not None and init > f32(hi) else None)
+    if name is not None:
+        raise ValueError(
+            f"init_scale must be within [min_scale, max_scale], got init_scale="
+            f"{config.init_scale!r} and {name}={getattr(config, name)!r}; start at {name} or "
+            "move the bound")
