@@ -118,8 +118,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "if lo is not None and hi is not None and f32(lo) > f32(hi):",
            "if lo is not None and hi is not None and lo > hi:", _T_CONFIG),
     Mutant("config-init-bounds-unrounded", f"{SPEC}/_config.py",
-           '("min_scale", lo is not None and init < f32(lo))',
-           '("min_scale", lo is not None and init < lo)', _T_CONFIG),
+           '"min_scale" if lo is not None and init < f32(lo) else',
+           '"min_scale" if lo is not None and init < lo else', _T_CONFIG),
     Mutant("config-bool-interval-accepted", f"{SPEC}/_config.py",
            "if not isinstance(value, numbers.Integral) or isinstance(value, bool):\n"
            "        raise _invalid(name, value, TypeError)\n    if value < 1:",
@@ -129,8 +129,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "0 < backoff <= 1 and", "0 < backoff < 1 and", _T_CONFIG),
     # ---------------------------------------------------------------- functional base (JAX, MLX)
     Mutant("functional-static-keeps-trackers", f"{BACKENDS}/_functional.py",
-           "self._make(config, self.loss_scale, zero, zero",
-           "self._make(config, self.loss_scale, self.growth_tracker, self.hysteresis_tracker",
+           "self._make(config, self.loss_scale, xp.zeros_like(self.growth_tracker),\n"
+           "                              xp.zeros_like(self.hysteresis_tracker),",
+           "self._make(config, self.loss_scale, self.growth_tracker,\n"
+           "                              self.hysteresis_tracker,",
            _T_FUNCTIONAL),
     Mutant("functional-min-clamp-swapped", f"{BACKENDS}/_functional.py",
            "backed = xp.maximum(backed,", "backed = xp.minimum(backed,", _T_FUNCTIONAL),
@@ -149,19 +151,19 @@ MUTANTS: tuple[Mutant, ...] = (
            "self._make(config, *self._arrays(state)", _T_FUNCTIONAL),
     # ---------------------------------------------------------------- JAX
     Mutant("jax-mul-bits-factor-split-8", f"{BACKENDS}/jax.py",
-           "f32_bits(cn) & 0xFFFFF000", "f32_bits(cn) & 0xFFFFFF00", _T_JAX),
+           "    bh, bl = _split_bits(b, 11)", "    bh, bl = _split_bits(b, 8)", _T_JAX),
     Mutant("jax-mul-bits-scale-split-8", f"{BACKENDS}/jax.py",
-           "jnp.int32) & -4096, jnp.float32)", "jnp.int32) & -256, jnp.float32)", _T_JAX),
+           "    ah, al = _split_bits(a, 11)", "    ah, al = _split_bits(a, 8)", _T_JAX),
     Mutant("jax-mul-bits-no-zero-case", f"{BACKENDS}/jax.py",
            "return jnp.where(bits == 0, 0, out).astype(jnp.int32)",
            "return out.astype(jnp.int32)", _T_JAX),
     Mutant("jax-unscale-checks-unscaled-grads", f"{BACKENDS}/jax.py",
-           "        finite = all_finite(grads, axis_name) & self._unscalable()\n"
+           "        finite = all_finite(grads, axis_name) & self._reciprocal_finite()\n"
            "        return _multiply(grads, *_split(_reciprocal_bits(jnp.asarray("
            "self.loss_scale)))), finite",
            "        out = _multiply(grads, *_split(_reciprocal_bits(jnp.asarray("
            "self.loss_scale))))\n"
-           "        return out, all_finite(out, axis_name) & self._unscalable()", _T_JAX),
+           "        return out, all_finite(out, axis_name) & self._reciprocal_finite()", _T_JAX),
     Mutant("jax-all-finite-sums-leaves", f"{BACKENDS}/jax.py",
            "jnp.isfinite(jnp.sum(leaf * 0))", "jnp.isfinite(jnp.sum(leaf))", _T_JAX),
     Mutant("jax-all-finite-any-device", f"{BACKENDS}/jax.py",

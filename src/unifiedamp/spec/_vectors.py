@@ -107,6 +107,15 @@ VECTORS: tuple[Vector, ...] = (
     Vector("subnormal_products_round_to_nearest",
            {"init_scale": 3 * 2.0**-140, "backoff_factor": 0.7}, "II",
            (1075 * 2.0**-149, 752 * 2.0**-149)),
+    # A subnormal product whose 24-bit rounding lands exactly on a tie: only the exact
+    # remainder below those 24 bits (positive here) says to round up. 0x1.96b8b6p-126 *
+    # 0x1.24e7a6p-3 = (1906091.5 + ~2**-24) * 2**-149, and likewise the second vector.
+    Vector("subnormal_tie_broken_by_remainder",
+           {"init_scale": float.fromhex("0x1.96b8b6p-126"),
+            "backoff_factor": float.fromhex("0x1.24e7a6p-3")}, "I", (1906092 * 2.0**-149,)),
+    Vector("subnormal_tie_broken_by_remainder_2",
+           {"init_scale": float.fromhex("0x1.33db4ep-126"),
+            "backoff_factor": float.fromhex("0x1.4fd42ep-2")}, "I", (3308389 * 2.0**-149,)),
     # Below about 2.94e-39, 1/scale overflows float32: every check finds inf, so a
     # finite step backs off like an inf one (spec.unscale_overflows).
     Vector("reciprocal_overflow_skips_finite_steps",
