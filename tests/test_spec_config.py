@@ -241,3 +241,11 @@ def test_bounds_are_compared_as_the_float32_values_the_rule_uses():
     # 1 + 1e-9 is above 1.0 but rounds to it: as float32 bounds, min == max.
     c = ScalerConfig(1.0, min_scale=1.0 + 1e-9, max_scale=1.0)
     assert spec.f32(c.min_scale) == spec.f32(c.max_scale) == 1.0
+
+
+@pytest.mark.parametrize("bound", [{"min_scale": 0.7}, {"max_scale": 0.1}])
+def test_init_scale_at_a_bound_after_float32_rounding_is_within_it(bound):
+    # f32(0.7) < 0.7 and f32(0.1) > 0.1: init_scale equal to its bound is inside only
+    # when both are compared as the float32 values the rule uses.
+    (value,) = bound.values()
+    assert ua.GradScaler(value, backend="numpy", **bound).get_scale() == spec.f32(value)
