@@ -96,3 +96,17 @@ class TestMlxConformance(ScalerContract):
         from unifiedamp.backends.mlx import MlxGradScaler
 
         return MlxGradScaler.conformance_adapter()
+
+
+@pytest.mark.framework("paddle")
+class TestPaddleConformance(ScalerContract):
+    """paddle.nn.Linear, Adam, autograd of a scaled loss on CPU: Paddle's unscale kernel."""
+
+    backend = "paddle"
+
+    @pytest.fixture
+    def adapter(self):
+        pytest.importorskip("paddle")
+        from unifiedamp.backends.paddle import PaddleGradScaler
+
+        return PaddleGradScaler.conformance_adapter()

@@ -56,12 +56,15 @@ BUILTIN: dict[str, BackendInfo] = {
     "jax": BackendInfo("jax", "unifiedamp.backends.jax:JaxGradScaler", "jax",
                        ("jax", "jaxlib", "optax", "flax"), "pip install 'unifiedamp[jax]'",
                        f"{_ADAPTERS}.jax:JaxAdapter"),
+    "paddle": BackendInfo("paddle", "unifiedamp.backends.paddle:PaddleGradScaler", "paddlepaddle",
+                          ("paddle",), "pip install 'unifiedamp[paddle]'",
+                          f"{_ADAPTERS}.paddle:PaddleAdapter"),
     "mlx": BackendInfo("mlx", "unifiedamp.backends.mlx:MlxGradScaler", "mlx", ("mlx",),
                        "pip install 'unifiedamp[mlx]'", f"{_ADAPTERS}.mlx:MlxAdapter"),
 }
 
 # Every framework's top-level modules -> its backend name, also for frameworks
-# whose backend is not in this release (paddle, keras): detecting one of those
+# whose backend is not in this release (keras): detecting one of those
 # must give a clear answer instead of silently falling back to NumPy.
 _KNOWN_FRAMEWORKS = {
     "keras": "keras", "tensorflow": "keras", "torch": "torch", "paddle": "paddle",

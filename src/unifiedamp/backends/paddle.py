@@ -1,0 +1,573 @@
+"""The PaddlePaddle backend: a real ``paddle.amp.GradScaler`` that follows the spec bit for bit.
+
+paddle 3.3.1's own scaler cannot be used as it is: it disables itself on a
+CPU place and (unless ``auto_cast`` set float16) at the first ``scale()``, its
+backoff path raises ``TypeError`` with NumPy 2 (``float()`` of a 1-element
+tensor), ``update()`` sees only the last optimizer's inf flag and reuses a
+stale one when no step ran, and growth past float32 makes the scale inf. This
+subclass keeps its class, names and verbs and replaces its behaviour:
+
+- the gradients are checked and unscaled by Paddle's own kernel
+  ``check_finite_and_unscale_`` (float32 gradients; other dtypes by the same
+  arithmetic in elementwise ops), on whatever place the scale lives;
+- every check of the iteration (every optimizer, every ``unscale_``, every
+  rank) is OR-ed into the one ``found_inf`` the update acts on;
+- the update is the spec's rule, applied to the host copy of the state (the
+  scale is a float32 value, the trackers are ints): ``step()`` must read the
+  flag on the host anyway to decide whether to call ``optimizer.step()``, as
+  Paddle's optimizers do, so keeping the rule there costs no extra sync.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+from paddle import _C_ops
+from paddle.amp.grad_scaler import OptimizerState, _refresh_optimizer_state
+
+from unifiedamp import spec
+from unifiedamp._monitor import CollapseMonitor
+from unifiedamp._scaler import (
+    GradScaler,
+    NoInfChecksError,
+    ScaleNotCalledError,
+    new_scale_value,
+)
+from unifiedamp._tree import leaves, tree_map
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+__all__ = ["PaddleGradScaler", "paddle_expressible"]
+
+_EXTRA_NAMES = ("device", "process_group", "distributed", "max_consecutive_skips",
+                "on_collapse", "backend")
+
+# Paddle's CPU kernel check_finite_and_unscale_ takes float32 and float64
+# gradients only (3.3.1), and for float64 it divides by a float64 scale, not by
+# the float32 reciprocal every other backend multiplies by: only float32 goes
+# through it. bfloat16/float16 (GPU training, or multi_precision parameters)
+# and float64 take the elementwise path, which does the same arithmetic.
+_KERNEL_DTYPES = (paddle.float32,)
+
+
+def paddle_expressible(config: ScalerConfig) -> bool:
+    """Whether ``paddle.amp.GradScaler`` can hold this config (its state dict can carry it).
+
+    Example:
+        >>> paddle_expressible(ScalerConfig()), paddle_expressible(ScalerConfig(min_scale=1.0))
+        (True, False)
+    """
+    return (config.growth_factor > 1.0 and config.backoff_factor < 1.0
+            and config.min_scale is None and config.max_scale is None)
+
+
+def _place(device: Any) -> Any:
+    """The Paddle place for ``device`` (a string such as ``"cpu"`` or ``"gpu:0"``, or a
+    place); ``None`` is Paddle's current device (``paddle.get_device()``)."""
+    if device is None:
+        device = paddle.get_device()
+    if not isinstance(device, str):
+        return device
+    kind = device.split(":")[0].lower()
+    if kind in ("gpu", "cuda") and not paddle.is_compiled_with_cuda():
+        # Paddle's own message ("The device should not be <re.Match object...>")
+        # says neither what was asked nor what to do.
+        raise RuntimeError(
+            f"device={device!r} but this paddle is built without CUDA "
+            "(paddle.is_compiled_with_cuda() is False): pass device='cpu' or enabled=False, or "
+            "install paddlepaddle-gpu")
+    try:
+        return paddle.device._convert_to_place(device.lower().replace("cuda", "gpu"))
+    except (ValueError, RuntimeError) as exc:
+        raise ValueError(f"{device!r} is not a paddle device ({exc}); pass 'cpu', 'gpu' or "
+                         "'gpu:N' (or leave device out: paddle.get_device())") from None
+
+
+def _params_of(optimizer: Any) -> list[Any]:
+    groups = getattr(optimizer, "_param_groups", None)
+    if groups is None:
+        raise TypeError(f"optimizer must be a paddle.optimizer.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    params = []
+    for group in groups:
+        params.extend(group["params"] if isinstance(group, dict) else [group])
+    return params
+
+
+class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
+    """``paddle.amp.GradScaler`` with the unifiedamp spec, config, state and reporting.
+
+    It is a real ``paddle.amp.GradScaler`` (``isinstance`` holds, Paddle's verbs
+    and getters/setters work: ``minimize``, ``is_enable``,
+    ``get_incr_ratio``...), and it has torch's verbs too. Unlike Paddle's own,
+    it scales on every place, CPU included, whatever ``auto_cast`` is set to.
+
+    Args:
+        *args: ``init_scale, growth_factor, backoff_factor, growth_interval, enabled``
+            (the spec's order; Paddle's constructor starts with ``enable``: pass
+            Paddle's names as keywords, e.g. ``init_loss_scaling=1024``).
+        device: Where the scale lives: ``"cpu"``, ``"gpu"``, ``"gpu:N"`` or a Paddle
+            place (default: ``paddle.get_device()`` when the scaler is built).
+        process_group: With ``paddle.distributed`` initialised, the group whose
+            ranks must agree on found_inf (default: every rank).
+        distributed: ``None`` (default) all-reduces found_inf whenever
+            ``paddle.distributed`` is initialised with more than one rank; ``False`` never.
+        max_consecutive_skips: Warn once after this many skipped iterations in a
+            row (``None``: only when the scale drops below float32's smallest normal).
+        on_collapse: ``"warn"`` or ``"raise"``.
+        **kwargs: The other config parameters, by canonical name or alias (Paddle's
+            ``init_loss_scaling``, ``incr_ratio``, ``decr_ratio``, ``incr_every_n_steps``,
+            ``decr_every_n_nan_or_inf``, ``enable``, ``use_dynamic_loss_scaling``).
+
+    Attributes:
+        last_step_skipped: Whether the last ``step()`` skipped ``optimizer.step()``.
+        num_steps: ``step()`` calls made while enabled.
+        num_skipped_steps: Of those, how many skipped the optimizer.
+
+    Example:
+        >>> import paddle
+        >>> import unifiedamp as ua
+        >>> model = paddle.nn.Linear(3, 1)
+        >>> opt = paddle.optimizer.SGD(learning_rate=0.1, parameters=model.parameters())
+        >>> scaler = ua.GradScaler(init_loss_scaling=1024.0, incr_every_n_steps=2,
+        ...                        backend="paddle")
+        >>> isinstance(scaler, paddle.amp.GradScaler)
+        True
+        >>> scaler.scale(model(paddle.ones([2, 3])).sum()).backward()
+        >>> scaler.step(opt); scaler.update()
+        >>> scaler.get_scale(), scaler.last_step_skipped
+        (1024.0, False)
+    """
+
+    backend = "paddle"
+
+    def __init__(
+        self,
+        *args: Any,
+        device: Any = None,
+        process_group: Any = None,
+        distributed: bool | None = None,
+        max_consecutive_skips: int | None = 100,
+        on_collapse: str = "warn",
+        **kwargs: Any,
+    ):
+        if args and isinstance(args[0], bool):
+            raise TypeError(
+                f"the first positional argument is init_scale (the spec's order), got "
+                f"{args[0]!r}: paddle.amp.GradScaler starts with enable, so pass Paddle's "
+                f"parameters by name, e.g. GradScaler(enable={args[0]!r}, "
+                "init_loss_scaling=65536.0, backend='paddle')")
+        config = spec.config_from_args(args, kwargs, extra_names=_EXTRA_NAMES)
+        monitor = CollapseMonitor(max_consecutive_skips, on_collapse)
+        place = _place(device)
+        # paddle 3.3.1 disables an enabled scaler on a CPU place (with a warning)
+        # and asserts factors != 1: built disabled, it sets nothing we need, and
+        # the attributes its methods read are set from the config below.
+        super().__init__(enable=False)
+        self._config = config
+        self._monitor = monitor
+        self._place = place
+        self._process_group = process_group
+        self._distributed = distributed
+        self._state = ScalerState.initial(config)
+        self._scale = paddle.to_tensor(np.array([self._state.scale], np.float32), place=place)
+        self._factors: dict[Any, Any] = {}  # dtype -> 0-d scale or 1/scale tensor
+        # optimizer id -> {"state": OptimizerState, "found_inf": bool or bool tensor}
+        self._optimizer_states = defaultdict(_refresh_optimizer_state)
+        self._functional_found_inf: list[Any] = []
+        self._found_inf = False
+        self._cache_found_inf = None
+        self._scale_called = False
+        self._bf16_warned = False
+        self._updates = 0
+        self.last_step_skipped = False
+        self.num_steps = 0
+        self.num_skipped_steps = 0
+        self._sync_paddle_attributes()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._state}, {self._config})"
+
+    def _sync_paddle_attributes(self) -> None:
+        # Paddle's own attribute names, for code and tools that read them.
+        c, s = self._config, self._state
+        self._enable = c.enabled
+        self._use_dynamic_loss_scaling = c.dynamic
+        self._init_loss_scaling = c.init_scale
+        self._incr_ratio = c.growth_factor
+        self._decr_ratio = c.backoff_factor
+        self._incr_every_n_steps = c.growth_interval
+        self._decr_every_n_nan_or_inf = c.hysteresis
+        self._incr_count = s.growth_tracker
+        self._decr_count = s.hysteresis_tracker
+
+    def _set_state(self, state: ScalerState) -> None:
+        if state.scale != self._state.scale:
+            self._scale.fill_(state.scale)  # a float32 value: fill_ stores it exactly
+            self._factors.clear()
+        self._state = state
+        self._incr_count = state.growth_tracker
+        self._decr_count = state.hysteresis_tracker
+
+    def _set_config(self, **changes: Any) -> None:
+        self._config = self._config.replace(**changes)
+        self._sync_paddle_attributes()
+
+    # ------------------------------------------------------------ config and state
+
+    @property
+    def config(self) -> ScalerConfig:
+        return self._config
+
+    @property
+    def state(self) -> ScalerState:
+        return self._state
+
+    @property
+    def native(self) -> PaddleGradScaler:
+        """The ``paddle.amp.GradScaler`` to hand to Paddle code: this scaler itself."""
+        return self
+
+    def is_enabled(self) -> bool:
+        return self._config.enabled
+
+    def is_enable(self) -> bool:
+        """Paddle's name for :meth:`is_enabled`."""
+        return self._config.enabled
+
+    def is_use_dynamic_loss_scaling(self) -> bool:
+        return self._config.dynamic
+
+    def get_scale(self) -> float:
+        """The current scale; 1.0 when disabled, as in torch."""
+        return self._state.scale if self._config.enabled else 1.0
+
+    def get_init_loss_scaling(self) -> float:
+        return self._config.init_scale
+
+    def set_init_loss_scaling(self, new_init_loss_scaling: float) -> None:
+        """Sets ``init_scale`` and, as Paddle does, the current scale (trackers kept)."""
+        self._set_config(init_scale=new_init_loss_scaling)
+        self._set_state(self._state._replace(scale=spec.f32(self._config.init_scale)))
+
+    def get_growth_factor(self) -> float:
+        return self._config.growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        self._set_config(growth_factor=new_factor)
+
+    get_incr_ratio = get_growth_factor
+    set_incr_ratio = set_growth_factor
+
+    def get_backoff_factor(self) -> float:
+        return self._config.backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._set_config(backoff_factor=new_factor)
+
+    get_decr_ratio = get_backoff_factor
+    set_decr_ratio = set_backoff_factor
+
+    def get_growth_interval(self) -> int:
+        return self._config.growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        """Changes the interval; a tracker already past it grows on the next finite update."""
+        self._set_config(growth_interval=new_interval)
+
+    get_incr_every_n_steps = get_growth_interval
+    set_incr_every_n_steps = set_growth_interval
+
+    def get_hysteresis(self) -> int:
+        return self._config.hysteresis
+
+    def set_hysteresis(self, new_hysteresis: int) -> None:
+        self._set_config(hysteresis=new_hysteresis)
+
+    get_decr_every_n_nan_or_inf = get_hysteresis
+    set_decr_every_n_nan_or_inf = set_hysteresis
+
+    def state_dict(self) -> dict[str, Any]:
+        """The canonical dict (every unifiedamp backend loads it); a disabled scaler
+        returns it too, with ``enabled`` False. ``native_state_dict()`` gives Paddle's.
+
+        Example:
+            >>> d = PaddleGradScaler(1024.0).state_dict()
+            >>> d["format"], d["scale"], d["growth_tracker"]
+            ('unifiedamp.GradScaler', 1024.0, 0)
+        """
+        return spec.to_state_dict(self._config, self._state, self.backend)
+
+    def native_state_dict(self) -> dict[str, Any]:
+        """``paddle.amp.GradScaler``'s own state dict (``{}`` when disabled, as Paddle's).
+
+        Raises:
+            ValueError: The config uses options Paddle's format cannot carry.
+
+        Example:
+            >>> import paddle
+            >>> d = PaddleGradScaler(1024.0).native_state_dict()
+            >>> d["scale"], d["incr_count"]
+            (array([1024.], dtype=float32), 0)
+        """
+        if not paddle_expressible(self._config):
+            raise ValueError(
+                f"paddle.amp.GradScaler's state dict cannot carry this config ({self._config}: "
+                "Paddle has no min/max scale and refuses factors of 1); use state_dict(), "
+                "which every unifiedamp backend loads")
+        if not self._config.enabled:
+            return {}
+        c, s = self._config, self._state
+        return {"scale": np.array([s.scale], np.float32), "incr_ratio": c.growth_factor,
+                "decr_ratio": c.backoff_factor, "incr_every_n_steps": c.growth_interval,
+                "decr_every_n_nan_or_inf": c.hysteresis, "incr_count": s.growth_tracker,
+                "decr_count": s.hysteresis_tracker, "use_dynamic_loss_scaling": c.dynamic}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a canonical dict of any backend, or a native Paddle or torch dict.
+
+        ``enabled`` stays as this scaler was built. A dict that fails validation
+        raises ``ValueError`` and changes nothing.
+        """
+        config, state = spec.parse_state_dict(state_dict, base=self._config)
+        self._config = config.replace(enabled=self._config.enabled)
+        self._sync_paddle_attributes()
+        self._set_state(state)
+
+    # ------------------------------------------------------------ the verbs
+
+    def _factor(self, dtype: Any, reciprocal: bool = False) -> Any:
+        """The 0-d scale (or ``f32(1 / scale)``, the float64 reciprocal rounded once) as a
+        tensor to multiply a ``dtype`` tensor by: float64 for float64, else float32
+        (16-bit values are multiplied in float32 and rounded back, as NumPy does)."""
+        key = (dtype == paddle.float64, reciprocal)
+        factor = self._factors.get(key)
+        if factor is None:
+            value = np.float32(self._state.scale)
+            if reciprocal:
+                with np.errstate(divide="ignore", over="ignore"):
+                    value = np.float32(np.float64(1.0) / np.float64(value))
+            factor = paddle.to_tensor(np.asarray(value, np.float64 if key[0] else np.float32),
+                                      place=self._place)
+            self._factors[key] = factor
+        return factor
+
+    def _multiply(self, tensor: Any, reciprocal: bool = False) -> Any:
+        if tensor.dtype in (paddle.float32, paddle.float64):
+            return tensor * self._factor(tensor.dtype, reciprocal)
+        return (tensor.astype(paddle.float32) * self._factor(tensor.dtype, reciprocal)
+                ).astype(tensor.dtype)
+
+    def scale(self, var: Any) -> Any:
+        """Multiplies a tensor, or a list/tuple/dict of them, by the scale (shape and dtype
+        kept), on every place and whatever ``auto_cast`` is set to."""
+        if not self._config.enabled:
+            return var
+        self._scale_called = True
+        if not self._bf16_warned:
+            self._warn_if_bf16(var)
+        return tree_map(self._scale_one, var)
+
+    def _scale_one(self, tensor: Any) -> Any:
+        if not isinstance(tensor, paddle.Tensor):
+            raise TypeError(f"scale() takes a paddle.Tensor or a list/tuple/dict of them, got "
+                            f"{type(tensor).__name__}")
+        if not paddle.is_floating_point(tensor):
+            raise TypeError(f"scale() takes floating-point tensors, got {tensor.dtype}")
+        return self._multiply(tensor)
+
+    def _warn_if_bf16(self, outputs: Any) -> None:
+        first = next(iter(leaves(outputs)), None)
+        if not isinstance(first, paddle.Tensor):
+            return
+        tracer = paddle.base.framework._dygraph_tracer()
+        autocast_bf16 = (tracer is not None and str(tracer._amp_level) != "AmpLevel.O0"
+                         and tracer._amp_dtype == "bfloat16")
+        if first.dtype == paddle.bfloat16 or autocast_bf16:
+            self._bf16_warned = True
+            # paddle.amp.GradScaler disables itself here (3.3.1); this one keeps
+            # scaling, which is harmless, and says once that it is unnecessary.
+            warnings.warn(
+                "Loss scaling is unnecessary with bfloat16: it has float32's exponent range, "
+                "so gradients do not underflow. Build the scaler with enabled=False (every verb "
+                "becomes a pass-through) or drop it.", UserWarning, stacklevel=3)
+
+    def _require_scale_called(self, verb: str) -> None:
+        # torch raises here; without it the gradients of an unscaled loss would be
+        # divided by the scale and the step taken. Only before the first scale().
+        if not self._scale_called:
+            raise ScaleNotCalledError(
+                f"Attempted {verb} before any scale(): the gradients were not computed from "
+                f"a scaled loss. Fix: call scaler.scale(loss).backward() before "
+                f"scaler.{verb}(optimizer); without it the unscaled gradients would be "
+                "divided by the scale.")
+
+    def _check_and_unscale(self, grads: list[Any]) -> Any:
+        """Unscales ``grads`` in place; returns found_inf (a bool, or a bool tensor on
+        the scale's place) for the gradients as given, before unscaling."""
+        flags = []
+        kernel = [g for g in grads if g.dtype in _KERNEL_DTYPES]
+        if kernel:
+            # It returns a new flag: the one passed in is not written in eager mode.
+            _, flag = _C_ops.check_finite_and_unscale_(
+                kernel, self._scale, paddle.zeros([1], dtype=paddle.bool))
+            flags.append(flag)
+        for g in grads:
+            if g.dtype not in _KERNEL_DTYPES:
+                wide = g if g.dtype == paddle.float64 else g.astype(paddle.float32)
+                flags.append(paddle.logical_not(paddle.isfinite(wide).all()).reshape([1]))
+                paddle.assign(self._multiply(g, reciprocal=True), g)
+        if spec.unscale_overflows(self._state.scale):
+            # 1/scale is inf in float32: every unscaled gradient is inf or NaN.
+            return True
+        return functools.reduce(paddle.logical_or, flags) if flags else False
+
+    def unscale_(self, optimizer: Any) -> None:
+        """Divides the optimizer's gradients by the scale in place and records inf/NaN,
+        agreed across ranks when ``paddle.distributed`` is initialised."""
+        if not self._config.enabled:
+            return
+        self._require_scale_called("unscale_")
+        state = self._optimizer_states[id(optimizer)]
+        if state["state"] is OptimizerState.UNSCALED:
+            raise RuntimeError(
+                "unscale_() has already been called on this optimizer since the last update().")
+        if state["state"] is OptimizerState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        grads = [p.grad for p in _params_of(optimizer) if p.grad is not None]
+        found = self._check_and_unscale(grads) if grads else None
+        if self._across_ranks():
+            found = self._agree_across_ranks(found)
+        if found is not None:
+            state["found_inf"] = found
+        state["state"] = OptimizerState.UNSCALED
+
+    def _unscale(self, optimizer: Any) -> None:
+        # The name paddle.amp.GradScaler's own code (and tools built on it) calls.
+        self.unscale_(optimizer)
+
+    def _across_ranks(self) -> bool:
+        return (self._distributed is not False and dist.is_initialized()
+                and dist.get_world_size(self._process_group) > 1)
+
+    def _agree_across_ranks(self, found: Any) -> Any:
+        # Every rank joins the collective, also one whose shard has no gradient.
+        flag = paddle.to_tensor([1 if found is True else 0], dtype=paddle.int32,
+                                place=self._place)
+        if isinstance(found, paddle.Tensor):
+            flag = paddle.maximum(flag, found.astype(paddle.int32))
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._process_group)
+        return flag > 0
+
+    def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        """Unscales (unless ``unscale_`` was called) and calls ``optimizer.step()`` unless a
+        gradient was inf/NaN; returns what it returned, or ``None`` when skipped."""
+        return self._step(optimizer, optimizer.step, *args, **kwargs)
+
+    def _step(self, optimizer: Any, call: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self._config.enabled:
+            return call(*args, **kwargs)
+        self._require_scale_called("step")
+        state = self._optimizer_states[id(optimizer)]
+        if state["state"] is OptimizerState.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        if state["state"] is OptimizerState.INIT:
+            self.unscale_(optimizer)
+        if "found_inf" not in state:
+            raise NoInfChecksError("No inf checks were recorded for this optimizer.")
+        # The one host read: Python must decide whether to step (Paddle's optimizers
+        # read their found_inf the same way).
+        skipped = bool(state["found_inf"])
+        state["found_inf"] = skipped
+        state["state"] = OptimizerState.STEPPED
+        self.last_step_skipped = skipped
+        self.num_steps += 1
+        self.num_skipped_steps += int(skipped)
+        return None if skipped else call(*args, **kwargs)
+
+    def minimize(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        """Paddle's one-call step: ``step`` through ``optimizer.minimize(*args, **kwargs)``,
+        then ``update()``. Returns ``optimizer.minimize``'s result, ``(None, None)`` when
+        skipped (as Paddle's).
+
+        Example:
+            >>> import paddle
+            >>> model = paddle.nn.Linear(3, 1)
+            >>> opt = paddle.optimizer.Adam(parameters=model.parameters())
+            >>> scaler = PaddleGradScaler(1024.0)
+            >>> scaled = scaler.scale(model(paddle.ones([2, 3])).mean())
+            >>> scaled.backward()
+            >>> _ = scaler.minimize(opt, scaled)
+            >>> scaler.last_step_skipped, scaler.state.growth_tracker
+            (False, 1)
+        """
+        retval = self._step(optimizer, optimizer.minimize, *args, **kwargs)
+        if self._config.enabled:
+            self.update()
+        return (None, None) if retval is None else retval
+
+    def unscale(self, grads: Any) -> tuple[Any, Any]:
+        """Functional unscale: ``(unscaled copies of grads, all finite)``.
+
+        ``grads`` is a tensor or a list/tuple/dict of them; ``all finite`` is a bool
+        tensor (or a Python bool when the scale's reciprocal overflows). The check
+        counts towards the next ``update()``.
+        """
+        for leaf in leaves(grads):
+            if not isinstance(leaf, paddle.Tensor):
+                raise TypeError(
+                    f"grads must be a paddle.Tensor or a list/tuple/dict of them, got a "
+                    f"{type(leaf).__name__} leaf ({leaf!r}); convert it with paddle.to_tensor")
+        out = tree_map(lambda g: g.detach().clone(), grads)
+        if not self._config.enabled:
+            return out, True
+        found = self._check_and_unscale(leaves(out))
+        self._functional_found_inf.append(found)
+        if isinstance(found, bool):
+            return out, paddle.to_tensor(not found)
+        return out, paddle.logical_not(found.reshape([]))
+
+    def update(self, new_scale: Any = None) -> None:
+        """Adapts the scale from every check since the last update, per the spec.
+
+        ``new_scale`` (a float, a 1-element array or tensor; finite and > 0) sets the
+        scale instead, leaving the trackers, as torch does.
+        """
+        if not self._config.enabled:
+            return
+        if new_scale is not None:
+            if isinstance(new_scale, paddle.Tensor):
+                if new_scale.size != 1 or not paddle.is_floating_point(new_scale):
+                    raise TypeError(f"new_scale must be a float or a 1-element array/tensor, "
+                                    f"got {new_scale!r}")
+                new_scale = float(new_scale.item())
+            self._set_state(self._state._replace(scale=new_scale_value(new_scale)))
+        else:
+            checks = [s["found_inf"] for s in self._optimizer_states.values() if "found_inf" in s]
+            checks += self._functional_found_inf
+            if not checks:
+                raise NoInfChecksError("No inf checks were recorded prior to update.")
+            found_inf = any(bool(flag) for flag in checks)
+            self._cache_found_inf = found_inf
+            self._set_state(spec.update(self._config, self._state, found_inf))
+            self._updates += 1
+            self._monitor.observe(self._updates, self._state.scale, found_inf)
+        self._optimizer_states = defaultdict(_refresh_optimizer_state)
+        self._functional_found_inf = []
+
+    def _update(self) -> None:
+        # The name paddle.amp.GradScaler's own code calls after a step.
+        self.update()
+
+    # ------------------------------------------------------------ tooling
+
+    @classmethod
+    def devices(cls) -> list[str]:
+        """``cpu`` and every GPU Paddle sees."""
+        count = paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+        return ["cpu"] + [f"gpu:{i}" for i in range(count)]
