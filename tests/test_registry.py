@@ -93,14 +93,15 @@ def test_keras_claims_the_framework_it_runs_on(run_python):
 
 
 def test_a_known_framework_without_a_backend_in_this_version_says_so():
-    with pytest.raises(ua.UnknownBackendError, match="backend 'paddle' is not available in this "
+    with pytest.raises(ua.UnknownBackendError, match="backend 'keras' is not available in this "
                                                      "version of unifiedamp"):
-        ua.GradScaler(backend="paddle")
+        ua.GradScaler(backend="keras")
 
 
 def test_unknown_backend_name_lists_the_available_ones():
-    with pytest.raises(ua.UnknownBackendError, match=r"Unknown backend 'nmpy'; available: "
-                                                     r"\['jax', 'mlx', 'numpy', 'torch'\]"):
+    with pytest.raises(ua.UnknownBackendError,
+                       match=r"Unknown backend 'nmpy'; available: "
+                             r"\['jax', 'mlx', 'numpy', 'paddle', 'torch'\]"):
         ua.GradScaler(backend="nmpy")
 
 
@@ -217,10 +218,17 @@ def test_paddle_objects_are_detected_as_paddle_without_importing_paddle():
     optimizer = type("Adam", (), {"__module__": "paddle.optimizer"})()
     imported = "paddle" in sys.modules
     assert _registry.detect(optimizer) == "paddle"
-    with pytest.raises(ua.UnknownBackendError, match="backend 'paddle' is not available in this "
-                                                     "version of unifiedamp"):
-        ua.GradScaler(backend=optimizer)
     assert ("paddle" in sys.modules) == imported
+
+
+@pytest.mark.framework("paddle")
+def test_real_paddle_optimizers_and_tensors_select_the_paddle_backend():
+    paddle = pytest.importorskip("paddle")
+    from unifiedamp.backends.paddle import PaddleGradScaler
+
+    layer = paddle.nn.Linear(2, 1)
+    for obj in (paddle.optimizer.AdamW(parameters=layer.parameters()), paddle.ones([2]), layer):
+        assert type(ua.GradScaler(backend=obj)) is PaddleGradScaler
 
 
 def test_paddle_after_tensorflow_is_refused_instead_of_crashing(run_python):

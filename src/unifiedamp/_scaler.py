@@ -33,7 +33,7 @@ class NoInfChecksError(RuntimeError, AssertionError):
 
 
 class ScaleNotCalledError(RuntimeError, AssertionError):
-    """``step()`` or ``unscale_()`` came before any ``scale()`` (torch backend).
+    """``step()`` or ``unscale_()`` came before any ``scale()`` (torch and paddle backends).
 
     torch raises an AssertionError here (``Attempted step but _scale is None``);
     this is also a RuntimeError, like the other call-order errors, so either
@@ -109,7 +109,7 @@ class GradScaler(metaclass=_FacadeMeta):
 
     Every backend's scaler is an instance of this class. The abstract members
     below are what every backend provides. Backends come in two styles:
-    imperative ones (numpy, torch) keep torch's verbs and mutate themselves
+    imperative ones (numpy, torch, paddle) keep torch's verbs and mutate themselves
     (``unscale_``, ``step``, ``update()``); functional ones (jax, mlx) are
     immutable values (``unscale(grads)``, ``update(finite)`` returns a new
     scaler). The verbs of the other style raise ``NotImplementedError`` saying

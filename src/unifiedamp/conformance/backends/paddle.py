@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 from typing import Any
 
 import numpy as np
 import paddle
 
+import unifiedamp
 from unifiedamp.conformance.adapters import STEP_KINDS, ImperativeAdapter, Problem
+from unifiedamp.spec import ScalerState
 
-__all__ = ["PaddleAdapter", "make_problem"]
+__all__ = ["PaddleAdapter", "make_problem", "run_ranks"]
 
 OPTIMIZERS = {
     "adam": lambda params: paddle.optimizer.Adam(learning_rate=1e-3, parameters=params),
@@ -64,7 +73,7 @@ class PaddleAdapter(ImperativeAdapter):
     def __init__(self, scaler_cls: Any, optimizer: str = "adam", device: str = "cpu"):
         self.optimizer, self.device = optimizer, device
         capabilities = {"multi_optimizer", "inplace_unscale", "functional_unscale", "scale_tree",
-                        "set_config", "disable", "state_dict"}
+                        "set_config", "disable", "state_dict", "distributed"}
 
         def new_scaler(**config: Any) -> Any:
             paddle.set_device(device)
@@ -84,3 +93,90 @@ class PaddleAdapter(ImperativeAdapter):
     def unscale_tree(self, handle: Any, tree: Any) -> tuple[Any, bool]:
         out, finite = super().unscale_tree(handle, tree)
         return out, bool(finite)
+
+    def distributed_iterate(self, handle: Any, kinds_per_rank: list[str]) -> list[ScalerState]:
+        """One iteration on len(kinds_per_rank) CPU ranks (``paddle.distributed.launch``,
+        gloo), each with its own gradients; the states the ranks end with."""
+        results = run_ranks(handle[0].config.to_dict(), kinds_per_rank, self.optimizer)
+        return [ScalerState(*r["state"]) for r in results]
+
+
+def _tail(path: str, chars: int = 3000) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-chars:]
+    except OSError as exc:
+        return f"<unreadable: {exc}>"
+
+
+def _kill_ranks(out: str) -> None:
+    # The launcher starts each rank in a session of its own: killing the launcher
+    # leaves a rank stuck in a collective running. Each rank wrote its pid first.
+    for path in glob.glob(os.path.join(out, "pid.*")):
+        try:
+            with open(path) as f:
+                os.kill(int(f.read().strip()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+def run_ranks(config: dict[str, Any], kinds_per_rank: list[str], optimizer: str = "adam",
+              iterations: int = 1, scaler_options: dict[str, Any] | None = None,
+              timeout: float = 300) -> list[dict[str, Any]]:
+    """Runs ``python -m paddle.distributed.launch --nproc_per_node N`` on CPU (gloo);
+    rank r trains on gradients of kind ``kinds_per_rank[r]``.
+
+    ``kinds_per_rank[r]`` is one kind (``"F"``, ``"I"``, ``"N"``, or ``"-"`` for no
+    gradient at all) or one per iteration (the last repeated). ``scaler_options`` go
+    to ``PaddleGradScaler`` besides the config (e.g. ``{"distributed": False}``).
+
+    Returns per rank: ``state`` (scale, trackers), ``stepped`` (did any parameter
+    change), ``skipped`` (skipped steps) and ``iterations`` (the same after each one).
+
+    Raises:
+        RuntimeError: The launch failed or outlived ``timeout`` seconds (with the tail
+            of each rank's log); every rank is killed first.
+    """
+    world = len(kinds_per_rank)
+    src = os.path.dirname(os.path.dirname(os.path.abspath(unifiedamp.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [src, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    with tempfile.TemporaryDirectory(prefix="unifiedamp-paddle-ranks-") as tmp:
+        logs = os.path.join(tmp, "log")
+        job = {"config": config, "options": scaler_options or {}, "kinds": list(kinds_per_rank),
+               "optimizer": optimizer, "iterations": iterations, "out": tmp}
+        # The rank program runs with -m and from tmp: run as a file, its own folder
+        # (this one, with paddle.py and torch.py in it) would shadow the frameworks.
+        command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node",
+                   str(world), "--log_dir", logs, sys.executable, "-m",
+                   "unifiedamp.conformance.backends.paddle_ranks", json.dumps(job)]
+        proc = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            failure = f"exit code {proc.returncode}" if proc.returncode else None
+        except subprocess.TimeoutExpired:
+            _kill_ranks(tmp)
+            proc.terminate()  # the launcher stops its ranks (also one not yet started)
+            try:
+                output, _ = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                output, _ = proc.communicate()
+            failure = f"no result within {timeout} s (a rank hung?); every rank was killed"
+        paths = [os.path.join(tmp, f"{rank}.json") for rank in range(world)]
+        if failure is None and not all(os.path.exists(p) for p in paths):
+            failure = "a rank wrote no result"
+        if failure is not None:
+            _kill_ranks(tmp)
+            logs_tail = "".join(
+                f"\n--- {os.path.basename(p)} ---\n{_tail(p)}"
+                for p in sorted(glob.glob(os.path.join(logs, "workerlog.*"))))
+            raise RuntimeError(
+                f"paddle.distributed.launch with {world} ranks ({kinds_per_rank}) failed: "
+                f"{failure}\n--- launcher ---\n{(output or '')[-2000:]}{logs_tail}")
+        results = []
+        for path in paths:
+            with open(path) as f:
+                results.append(json.load(f))
+    return results
