@@ -163,7 +163,8 @@ def test_paddle_members_the_paddle_backend_relies_on(run_python):
         assert str(tracer._amp_level) == "AmpLevel.O0" and tracer._amp_dtype == "float32"
         assert str(paddle.device._convert_to_place("cpu")) == "Place(cpu)"
         layer = paddle.nn.Linear(2, 1)
-        opt = paddle.optimizer.SGD(parameters=[{"params": [layer.weight]}, {"params": [layer.bias]}])
+        opt = paddle.optimizer.SGD(parameters=[{"params": [layer.weight]},
+                                               {"params": [layer.bias]}])
         assert [len(g["params"]) for g in opt._param_groups] == [1, 1]
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # built disabled, it must not warn on a CPU place
