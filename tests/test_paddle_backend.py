@@ -124,6 +124,12 @@ def f32(x):
     return np.float32(x)
 
 
+def paddle_scalar(value, dtype="float32"):
+    import paddle
+
+    return paddle.to_tensor(value, dtype=dtype)
+
+
 # ---------------------------------------------------------------- the native scaler, forced on
 
 
@@ -179,6 +185,7 @@ def test_paddle_names_table_has_the_seven_constructor_parameters(paddle):
 
 @pytest.mark.parametrize("canonical", sorted(PADDLE_NAMES))
 def test_each_paddle_keyword_gives_the_canonical_config(canonical):
+    # A Paddle script ported with its keywords must get the config it asked for.
     paddle_name, value = PADDLE_NAMES[canonical]
     ours = scaler_of(**{paddle_name: value})
     assert ours.config == scaler_of(**{canonical: value}).config
@@ -187,6 +194,7 @@ def test_each_paddle_keyword_gives_the_canonical_config(canonical):
 
 
 def test_all_paddle_keywords_together_and_two_spellings_of_one_refused():
+    # All seven at once (no alias shadows another); one parameter spelled twice is ambiguous.
     ours = scaler_of(**{p: v for p, v in PADDLE_NAMES.values()})
     assert ours.config == ua.ScalerConfig(**{c: v for c, (_, v) in PADDLE_NAMES.items()})
     with pytest.raises(TypeError, match="incr_ratio"):
@@ -204,6 +212,7 @@ def test_defaults_are_paddle_3x_defaults(paddle):
 
 
 def test_it_is_a_real_paddle_grad_scaler_and_detected_from_paddle_objects(paddle):
+    # Paddle code type-checks its scaler; backend=None/objects must pick this class.
     from unifiedamp.backends.paddle import PaddleGradScaler
 
     model = mlp()
@@ -216,6 +225,7 @@ def test_it_is_a_real_paddle_grad_scaler_and_detected_from_paddle_objects(paddle
 
 
 def test_paddle_and_torch_getters_agree():
+    # Both vocabularies read one config: a getter reading a stale copy would disagree.
     s = scaler_of(**{p: v for p, v in PADDLE_NAMES.values() if p != "enable"})
     assert s.get_init_loss_scaling() == 1024.0 == s.get_scale()
     assert s.get_incr_ratio() == s.get_growth_factor() == 3.0
@@ -241,6 +251,9 @@ def test_paddle_setters_change_the_config_the_rule_uses():
     assert (s.get_growth_factor(), s.get_backoff_factor(), s.get_growth_interval(),
             s.get_hysteresis()) == (4.0, 0.125, 2, 2)
     assert s.config == ua.ScalerConfig(1024.0, 4.0, 0.125, 2, hysteresis=2)
+    # Paddle's own attribute names follow (Paddle code and tools read them)
+    assert (s._incr_ratio, s._decr_ratio, s._incr_every_n_steps,
+            s._decr_every_n_nan_or_inf) == (4.0, 0.125, 2, 2)
     one_step(s, model, opt)  # the second finite update in a row: grows by the new ratio
     assert s.state == spec.ScalerState(4096.0, 0, 0)
     one_step(s, model, opt, poison=INF)
@@ -251,14 +264,9 @@ def test_paddle_setters_change_the_config_the_rule_uses():
     one_step(s, model, opt)
     s.set_init_loss_scaling(256.0)
     assert s.get_init_loss_scaling() == 256.0 and s.state == spec.ScalerState(256.0, 1, 0)
+    assert s._init_loss_scaling == 256.0
     x = paddle_scalar(1.5)
     assert s.scale(x).item() == 384.0  # the scale tensor follows
-
-
-def paddle_scalar(value, dtype="float32"):
-    import paddle
-
-    return paddle.to_tensor(value, dtype=dtype)
 
 
 def test_lowering_incr_every_n_steps_below_the_count_grows_at_the_next_finite_step():
@@ -283,6 +291,8 @@ def test_lowering_incr_every_n_steps_below_the_count_grows_at_the_next_finite_st
     ("set_init_loss_scaling", -1.0, ValueError), ("set_init_loss_scaling", 1e39, ValueError),
 ])
 def test_a_bad_value_through_a_paddle_setter_raises_and_changes_nothing(setter, bad, exc):
+    # Paddle's own setters assert (or accept anything); ours validate, and a refused
+    # value must leave config, state, Paddle's attributes and the scale tensor as they were.
     s = scaler_of(1024.0, 3.0, 0.25, 7, hysteresis=3)
     model = mlp()
     opt = make_opt("sgd", model.parameters())
@@ -297,6 +307,7 @@ def test_a_bad_value_through_a_paddle_setter_raises_and_changes_nothing(setter, 
 
 
 def test_paddles_positional_order_raises_with_the_keyword_fix():
+    # GradScaler(True, 1024) would otherwise mean init_scale=True: refuse it and say how.
     for enable in (True, False):
         with pytest.raises(TypeError, match=rf"paddle.amp.GradScaler starts with enable.*"
                                             rf"GradScaler\(enable={enable}, init_loss_scaling="):
@@ -356,6 +367,8 @@ def test_scales_on_cpu_whatever_auto_cast_says(paddle, autocast):
                                               ("float32", [3]), ("float64", []),
                                               ("float64", [2]), ("float16", [])])
 def test_scaled_loss_keeps_dtype_and_shape(paddle, dtype, shape):
+    # Native returns a shape-[1] float32 for a 0-d loss; ours keeps shape and dtype, and
+    # multiplies exactly as the spec says (float64 by the float32 scale, 16-bit in float32).
     scaler = scaler_of(1000.0)
     value = np.full(shape, 0.1, dtype)
     out = scaler.scale(paddle.to_tensor(value))
@@ -368,6 +381,7 @@ def test_scaled_loss_keeps_dtype_and_shape(paddle, dtype, shape):
 
 
 def test_a_tree_of_losses_is_scaled_and_keeps_its_structure(paddle):
+    # Several losses at once, as torch's scale() takes them; non-tensors are refused.
     scaler = scaler_of(4.0)
     out = scaler.scale({"a": paddle_scalar(1.0), "b": [paddle_scalar(2.0, "float64")],
                         "c": (paddle_scalar(0.5),)})
@@ -378,6 +392,8 @@ def test_a_tree_of_losses_is_scaled_and_keeps_its_structure(paddle):
 
 
 def test_bfloat16_loss_warns_once_that_scaling_is_unnecessary_float32_never():
+    # Native disables itself at scale() unless auto_cast set float16; ours keeps scaling
+    # a bf16 loss and says once why it is unnecessary; an ordinary float32 loss never warns.
     scaler = scaler_of(1024.0)
     with pytest.warns(UserWarning, match="Loss scaling is unnecessary with bfloat16") as record:
         out = scaler.scale(paddle_scalar(10.0, "bfloat16"))
@@ -518,6 +534,7 @@ def test_growth_that_would_overflow_float32_keeps_the_scale(init):
 
 
 def test_backoff_goes_below_one_unless_min_scale_says_so():
+    # The spec has no floor at 1 (only min_scale): a clamp at 1 would be a silent floor.
     for config, expected in (({}, [0.5, 0.25, 0.125]),
                              ({"min_scale": 1.0}, [1.0, 1.0, 1.0]),
                              ({"min_scale": 0.3}, [0.5, f32(0.3), f32(0.3)])):
@@ -531,7 +548,21 @@ def test_backoff_goes_below_one_unless_min_scale_says_so():
         assert got == [f32(e) for e in expected], config
 
 
+def test_native_paddle_update_kernel_clamps_the_scale_at_one(paddle):
+    # Why the backend does not use update_loss_scaling_ for its rule: on backoff it
+    # clamps at 1 (paddle 3.3.1), a floor the spec has only with min_scale=1.
+    from paddle import _C_ops
+
+    grads = [paddle.ones([2])]
+    scale = paddle.to_tensor([1.0], dtype="float32")
+    good, bad = paddle.zeros([1], dtype="int32"), paddle.zeros([1], dtype="int32")
+    found_inf = paddle.to_tensor([True])
+    _C_ops.update_loss_scaling_(grads, found_inf, scale, good, bad, 2000, 1, 2.0, 0.5, False)
+    assert float(scale.numpy()[0]) == 1.0  # the spec: 0.5
+
+
 def test_step_or_unscale_before_any_scale_raises_scale_not_called():
+    # Gradients of an unscaled loss divided by the scale would train at 1/65536 the rate.
     model = mlp()
     opt = make_opt("sgd", model.parameters())
     loss_of(model, *batch()).backward()
@@ -566,12 +597,13 @@ def run_pattern(scaler, pattern, model=None, opt=None, start=0, check_scaled=Tru
     return states
 
 
+_RNG = random.Random(0)
 SPEC_CASES = [
     ({"init_scale": 1024.0, "growth_interval": 3}, "FFFFFF"),
     ({"init_scale": 1024.0, "growth_interval": 3}, "IFFFIIFFFF"),
     ({"init_loss_scaling": 1000.0, "incr_ratio": 3.0, "decr_ratio": 0.3,
       "incr_every_n_steps": 2, "decr_every_n_nan_or_inf": 2},
-     "".join(random.Random(0).choice("FFFIN") for _ in range(24))),
+     "".join(_RNG.choice("FFFIN") for _ in range(24))),
     ({"init_scale": 8.0, "growth_interval": 1, "min_scale": 2.0, "max_scale": 40.0},
      "IIIFFFFFFI"),
     ({"init_scale": 1024.0, "growth_interval": 1, "dynamic": False}, "FIFN"),
@@ -607,14 +639,17 @@ def test_design_vectors():
 
 
 def train(opt_name, scaler=None, steps=6, clip=None, manual_clip=None, minimize=False,
-          unscale_first=False):
+          unscale_first=False, accumulate=1):
     import paddle
 
     model = mlp()
     grad_clip = paddle.nn.ClipGradByGlobalNorm(clip) if clip else None
     opt = make_opt(opt_name, model.parameters(), grad_clip)
     for step in range(steps):
-        loss = loss_of(model, *batch(seed=10 + step))
+        for micro in range(accumulate - 1):  # all but the last micro-batch: backward only
+            loss = loss_of(model, *batch(seed=100 * step + micro)) / accumulate
+            (scaler.scale(loss) if scaler else loss).backward()
+        loss = loss_of(model, *batch(seed=10 + step)) / accumulate
         if scaler is None:
             loss.backward()
             if manual_clip:
@@ -638,7 +673,8 @@ def train(opt_name, scaler=None, steps=6, clip=None, manual_clip=None, minimize=
 
 VARIANTS = {"loop": {}, "minimize": {"minimize": True}, "unscale_first": {"unscale_first": True},
             "grad_clip": {"clip": 0.05}, "clip_grad_norm_": {"manual_clip": 0.05},
-            "minimize_grad_clip": {"minimize": True, "clip": 0.05}}
+            "minimize_grad_clip": {"minimize": True, "clip": 0.05},
+            "accumulate": {"accumulate": 2}}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -648,7 +684,7 @@ def test_finite_training_with_the_scaler_equals_training_without_it(name, varian
     # must be bitwise those of the plain loop, the scale growing 1024 -> 8192 meanwhile.
     kwargs = VARIANTS[variant]
     reference = train(name, **{k: v for k, v in kwargs.items()
-                               if k in ("clip", "manual_clip")})
+                               if k in ("clip", "manual_clip", "accumulate")})
     scaler = scaler_of(1024.0, growth_interval=2)
     assert_same(reference, train(name, scaler=scaler, **kwargs), f"{name} {variant}")
     assert scaler.get_scale() == 8192.0
@@ -664,6 +700,7 @@ def test_clipping_really_clipped():
 
 
 def test_a_scale_that_is_not_a_power_of_two_stays_within_float32_rounding():
+    # Non-power-of-two scales round, so only closeness holds; growth by 3 on the way.
     reference = train("adam")
     got = train("adam", scaler=scaler_of(1000.0, growth_factor=3.0, growth_interval=2))
     for a, b in zip(reference, got, strict=True):
@@ -672,6 +709,8 @@ def test_a_scale_that_is_not_a_power_of_two_stays_within_float32_rounding():
 
 @pytest.mark.parametrize("name", ["sgd", "momentum", "adam", "adamw"])
 def test_inf_step_is_skipped_and_leaves_params_and_optimizer_state(name):
+    # A skipped step must touch neither the parameters nor any optimizer tensor (moments,
+    # beta-pow accumulators, velocity, weight decay), as if the iteration never happened.
     model = mlp()
     opt = make_opt(name, model.parameters())
     scaler = scaler_of(1024.0)
@@ -693,6 +732,8 @@ def test_inf_step_is_skipped_and_leaves_params_and_optimizer_state(name):
 
 
 def test_minimize_skips_like_paddles_and_reports():
+    # Paddle's one-call verb: (None, None) on a skip, optimizer.minimize's result otherwise,
+    # and it updates the scale itself.
     model = mlp()
     opt = make_opt("adam", model.parameters())
     scaler = scaler_of(1024.0)
@@ -710,7 +751,133 @@ def test_minimize_skips_like_paddles_and_reports():
     assert scaler.state == spec.ScalerState(512.0, 1, 0)
 
 
+def test_parameter_groups_are_all_unscaled_and_checked(paddle):
+    # Paddle's dict parameter groups: every group's gradients are unscaled (bitwise the
+    # plain run's), and an inf in either group skips the whole step.
+    def run(scaler, poison_group=None):
+        a, b = mlp(seed=0), mlp(seed=1)
+        opt = paddle.optimizer.Adam(learning_rate=1e-2, parameters=[
+            {"params": a.parameters()}, {"params": b.parameters(), "learning_rate": 0.1}])
+        for step in range(3):
+            poison = (step == 1)
+            loss = (loss_of(a, *batch(step, INF if poison and poison_group == 0 else None))
+                    + loss_of(b, *batch(step + 5, INF if poison and poison_group == 1 else None)))
+            if scaler is None:
+                loss.backward()
+                opt.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            opt.clear_grad()
+        return snapshot(a, opt) + snapshot(b, opt)
+
+    assert_same(run(None), run(scaler_of(1024.0, growth_interval=1)))
+    for group in (0, 1):
+        scaler = scaler_of(1024.0, growth_interval=1)
+        got = run(scaler, poison_group=group)
+        assert scaler.num_skipped_steps == 1 and scaler.get_scale() == 2048.0, group
+        assert all(np.isfinite(x).all() for x in got), group
+
+
+def test_update_with_new_scale_float_array_or_tensor(paddle):
+    # torch's update(new_scale): the scale is set (rounded to float32), trackers kept;
+    # anything else is refused without a change.
+    scaler = scaler_of(1024.0, growth_interval=5)
+    model = mlp()
+    opt = make_opt("sgd", model.parameters())
+    one_step(scaler, model, opt)
+    scaler.update(8.0)
+    assert scaler.state == spec.ScalerState(8.0, 1, 0)  # trackers kept, as torch
+    assert scaler.scale(paddle_scalar(1.0)).item() == 8.0
+    scaler.update(paddle.to_tensor([0.1], dtype="float64"))
+    assert scaler.get_scale() == spec.f32(0.1)
+    scaler.update(np.array([4.0]))
+    assert scaler.get_scale() == 4.0
+    for bad, exc in [(0.0, ValueError), (NAN, ValueError), ("8", TypeError),
+                     (paddle.ones([2]), TypeError), (paddle.to_tensor([True]), TypeError),
+                     (paddle.to_tensor([1], dtype="int32"), TypeError)]:
+        with pytest.raises(exc, match="new_scale must be"):
+            scaler.update(bad)
+    assert scaler.state == spec.ScalerState(4.0, 1, 0)
+
+
+def test_optimizer_misuse_gets_clear_errors():
+    # A non-Paddle optimizer, or one with no gradients, gets a message, not an AttributeError.
+    model = mlp()
+    scaler = scaler_of(1024.0)
+    scaler.scale(loss_of(model, *batch())).backward()
+    with pytest.raises(TypeError, match="optimizer must be a paddle.optimizer.Optimizer, got "
+                                        "SimpleNamespace"):
+        scaler.step(SimpleNamespace(step=lambda: None))
+    # an optimizer none of whose parameters has a gradient: torch's message
+    idle = make_opt("sgd", mlp(seed=3).parameters())
+    with pytest.raises(ua.NoInfChecksError, match="No inf checks were recorded for this optimizer"):
+        scaler.step(idle)
+
+
+def test_deepcopy_and_pickle_keep_config_and_state_and_are_independent():
+    # Checkpoint tools deepcopy/pickle trainers: the copy must not share the scale tensor.
+    import copy
+    import pickle
+
+    scaler = scaler_of(1024.0, hysteresis=3)
+    model = mlp()
+    opt = make_opt("sgd", model.parameters())
+    one_step(scaler, model, opt, poison=INF)
+    for clone in (copy.deepcopy(scaler), pickle.loads(pickle.dumps(scaler))):
+        assert clone.state == scaler.state == spec.ScalerState(1024.0, 0, 1)
+        assert clone.config == scaler.config and clone.num_skipped_steps == 1
+        clone.update(2.0)  # the clone's scale tensor is its own
+        assert clone.scale(paddle_scalar(1.0)).item() == 2.0
+        assert scaler.scale(paddle_scalar(1.0)).item() == 1024.0
+
+
+SPARSE_SCRIPT = """
+import json, numpy as np, paddle, unifiedamp as ua
+out = {}
+for who in ("plain", "scaled", "inf"):
+    paddle.seed(0)
+    emb = paddle.nn.Embedding(10, 3, sparse=True)
+    opt = paddle.optimizer.SGD(learning_rate=0.1, parameters=emb.parameters())
+    scaler = ua.GradScaler(1024.0, backend="paddle")
+    w = np.ones((3, 3), np.float32)
+    if who == "inf":
+        w[0, 0] = np.inf
+    loss = (emb(paddle.to_tensor([1, 2, 2])) * paddle.to_tensor(w)).sum()
+    assert emb.weight.grad is None
+    before = emb.weight.numpy().copy()
+    if who == "plain":
+        loss.backward()
+        opt.step()
+    else:
+        scaler.scale(loss).backward()
+        assert emb.weight.grad.is_selected_rows()
+        scaler.step(opt)
+        scaler.update()
+    out[who] = {"delta": (before - emb.weight.numpy()).tolist(), "scale": scaler.get_scale()}
+print(json.dumps(out))
+"""
+
+
+def test_sparse_embedding_gradients_are_unscaled_and_checked(run_python):
+    # paddle.nn.Embedding(sparse=True) gives SelectedRows gradients (recommendation
+    # models). The torch backend handles sparse gradients; here the step must equal the
+    # plain one and an inf must skip. In a fresh interpreter: paddle's dense kernel
+    # given a SelectedRows tensor reads garbage dimensions (it may crash).
+    proc = run_python(SPARSE_SCRIPT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["scaled"]["delta"] == out["plain"]["delta"]
+    assert out["scaled"]["scale"] == 1024.0
+    assert out["inf"]["delta"] == [[0.0] * 3] * 10 and out["inf"]["scale"] == 512.0
+
+
 def test_skip_counters_and_paddles_cache_found_inf():
+    # LR schedulers and loggers read last_step_skipped/num_skipped_steps; PaddleNLP reads
+    # _cache_found_inf.
     model = mlp()
     opt = make_opt("sgd", model.parameters())
     scaler = scaler_of(1024.0)
@@ -724,6 +891,7 @@ def test_skip_counters_and_paddles_cache_found_inf():
 
 
 def test_functional_unscale_counts_towards_the_update(paddle):
+    # unscale(grads) returns copies and its inf check feeds the next update().
     scaler = scaler_of(1024.0)
     scaler.scale(paddle_scalar(1.0))
     grads = [paddle.to_tensor([2048.0, 512.0]), paddle.to_tensor([1.0, INF])]
@@ -791,6 +959,7 @@ def test_bfloat16_parameters_with_multi_precision_sgd_step_and_skip(paddle):
 
 
 def test_unscale_twice_or_after_step_raises_torchs_messages():
+    # A second unscale_ would divide the gradients twice; torch's exact messages.
     model = mlp()
     opt = make_opt("sgd", model.parameters())
     scaler = scaler_of(1024.0)
@@ -804,8 +973,10 @@ def test_unscale_twice_or_after_step_raises_torchs_messages():
     scaler.step(opt)
     with pytest.raises(RuntimeError, match=r"^unscale_\(\) is being called after step\(\)\.$"):
         scaler.unscale_(opt)
+    # torch's sentence, then the fix (a paddle script in static mode may never call update()).
     with pytest.raises(RuntimeError, match=r"^step\(\) has already been called since the last "
-                                           r"update\(\)\.$"):
+                                           r"update\(\)\. Call scaler.update\(\) once per "
+                                           r"iteration, after the last step\(\)\.$"):
         scaler.step(opt)
     scaler.update()
     opt.clear_grad()
@@ -814,6 +985,7 @@ def test_unscale_twice_or_after_step_raises_torchs_messages():
 
 
 def test_disabled_scaler_is_a_pass_through():
+    # enabled=False: every verb passes through, even an inf step (the user turned it off).
     scaler = scaler_of(1024.0, enable=False)
     model = mlp()
     opt = make_opt("sgd", model.parameters())
@@ -838,6 +1010,7 @@ def trained(scaler, pattern="FFIF"):
 
 
 def test_canonical_state_dict_round_trips_also_through_paddle_save(paddle, tmp_path):
+    # Paddle checkpoints go through paddle.save/paddle.load (pickle): the dict must survive.
     source = trained(scaler_of(1024.0, 3.0, 0.25, 5, hysteresis=2, min_scale=2.0))
     d = source.state_dict()
     assert d["backend"] == "paddle" and d["scale"] == 1024.0
@@ -887,6 +1060,7 @@ def test_native_state_dict_loads_into_a_real_paddle_scaler_and_back(native_scale
 
 
 def test_native_dict_written_by_a_training_paddle_scaler_loads(native_scaler):
+    # A checkpoint written by Paddle's own scaler mid-training resumes here.
     native = native_scaler(init_loss_scaling=256.0, incr_every_n_steps=5)
     model = mlp()
     opt = make_opt("sgd", model.parameters())
@@ -902,6 +1076,8 @@ def test_native_dict_written_by_a_training_paddle_scaler_loads(native_scaler):
 
 @pytest.mark.parametrize("as_tensor", [False, True])
 def test_a_hand_built_native_paddle_dict_loads_with_an_array_or_tensor_scale(paddle, as_tensor):
+    # Paddle writes the scale as an ndarray; paddle.load turns it into a Tensor. Both load,
+    # and the loaded scale is the one used (scale tensor and hysteresis count included).
     scale = np.array([512.0], np.float32)
     d = {"scale": paddle.to_tensor(scale) if as_tensor else scale, "incr_ratio": 3.0,
          "decr_ratio": 0.25, "incr_every_n_steps": 7, "decr_every_n_nan_or_inf": 2,
@@ -918,6 +1094,7 @@ def test_a_hand_built_native_paddle_dict_loads_with_an_array_or_tensor_scale(pad
 
 
 def test_native_state_dict_refuses_configs_paddle_cannot_carry():
+    # Paddle's format would silently drop these options: refuse, naming the option.
     for config in ({"min_scale": 1.0}, {"max_scale": 1e6}, {"growth_factor": 1.0},
                    {"backoff_factor": 1.0}):
         scaler = scaler_of(**config)
@@ -928,6 +1105,7 @@ def test_native_state_dict_refuses_configs_paddle_cannot_carry():
 
 
 def test_canonical_dict_from_the_numpy_backend_loads():
+    # A run moves between backends through the canonical dict.
     from unifiedamp.backends.numpy import SGD
 
     source = ua.GradScaler(1024.0, 3.0, 0.25, 3, backend="numpy", hysteresis=2)
@@ -967,6 +1145,8 @@ def test_canonical_and_native_dicts_from_the_torch_backend_load():
 
 @pytest.mark.parametrize("via", ["canonical", "native"])
 def test_resume_mid_interval_is_exact(paddle, tmp_path, via):
+    # Save mid-interval, load into a fresh scaler, continue: step by step the same as never
+    # stopping (a lost tracker would grow late; a lost scale tensor would unscale wrongly).
     pattern, k = "FFIFFIIFFFFFIF", 5  # after 5 updates: growth_tracker 2 of 3
     config = {"init_scale": 1024.0, "growth_interval": 3, "hysteresis": 1}
     full_model = mlp()
@@ -1014,6 +1194,7 @@ def test_a_bad_canonical_dict_raises_and_changes_nothing(key, value, message):
                                      {"incr_ratio": 0.5}, {"decr_count": -1},
                                      {"scale": np.array([-1.0], np.float32)}])
 def test_a_bad_native_dict_raises_and_changes_nothing(changes):
+    # Paddle's own load_state_dict writes each key as it goes; ours validates first.
     good = {"scale": np.array([64.0], np.float32), "incr_ratio": 3.0, "decr_ratio": 0.25,
             "incr_every_n_steps": 9, "decr_every_n_nan_or_inf": 2, "incr_count": 1,
             "decr_count": 1, "use_dynamic_loss_scaling": True}
@@ -1034,6 +1215,7 @@ def assert_unchanged_by(scaler, bad, message):
 
 
 def test_empty_dict_from_a_disabled_paddle_scaler_is_refused(paddle):
+    # A disabled Paddle scaler saves {}: loading it must say so, not reset the state.
     with pytest.warns(UserWarning, match="can only be enabled"):
         empty = paddle.amp.GradScaler().state_dict()
     assert empty == {}
@@ -1042,6 +1224,7 @@ def test_empty_dict_from_a_disabled_paddle_scaler_is_refused(paddle):
 
 
 def test_loading_keeps_the_loading_scalers_enabled():
+    # enabled is the loading run's choice (e.g. eval with scaling off), not the checkpoint's.
     on = trained(scaler_of(256.0))
     off = scaler_of(64.0, enabled=False)
     off.load_state_dict(on.state_dict())
@@ -1055,6 +1238,7 @@ def test_loading_keeps_the_loading_scalers_enabled():
 
 
 def test_gpu_on_a_cpu_only_build_raises_naming_the_fix(paddle):
+    # Paddle's own message here is '<re.Match object ...>'; ours names the fix.
     if paddle.is_compiled_with_cuda():
         pytest.skip("measures the CPU-only build")
     for device in ("gpu", "gpu:0", "cuda", "cuda:1"):
@@ -1063,13 +1247,19 @@ def test_gpu_on_a_cpu_only_build_raises_naming_the_fix(paddle):
             scaler_of(device=device)
 
 
-@pytest.mark.parametrize("device", ["tpu", "npu", "", "cpu:abc"])
+@pytest.mark.parametrize("device", ["tpu", "npu", "", "cpu:abc", "xpu:0"])
 def test_a_bad_device_string_raises_value_error(device):
-    with pytest.raises(ValueError, match=rf"{device!r} is not a paddle device.*pass 'cpu'"):
+    # A typo, or a device this build lacks, is a ValueError that lists what is valid
+    # (Paddle's own message for xpu on a CPU build shows a regex match object).
+    with pytest.raises(ValueError, match=rf"device={device!r} is not a device this paddle can "
+                                         r"use: pass 'cpu'") as info:
         scaler_of(device=device)
+    assert "re.Match" not in str(info.value)
 
 
 def test_cpu_devices_and_places(paddle):
+    # `unifiedamp backends` lists devices(), cpu first; every CPU spelling keeps the scale
+    # on the CPU.
     from unifiedamp.backends.paddle import PaddleGradScaler
 
     devices = PaddleGradScaler.devices()

@@ -71,6 +71,8 @@ _T_TORCH_STATE = "tests/test_torch_backend.py tests/test_torch_porting.py " \
 _T_JAX = "tests/test_jax_backend.py tests/test_conformance_builtin.py::TestJaxConformance"
 _T_MLX = "tests/test_mlx_backend.py tests/test_conformance_builtin.py::TestMlxConformance"
 _T_FUNCTIONAL = f"{_T_MLX} {_T_JAX} tests/test_state_dict.py"
+_T_PADDLE = "tests/test_paddle_backend.py " \
+            "tests/test_conformance_builtin.py::TestPaddleConformance tests/test_state_dict.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- spec: the rule
@@ -221,6 +223,30 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("torch-load-takes-enabled", f"{BACKENDS}/torch.py",
            "self._config = config.replace(enabled=self._config.enabled)",
            "self._config = config", _T_TORCH_STATE),
+    # ---------------------------------------------------------------- paddle
+    Mutant("paddle-update-last-flag-only", f"{BACKENDS}/paddle.py",
+           "found_inf = any(bool(flag) for flag in checks)",
+           "found_inf = bool(checks[-1])", _T_PADDLE),
+    Mutant("paddle-reciprocal-overflow-not-inf", f"{BACKENDS}/paddle.py",
+           "            return True\n        return functools.reduce",
+           "            pass\n        return functools.reduce", _T_PADDLE),
+    Mutant("paddle-non-float32-not-unscaled", f"{BACKENDS}/paddle.py",
+           "paddle.assign(self._multiply(g, reciprocal=True), g)", "paddle.assign(g, g)",
+           _T_PADDLE),
+    Mutant("paddle-scale-tensor-not-written", f"{BACKENDS}/paddle.py",
+           "self._scale.fill_(state.scale)", "pass", _T_PADDLE),
+    Mutant("paddle-factor-cache-kept", f"{BACKENDS}/paddle.py",
+           "            self._factors.clear()\n", "", _T_PADDLE),
+    Mutant("paddle-step-ignores-flag", f"{BACKENDS}/paddle.py",
+           "return None if skipped else call(*args, **kwargs)", "return call(*args, **kwargs)",
+           _T_PADDLE),
+    Mutant("paddle-load-takes-enabled", f"{BACKENDS}/paddle.py",
+           "self._config = config.replace(enabled=self._config.enabled)",
+           "self._config = config", _T_PADDLE),
+    Mutant("paddle-ranks-not-agreed", f"{BACKENDS}/paddle.py",
+           "return (self._distributed is not False and dist.is_initialized()",
+           "return (False and dist.is_initialized()",
+           "tests/test_paddle_distributed.py"),
 )
 
 

@@ -83,9 +83,11 @@ def _place(device: Any) -> Any:
             "install paddlepaddle-gpu")
     try:
         return paddle.device._convert_to_place(device.lower().replace("cuda", "gpu"))
-    except (ValueError, RuntimeError) as exc:
-        raise ValueError(f"{device!r} is not a paddle device ({exc}); pass 'cpu', 'gpu' or "
-                         "'gpu:N' (or leave device out: paddle.get_device())") from None
+    except (ValueError, RuntimeError):
+        # Paddle's message for a device its build lacks shows a regex match object.
+        raise ValueError(f"device={device!r} is not a device this paddle can use: pass 'cpu', "
+                         "'gpu' or 'gpu:N' (with a CUDA build), or leave device out "
+                         "(paddle.get_device())") from None
 
 
 def _params_of(optimizer: Any) -> list[Any]:
@@ -192,6 +194,27 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._state}, {self._config})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Paddle places and process groups do not pickle: carry the place's name and the
+        # host state, and rebuild the tensors on load. Like torch's copy, a copy starts a
+        # new iteration (no inf checks carried over).
+        d = dict(self.__dict__)
+        d["_place"] = str(self._place)  # "Place(cpu)", "Place(gpu:0)"
+        for name in ("_scale", "_process_group"):
+            d[name] = None
+        d["_factors"] = {}
+        d["_optimizer_states"] = None
+        d["_functional_found_inf"] = []
+        return d
+
+    def __setstate__(self, d: dict[str, Any]) -> None:
+        self.__dict__.update(d)
+        place = d["_place"]
+        self._place = _place(place[len("Place("):-1] if place.startswith("Place(") else place)
+        self._scale = paddle.to_tensor(np.array([self._state.scale], np.float32),
+                                       place=self._place)
+        self._optimizer_states = defaultdict(_refresh_optimizer_state)
 
     def _sync_paddle_attributes(self) -> None:
         # Paddle's own attribute names, for code and tools that read them.
@@ -440,6 +463,11 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         if state["state"] is OptimizerState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
         grads = [p.grad for p in _params_of(optimizer) if p.grad is not None]
+        # A sparse gradient (Embedding(sparse=True)) is SelectedRows, which the dense
+        # kernel misreads (garbage dimensions, paddle 3.3.1); its values tensor shares
+        # the gradient's storage, so unscaling it in place unscales the gradient.
+        grads = [g._get_tensor_from_selected_rows() if g.is_selected_rows() else g
+                 for g in grads]
         found = self._check_and_unscale(grads) if grads else None
         if self._across_ranks():
             found = self._agree_across_ranks(found)
@@ -475,7 +503,8 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         self._require_scale_called("step")
         state = self._optimizer_states[id(optimizer)]
         if state["state"] is OptimizerState.STEPPED:
-            raise RuntimeError("step() has already been called since the last update().")
+            raise RuntimeError("step() has already been called since the last update(). Call "
+                               "scaler.update() once per iteration, after the last step().")
         if state["state"] is OptimizerState.INIT:
             self.unscale_(optimizer)
         if "found_inf" not in state:
