@@ -246,6 +246,21 @@ def test_paddle_after_tensorflow_is_refused_instead_of_crashing(run_python):
     assert "import paddle before tensorflow" in out
 
 
+def test_paddle_imported_before_tensorflow_still_loads_its_backend(run_python):
+    # The crash is at paddle's import: once paddle is in, tensorflow may follow and
+    # the paddle backend must still load.
+    pytest.importorskip("paddle")
+    pytest.importorskip("tensorflow")
+    code = textwrap.dedent("""
+        import paddle
+        import tensorflow
+        import unifiedamp as ua
+        print(ua.GradScaler(1024.0, backend="paddle").get_scale())
+    """)
+    proc = run_python(code)
+    assert proc.returncode == 0 and proc.stdout.split()[-1] == "1024.0", proc.stderr[-2000:]
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="the measured crash is on Linux")
 def test_one_pytest_run_with_tensorflow_and_paddle_tests_does_not_crash(tmp_path, run_python):
     pytest.importorskip("paddle")

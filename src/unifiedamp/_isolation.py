@@ -24,9 +24,14 @@ class FrameworkConflictError(ImportError):
 def ensure_importable(framework: str) -> None:
     """Raises instead of letting ``import framework`` crash the interpreter.
 
+    A framework already imported is fine: the crash happens at its import, and
+    paddle imported before tensorflow works.
+
     Example:
         >>> ensure_importable("numpy")
     """
+    if sys.modules.get(framework) is not None:
+        return
     clash = [m for m in MUST_NOT_PRECEDE.get(framework, ()) if m in sys.modules]
     if clash:
         raise FrameworkConflictError(
