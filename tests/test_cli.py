@@ -27,14 +27,14 @@ def test_conformance_prints_a_matrix_with_every_builtin_backend_passing():
     proc = cli("conformance", "--max-examples", "20")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[1].split() == ["test", "numpy", "torch", "paddle", "jax", "mlx"]
+    assert lines[1].split() == ["test", "numpy", "torch", "paddle", "keras", "jax", "mlx"]
     for vector in spec.VECTORS:
         row = next(line for line in lines if line.startswith(f"test_vector[{vector.name}] "))
-        assert row.split()[1:] == ["pass"] * 5, row
+        assert row.split()[1:] == ["pass"] * 6, row
     row = next(line for line in lines if line.startswith("test_vectors_under_compilation "))
-    assert row.split()[1:] == ["skip", "pass", "skip", "pass", "pass"]
+    assert row.split()[1:] == ["skip", "pass", "skip", "pass", "pass", "pass"]
     row = next(line for line in lines if line.startswith("test_inf_on_one_rank_skips_on_"))
-    assert row.split()[1:] == ["skip", "pass", "pass", "pass", "skip"]
+    assert row.split()[1:] == ["skip", "pass", "pass", "skip", "pass", "skip"]
     assert "numpy: skipped: numpy does not declare capability 'jit'" in proc.stdout
     assert lines[-1] == "result: PASS"
 

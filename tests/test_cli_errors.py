@@ -57,16 +57,16 @@ def test_an_explicitly_requested_backend_that_is_not_installed_fails_the_run(fra
 
 
 def test_all_known_backends_leave_a_missing_framework_as_a_cell_and_say_so(frameworks):
-    env = frameworks(hidden=("torch", "paddle", "jax", "mlx"))
+    env = frameworks(hidden=("torch", "paddle", "keras", "jax", "mlx"))
     proc = cli("conformance", "--max-examples", "2", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[1].split() == ["test", "numpy", "torch", "paddle", "jax", "mlx"]
+    assert lines[1].split() == ["test", "numpy", "torch", "paddle", "keras", "jax", "mlx"]
     row = next(line for line in lines if line.startswith("test_vector[static"))
-    assert row.split()[1:] == ["pass"] + ["not", "installed"] * 4
+    assert row.split()[1:] == ["pass"] + ["not", "installed"] * 5
     assert ("mlx: not installed (not requested with --backend, so the run does not fail): "
             "pip install 'unifiedamp[mlx]'") in lines
-    assert lines[-1] == "result: PASS (not run: torch, paddle, jax, mlx: not installed)"
+    assert lines[-1] == "result: PASS (not run: torch, paddle, keras, jax, mlx: not installed)"
 
 
 def test_a_framework_whose_import_fails_is_not_importable(frameworks):
@@ -103,9 +103,8 @@ def test_a_closed_pipe_ends_the_command_quietly(command, frameworks):
 
 
 @pytest.mark.parametrize("name, message", [
-    ("keras", "backend 'keras' is not available in this version of unifiedamp; available: "
-              "['jax', 'mlx', 'numpy', 'paddle', 'torch']"),
-    ("nmpy", "Unknown backend 'nmpy'; available: ['jax', 'mlx', 'numpy', 'paddle', 'torch'], or "
+    ("nmpy", "Unknown backend 'nmpy'; available: ['jax', 'keras', 'mlx', 'numpy', 'paddle', "
+             "'torch'], or "
              "'module:Class'"),
     (":", "backend ':' is not a 'module:Class' target"),
 ])

@@ -110,3 +110,22 @@ class TestPaddleConformance(ScalerContract):
         from unifiedamp.backends.paddle import PaddleGradScaler
 
         return PaddleGradScaler.conformance_adapter()
+
+
+@pytest.mark.framework("keras")
+class TestKerasConformance(ScalerContract):
+    """Keras on its default backend (TensorFlow here): a custom loop with tf.GradientTape and
+    the wrapped Adam's apply; the fit step (train_on_batch) for the compiled vectors."""
+
+    backend = "keras"
+
+    @pytest.fixture
+    def adapter(self):
+        pytest.importorskip("keras")
+        from unifiedamp.backends.keras import KerasGradScaler
+
+        return KerasGradScaler.conformance_adapter()
+
+    @pytest.fixture
+    def max_examples(self):
+        return 25

@@ -92,16 +92,14 @@ def test_keras_claims_the_framework_it_runs_on(run_python):
     assert run_python(code).stdout.strip() == "['keras']"
 
 
-def test_a_known_framework_without_a_backend_in_this_version_says_so():
-    with pytest.raises(ua.UnknownBackendError, match="backend 'keras' is not available in this "
-                                                     "version of unifiedamp"):
-        ua.GradScaler(backend="keras")
+def test_tensorflow_is_another_name_of_the_keras_backend():
+    assert _registry.resolve("tensorflow") is _registry.resolve("keras")
 
 
 def test_unknown_backend_name_lists_the_available_ones():
     with pytest.raises(ua.UnknownBackendError,
                        match=r"Unknown backend 'nmpy'; available: "
-                             r"\['jax', 'mlx', 'numpy', 'paddle', 'torch'\]"):
+                             r"\['jax', 'keras', 'mlx', 'numpy', 'paddle', 'torch'\]"):
         ua.GradScaler(backend="nmpy")
 
 

@@ -56,6 +56,9 @@ BUILTIN: dict[str, BackendInfo] = {
     "paddle": BackendInfo("paddle", "unifiedamp.backends.paddle:PaddleGradScaler", "paddlepaddle",
                           ("paddle",), "pip install 'unifiedamp[paddle]'",
                           f"{_ADAPTERS}.paddle:PaddleAdapter"),
+    "keras": BackendInfo("keras", "unifiedamp.backends.keras:KerasGradScaler", "keras",
+                         ("keras", "tensorflow"), "pip install 'unifiedamp[keras]'",
+                         f"{_ADAPTERS}.keras:KerasAdapter"),
     "jax": BackendInfo("jax", "unifiedamp.backends.jax:JaxGradScaler", "jax",
                        ("jax", "jaxlib", "optax", "flax"), "pip install 'unifiedamp[jax]'",
                        f"{_ADAPTERS}.jax:JaxAdapter"),
@@ -63,9 +66,11 @@ BUILTIN: dict[str, BackendInfo] = {
                        "pip install 'unifiedamp[mlx]'", f"{_ADAPTERS}.mlx:MlxAdapter"),
 }
 
-# Every framework's top-level modules -> its backend name, also for frameworks
-# whose backend is not in this release (keras): detecting one of those
-# must give a clear answer instead of silently falling back to NumPy.
+#: Other names ``backend=`` takes for a built-in backend.
+BACKEND_ALIASES = {"tensorflow": "keras"}
+
+# Every framework's top-level modules -> its backend name (tensorflow objects are
+# Keras's), so that detection never silently falls back to NumPy.
 _KNOWN_FRAMEWORKS = {
     "keras": "keras", "tensorflow": "keras", "torch": "torch", "paddle": "paddle",
     "jax": "jax", "jaxlib": "jax", "optax": "jax", "flax": "jax", "mlx": "mlx",
@@ -188,8 +193,7 @@ def resolve(name: str) -> BackendInfo:
     """The table row of a backend name or ``"module:Class"``, checked without importing it.
 
     Raises:
-        UnknownBackendError: No such backend, a framework with no backend in
-            this version, or a malformed ``"module:Class"``.
+        UnknownBackendError: No such backend, or a malformed ``"module:Class"``.
 
     Example:
         >>> resolve("numpy").target
@@ -198,17 +202,13 @@ def resolve(name: str) -> BackendInfo:
         ('mypackage',)
     """
     rows = available()
+    name = BACKEND_ALIASES.get(name, name) if name not in rows else name
     if name in rows:
         return rows[name]
     if ":" in name:
         _check_target(name)
         module = name.partition(":")[0].split(".")[0]
         return BackendInfo(name, name, module, (module,), f"install the package providing {name}")
-    if name in _KNOWN_FRAMEWORKS.values():
-        raise UnknownBackendError(
-            f"backend {name!r} is not available in this version of unifiedamp; "
-            f"available: {sorted(rows)}"
-        )
     raise UnknownBackendError(
         f"Unknown backend {name!r}; available: {sorted(rows)}, or 'module:Class'"
     )

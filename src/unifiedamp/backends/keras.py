@@ -1,0 +1,581 @@
+"""The Keras backend: a ``LossScaleOptimizer`` that follows the spec bit for bit, on every
+Keras backend (TensorFlow, JAX, torch).
+
+``scaler.wrap(inner)`` returns a :class:`SpecLossScaleOptimizer`: a subclass of
+``keras.optimizers.LossScaleOptimizer`` (so ``model.compile`` does not wrap it a
+second time under a ``mixed_float16`` policy) whose variables hold the scale and
+both trackers, and whose update is the spec's rule written in ``keras.ops``.
+Keras 3.15's own class is not used even for the configs it can express: it has
+no inf guard on growth (growth past float32 makes the scale inf), divides by
+the scale instead of multiplying by ``f32(1 / scale)``, fails in ``apply()``
+under the JAX backend, and under ``tf.distribute.MirroredStrategy`` decides on
+the first replica's local gradients (an inf on another replica is applied).
+
+TensorFlow and XLA flush float32 subnormals to zero, so the scale's update and
+its reciprocal are computed on bit patterns, as the JAX backend does (see
+``unifiedamp/backends/jax.py`` for the derivation): the scale follows the spec
+bit for bit at every float32 value on every Keras backend.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+from keras import ops
+
+from unifiedamp import spec
+from unifiedamp._scaler import GradScaler
+from unifiedamp._tree import leaves, tree_map
+from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32, f32_bits
+
+__all__ = ["KerasGradScaler", "SpecLossScaleOptimizer"]
+
+_EXP_MASK = 0x7F800000
+_MIN_NORMAL_BITS = 0x00800000
+
+
+# ------------------------------------------------------------ float32 on bit patterns
+
+
+def _i32(x: Any) -> Any:
+    return ops.view(ops.cast(x, "float32"), "int32")
+
+
+def _f32(bits: Any) -> Any:
+    return ops.view(ops.cast(bits, "int32"), "float32")
+
+
+def _int(value: int) -> Any:
+    return ops.convert_to_tensor(value, dtype="int32")
+
+
+def _mantissa(x: Any) -> Any:
+    """The 24-bit significand of a normal float32, as an int32."""
+    return ops.bitwise_or(ops.bitwise_and(_i32(x), _int(0x7FFFFF)), _int(0x800000))
+
+
+def _product_error(a: Any, b: Any, p: Any) -> Any:
+    """``a * b - p`` exactly, in units of 2**-46, as an int32: for ``a``, ``b`` in [1, 2) and
+    ``p`` in [1, 4) within half an ulp of ``a * b`` (so the result fits in 24 bits).
+
+    Integer arithmetic on 12-bit halves of the significands: TensorFlow's graph
+    optimizer (tf.function without XLA) reassociates float sums, which breaks the
+    float version of Dekker's product the JAX backend uses; integer sums are exact
+    in any order.
+    """
+    x, c = _mantissa(a), _mantissa(b)
+    xh, xl = ops.right_shift(x, 12), ops.bitwise_and(x, _int(0xFFF))
+    ch, cl = ops.right_shift(c, 12), ops.bitwise_and(c, _int(0xFFF))
+    # p = pm * 2**(pe - 23); in units of 2**-46 it is pm << (23 + pe) = hh * 2**24 + hl.
+    pb = _i32(p)
+    pe = ops.right_shift(pb, 23) - 127
+    pm = _mantissa(p)
+    hh = ops.right_shift(pm, 1 - pe)
+    hl = ops.where(ops.equal(pe, 0), ops.left_shift(ops.bitwise_and(pm, _int(1)), 23), _int(0))
+    mid = xh * cl + xl * ch  # < 2**25
+    high = xh * ch - hh + ops.right_shift(mid, 12)
+    low = ops.left_shift(ops.bitwise_and(mid, _int(0xFFF)), 12) + xl * cl - hl
+    return high * (1 << 24) + low
+
+
+def _round_half_even(v: Any, below: Any) -> Any:
+    """``v`` rounded to an int32, ties to even, where ``v`` is a rounded value and ``below``
+    (any sign-carrying number) the remainder it dropped: a tie goes up when it is > 0."""
+    floor = ops.floor(v)
+    frac = v - floor
+    odd = ops.not_equal(ops.floor(floor * 0.5) * 2.0, floor)
+    tie_up = ops.logical_or(ops.greater(below, 0),
+                            ops.logical_and(ops.equal(below, 0), odd))
+    up = ops.logical_or(frac > 0.5, ops.logical_and(ops.equal(frac, 0.5), tie_up))
+    return ops.cast(floor, "int32") + ops.cast(up, "int32")
+
+
+def _normalised(bits: Any) -> tuple[Any, Any]:
+    """``(xn, ex)`` with the non-zero float32 of ``bits`` equal to ``xn * 2**ex``, xn in [1, 2)
+    a normal float32 and ex an int32, subnormals included (their mantissa, an int below
+    2**23, converts to float32 exactly and carries its own exponent)."""
+    ebits = ops.bitwise_and(ops.right_shift(bits, 23), _int(0xFF))
+    mant = ops.bitwise_and(bits, _int(0x7FFFFF))
+    subnormal = ops.equal(ebits, 0)
+    as_float = _i32(ops.cast(mant, "float32"))
+    frac = ops.where(subnormal, ops.bitwise_and(as_float, _int(0x7FFFFF)), mant)
+    ex = ops.where(subnormal, ops.right_shift(as_float, 23) - 127 - 149, ebits - 127)
+    return _f32(ops.bitwise_or(_int(127 << 23), frac)), ex
+
+
+def _mul_bits(bits: Any, c: float) -> Any:
+    """The bits of ``f32(x * c)`` for the non-negative float32 ``x`` of ``bits`` and a positive
+    float32 constant ``c``, rounded to nearest even, subnormals included."""
+    mant_c, exp_c = math.frexp(c)
+    cn, ec = f32(mant_c * 2), exp_c - 1
+    xn, ex = _normalised(bits)
+    hi = xn * cn
+    lo = _product_error(xn, ops.convert_to_tensor(cn, "float32"), hi)
+    hbits = _i32(hi)
+    e_res = ops.bitwise_and(ops.right_shift(hbits, 23), _int(0xFF)) + ex + ec
+    normal = ops.bitwise_or(ops.bitwise_and(hbits, _int(0x7FFFFF)), ops.left_shift(e_res, 23))
+    s = ops.clip(149 + ex + ec, -60, 30)  # below -60 the result rounds to 0 anyway
+    two_s = _f32(ops.left_shift(s + 127, 23))
+    tiny = _round_half_even(hi * two_s, lo)
+    out = ops.where(e_res >= 255, _int(_EXP_MASK), ops.where(e_res >= 1, normal, tiny))
+    return ops.where(ops.equal(bits, 0), _int(0), out)
+
+
+def _reciprocal_of_mantissa(m: Any) -> Any:
+    """``f32(1 / m)`` for a float32 ``m`` in [1, 2), correctly rounded, in (0.5, 1].
+
+    ``1 / m`` is a division in eager TensorFlow, JAX and torch, but TensorFlow's graph
+    optimizer (tf.function without XLA, 2.21) turns it into an approximate reciprocal,
+    up to 3 ulps off over every m in [1, 2): of ``1 / m`` and its four neighbours on
+    each side, the one with the smallest exact ``|m * r - 1|`` is taken.
+    """
+    r0 = _i32(1.0 / m)
+    best_r, best_err = None, None
+    for step in range(-4, 5):
+        r = _f32(r0 + step)
+        # 2 * r is in [1, 2) for r in [0.5, 1): m * (2 * r) - 2 exactly, as an int.
+        err = ops.absolute(_product_error(m, r * 2.0, ops.convert_to_tensor(2.0, "float32")))
+        if best_r is None:
+            best_r, best_err = r, err
+        else:
+            better = err < best_err
+            best_r, best_err = ops.where(better, r, best_r), ops.where(better, err, best_err)
+    return ops.where(ops.equal(m, 1.0), ops.convert_to_tensor(1.0, "float32"), best_r)
+
+
+def _reciprocal_bits(bits: Any) -> Any:
+    """The bits of ``f32(1 / scale)`` (the float64 reciprocal rounded once), for the
+    non-negative float32 scale of ``bits``, at every scale: 1 / (m * 2**e) is
+    (1 / m) * 2**-e, an exponent shift of the correctly rounded 1 / m, or, where that
+    is subnormal (scales above 2**126), 1 / m rounded again to a multiple of 2**-149
+    with the sign of the exact 1 - m * r breaking a tie."""
+    m, e = _normalised(bits)
+    r = _reciprocal_of_mantissa(m)
+    rb = _i32(r)
+    e_res = ops.right_shift(rb, 23) - e  # biased exponent of the result
+    normal = ops.bitwise_or(ops.bitwise_and(rb, _int(0x7FFFFF)), ops.left_shift(e_res, 23))
+    s = ops.clip(149 - e, 0, 30)  # only used where the result is subnormal: e >= 126
+    t = r * _f32(ops.left_shift(s + 127, 23))
+    below = -_product_error(m, r * 2.0, ops.convert_to_tensor(2.0, "float32"))
+    tiny = _round_half_even(t, below)
+    out = ops.where(e_res >= 255, _int(_EXP_MASK), ops.where(e_res >= 1, normal, tiny))
+    return ops.where(ops.equal(bits, 0), _int(_EXP_MASK), out)
+
+
+def _split(bits: Any) -> tuple[Any, Any]:
+    """Two normal float32 factors whose product is the float32 of ``bits`` (see jax.py)."""
+    subnormal = bits < _MIN_NORMAL_BITS
+    hi = ops.where(subnormal, ops.cast(bits, "float32") * 2.0**-85, _f32(bits))
+    lo = ops.where(subnormal, 2.0**-64, 1.0)
+    return ops.stop_gradient(hi), ops.stop_gradient(lo)
+
+
+def _multiply(x: Any, hi: Any, lo: Any) -> Any:
+    dtype = ops.dtype(x) if hasattr(ops, "dtype") else x.dtype
+    wide = ops.cast(x, "float32") if dtype in ("float16", "bfloat16") else x
+    return ops.cast((wide * ops.cast(hi, wide.dtype)) * ops.cast(lo, wide.dtype), dtype)
+
+
+def _all_finite(grads: list[Any]) -> Any:
+    finite = ops.convert_to_tensor(True)
+    for g in grads:
+        # sum(g * 0) is NaN as soon as one element is inf or NaN: one reduction per leaf.
+        finite = ops.logical_and(finite, ops.isfinite(ops.sum(ops.cast(g, "float32") * 0.0)))
+    return finite
+
+
+# ------------------------------------------------------------ the optimizer
+
+
+@keras.saving.register_keras_serializable(package="unifiedamp")
+class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """``keras.optimizers.LossScaleOptimizer`` with the unifiedamp spec.
+
+    Built by :meth:`KerasGradScaler.wrap`. Variables: ``dynamic_scale`` (the
+    scale), ``step_counter`` (the growth tracker, as in Keras) and
+    ``hysteresis_counter``. Works in ``model.fit`` and in custom loops on every
+    Keras backend: ``apply(scaled_grads)`` (TensorFlow, torch, and JAX too) and
+    ``stateless_apply`` (JAX).
+
+    Args:
+        inner_optimizer: The Keras optimizer to wrap.
+        scaler_config: The canonical config, a dict (``ScalerConfig.to_dict()``).
+        name: The optimizer's name.
+    """
+
+    def __init__(self, inner_optimizer: Any, scaler_config: dict[str, Any] | None = None,
+                 name: str | None = None, **kwargs: Any):
+        config = ScalerConfig(**(scaler_config or {}))
+        # Keras's own arguments, for code that reads them; the rule uses the config.
+        kwargs.pop("initial_scale", None)
+        kwargs.pop("dynamic_growth_steps", None)
+        super().__init__(inner_optimizer, initial_scale=f32(config.init_scale),
+                         dynamic_growth_steps=config.growth_interval, name=name, **kwargs)
+        self._spec = config
+        self._pending: ScalerState | None = None
+
+    @property
+    def scaler_config(self) -> ScalerConfig:
+        """The canonical config this optimizer follows."""
+        return self._spec
+
+    def build(self, var_list: Any) -> None:
+        if self.built:
+            return
+        super().build(var_list)
+        self._tracker_tracking_off(lambda: setattr(self, "hysteresis_counter", self.add_variable(
+            shape=(), dtype="int", initializer=keras.initializers.Zeros(), aggregation="none",
+            name="hysteresis_counter")))
+        if self._pending is not None:
+            self._assign_state(self._pending)
+            self._pending = None
+
+    def _tracker_tracking_off(self, fn: Any) -> None:
+        # As Keras's own build: the optimizer tracks its variables itself.
+        from keras.src.utils import tracking
+
+        tracking.no_automatic_dependency_tracking(lambda self: fn())(self)
+
+    # ------------------------------------------------------------ state
+
+    def read_state(self) -> ScalerState:
+        """Scale and trackers as Python numbers (reads the variables)."""
+        if not self.built:
+            return self._pending or ScalerState.initial(self._spec)
+        return ScalerState(float(ops.convert_to_numpy(self.dynamic_scale)),
+                           int(ops.convert_to_numpy(self.step_counter)),
+                           int(ops.convert_to_numpy(self.hysteresis_counter)))
+
+    def write_state(self, config: ScalerConfig, state: ScalerState) -> None:
+        """Sets the config and the state (on the variables once they exist)."""
+        self.set_scaler_config(config)
+        if self.built:
+            self._assign_state(state)
+        else:
+            self._pending = state
+
+    def set_scaler_config(self, config: ScalerConfig) -> None:
+        """Changes the config; the state stays. Functions traced before (``model.fit``'s
+        train step) keep the old one: ``model.make_train_function(force=True)``."""
+        self._spec = config
+        self.initial_scale = f32(config.init_scale)
+        self.dynamic_growth_steps = config.growth_interval
+
+    def _assign_state(self, state: ScalerState) -> None:
+        self.dynamic_scale.assign(ops.convert_to_tensor(state.scale, "float32"))
+        self.step_counter.assign(ops.cast(state.growth_tracker, self.step_counter.dtype))
+        self.hysteresis_counter.assign(ops.cast(state.hysteresis_tracker,
+                                                self.hysteresis_counter.dtype))
+
+    # ------------------------------------------------------------ the rule
+
+    def _finite(self, grads: list[Any]) -> Any:
+        # spec.unscale_overflows: below MIN_UNSCALABLE 1/scale is inf and every
+        # unscaled gradient inf or NaN. Compared on bits: subnormals are flushed.
+        unscalable = _i32(self.dynamic_scale) >= f32_bits(MIN_UNSCALABLE)
+        return ops.logical_and(_all_finite([g for g in grads if g is not None]), unscalable)
+
+    def _next(self, finite: bool) -> tuple[Any, Any, Any]:
+        """(scale, growth_tracker, hysteresis_tracker) after an update with ``finite``."""
+        c = self._spec
+        scale, growth, hyst = (ops.convert_to_tensor(v) for v in (
+            self.dynamic_scale, self.step_counter, self.hysteresis_counter))
+        zero_g, zero_h = ops.zeros_like(growth), ops.zeros_like(hyst)
+        if not c.dynamic:
+            return ops.convert_to_tensor(scale), zero_g, zero_h
+        bits = _i32(scale)
+        if finite:
+            growth = growth + 1
+            grow = growth >= c.growth_interval
+            grown = _mul_bits(bits, f32(c.growth_factor))
+            if c.max_scale is not None:
+                grown = ops.minimum(grown, _int(f32_bits(c.max_scale)))
+            grown = ops.where(ops.equal(ops.bitwise_and(grown, _int(_EXP_MASK)), _EXP_MASK),
+                              bits, grown)  # an overflow keeps the scale
+            return (_f32(ops.where(grow, grown, bits)), ops.where(grow, zero_g, growth), zero_h)
+        hyst = hyst + 1
+        back_off = hyst >= c.hysteresis
+        backed = _mul_bits(bits, f32(c.backoff_factor))
+        if c.min_scale is not None:
+            backed = ops.maximum(backed, _int(f32_bits(c.min_scale)))
+        return (_f32(ops.where(back_off, backed, bits)), zero_g,
+                ops.where(back_off, zero_h, hyst))
+
+    def _assign_next(self, finite: bool) -> None:
+        scale, growth, hyst = self._next(finite)
+        self.dynamic_scale.assign(scale)
+        self.step_counter.assign(ops.cast(growth, self.step_counter.dtype))
+        self.hysteresis_counter.assign(ops.cast(hyst, self.hysteresis_counter.dtype))
+
+    def unscale_gradients(self, grads: list[Any]) -> list[Any]:
+        """The gradients of the scaled loss times ``f32(1 / scale)`` (each keeps its dtype)."""
+        hi, lo = _split(_reciprocal_bits(_i32(self.dynamic_scale)))
+        return [None if g is None else _multiply(g, hi, lo) for g in grads]
+
+    def get_unscaled_gradients(self, grads: list[Any]) -> list[Any]:
+        """Keras 2's name for :meth:`unscale_gradients` (removed from Keras 3's class)."""
+        return self.unscale_gradients(grads)
+
+    def scale_loss(self, loss: Any) -> Any:
+        """The loss times the scale, in the loss's dtype (what ``model.fit`` calls)."""
+        if not self.built:
+            return _multiply(loss, *_split(_int(f32_bits(self._spec.init_scale))))
+        return _multiply(loss, *_split(_i32(self.dynamic_scale)))
+
+    def get_scaled_loss(self, loss: Any) -> Any:
+        """Keras 2's name for :meth:`scale_loss` (removed from Keras 3's class)."""
+        return self.scale_loss(loss)
+
+    # ------------------------------------------------------------ applying
+
+    def check_finite(self, grads: list[Any]) -> Any:
+        return self._finite(grads)
+
+    def _stateful_handle_finite_grads(self, grads: list[Any], trainable_variables: Any) -> None:
+        tvs = trainable_variables or self._trainable_variables
+        unscaled = [g if g is None or self._overwrite_variable_with_gradient(v) else u
+                    for g, u, v in zip(grads, self.unscale_gradients(grads), tvs, strict=True)]
+        self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
+        self._assign_next(True)
+
+    def _stateful_handle_non_finite_grads(self) -> None:
+        self._assign_next(False)
+
+    def _common_apply(self, grads: list[Any], trainable_variables: Any = None) -> None:
+        if keras.backend.backend() == "jax":
+            # Keras's stateful cond leaks tracers under JAX (3.15): run the stateless
+            # update and write its results.
+            tvs = trainable_variables or self._trainable_variables
+            new_tvs, new_ovs = self.stateless_apply(
+                [v.value for v in self.variables], grads, [v.value for v in tvs])
+            for var, value in zip(tvs, new_tvs, strict=True):
+                var.assign(value)
+            for var, value in zip(self.variables, new_ovs, strict=True):
+                var.assign(value)
+            return
+        super()._common_apply(grads, trainable_variables)
+
+    def stateless_apply(self, optimizer_variables: Any, grads: Any,
+                        trainable_variables: Any) -> Any:
+        if not self.built:
+            raise ValueError(f"To call `stateless_apply`, {type(self).__name__} must be built: "
+                             "call optimizer.build(trainable_variables) first")
+        # The scale is read from optimizer_variables: under JAX's jitted fit the
+        # variables themselves hold no value (Keras 3.15).
+        mapping = list(zip(self.variables, optimizer_variables, strict=True))
+        with keras.StatelessScope(state_mapping=mapping):
+            finite = self._finite(grads)
+        return ops.cond(
+            finite,
+            lambda: self._stateless_handle_finite_grads(optimizer_variables, grads,
+                                                        trainable_variables),
+            lambda: self._stateless_handle_non_finite_grads(optimizer_variables,
+                                                            trainable_variables))
+
+    def _stateless_handle_finite_grads(self, optimizer_variables: Any, grads: Any,
+                                       trainable_variables: Any) -> Any:
+        mapping = list(zip(self.variables, optimizer_variables, strict=True))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            unscaled = [g if g is None or self._overwrite_variable_with_gradient(v) else u
+                        for g, u, v in zip(grads, self.unscale_gradients(grads),
+                                           self._trainable_variables, strict=True)]
+            new_tvs, new_inner = self.inner_optimizer.stateless_apply(
+                self.inner_optimizer.variables, unscaled, trainable_variables)
+            self._assign_next(True)
+            own = [scope.get_current_value(v) for v in self._variables]
+        return new_tvs, own + list(new_inner)
+
+    def _stateless_handle_non_finite_grads(self, optimizer_variables: Any,
+                                           trainable_variables: Any) -> Any:
+        mapping = list(zip(self.variables, optimizer_variables, strict=True))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            self._assign_next(False)
+            new = [scope.get_current_value(v) for v in self.variables]
+        return trainable_variables, new
+
+    # ------------------------------------------------------------ serialisation
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config["scaler_config"] = self._spec.to_dict()
+        return config
+
+
+# ------------------------------------------------------------ the scaler
+
+
+class KerasGradScaler(GradScaler):
+    """A dynamic loss scaler for Keras 3 on any Keras backend; ``wrap(optimizer)`` applies it.
+
+    The scaler and the optimizer it wraps are two objects: ``wrap`` returns the Keras
+    optimizer (a :class:`SpecLossScaleOptimizer`), and the scaler reads and writes that
+    optimizer's variables (``get_scale``, ``state``, ``state_dict``, ``load_state_dict``).
+
+    Args:
+        *args: ``init_scale, growth_factor, backoff_factor, growth_interval, enabled``.
+        **kwargs: The other config parameters, by canonical name or alias (Keras's
+            ``initial_scale``, ``dynamic_growth_steps``).
+
+    Example:
+        >>> import keras, numpy as np
+        >>> import unifiedamp as ua
+        >>> scaler = ua.GradScaler(1024.0, growth_interval=2, backend="keras")
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile(optimizer=scaler.wrap(keras.optimizers.SGD(0.1)), loss="mse")
+        >>> _ = model.fit(np.ones((4, 3)), np.ones((4, 1)), epochs=2, verbose=0)
+        >>> scaler.get_scale(), scaler.state.growth_tracker
+        (2048.0, 0)
+    """
+
+    backend = "keras"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._config = spec.config_from_args(args, kwargs, extra_names=("backend",))
+        self._state = ScalerState.initial(self._config)
+        self._optimizer: SpecLossScaleOptimizer | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.state}, {self.config})"
+
+    def wrap(self, optimizer: Any) -> Any:
+        """The Keras optimizer that applies this scaler around ``optimizer``.
+
+        A :class:`SpecLossScaleOptimizer` (a ``keras.optimizers.LossScaleOptimizer``, so
+        ``model.compile`` keeps it as it is); with ``enabled=False``, ``optimizer`` itself.
+        A scaler wraps one optimizer: make one scaler per optimizer.
+        """
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise TypeError(f"wrap() takes a keras.optimizers.Optimizer, got "
+                            f"{type(optimizer).__name__}")
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            raise TypeError("the optimizer is a LossScaleOptimizer already: wrap its "
+                            "inner_optimizer")
+        if self._optimizer is not None:
+            raise RuntimeError("this scaler wraps an optimizer already: make one scaler per "
+                               "optimizer (each holds its own scale)")
+        if not self._config.enabled:
+            return optimizer
+        wrapped = SpecLossScaleOptimizer(optimizer, scaler_config=self._config.to_dict())
+        wrapped.write_state(self._config, self._state)
+        self._optimizer = wrapped
+        return wrapped
+
+    @classmethod
+    def of(cls, optimizer: SpecLossScaleOptimizer) -> KerasGradScaler:
+        """The scaler of an optimizer built by ``wrap`` (e.g. after ``keras.models.load_model``).
+
+        Example:
+            >>> import keras
+            >>> opt = KerasGradScaler(8.0).wrap(keras.optimizers.SGD())
+            >>> KerasGradScaler.of(opt).get_scale()
+            8.0
+        """
+        if not isinstance(optimizer, SpecLossScaleOptimizer):
+            raise TypeError(f"KerasGradScaler.of takes an optimizer made by "
+                            f"KerasGradScaler.wrap, got {type(optimizer).__name__}")
+        scaler = cls(**optimizer.scaler_config.to_dict())
+        scaler._optimizer = optimizer
+        return scaler
+
+    @property
+    def optimizer(self) -> SpecLossScaleOptimizer | None:
+        """The optimizer ``wrap`` returned (None before, and when disabled)."""
+        return self._optimizer
+
+    # ------------------------------------------------------------ config and state
+
+    @property
+    def config(self) -> ScalerConfig:
+        return self._optimizer.scaler_config if self._optimizer is not None else self._config
+
+    @property
+    def state(self) -> ScalerState:
+        return self._optimizer.read_state() if self._optimizer is not None else self._state
+
+    def is_enabled(self) -> bool:
+        return self._config.enabled
+
+    def get_scale(self) -> float:
+        """The current scale (reads the optimizer's variable); 1.0 when disabled."""
+        return self.state.scale if self._config.enabled else 1.0
+
+    def _set_config(self, **changes: Any) -> None:
+        config = self.config.replace(**changes)
+        if self._optimizer is not None:
+            self._optimizer.set_scaler_config(config)
+        self._config = config
+
+    def get_growth_factor(self) -> float:
+        return self.config.growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        """Changes the config; a train function traced before keeps the old one (see
+        :meth:`SpecLossScaleOptimizer.set_scaler_config`). So do the other setters."""
+        self._set_config(growth_factor=new_factor)
+
+    def get_backoff_factor(self) -> float:
+        return self.config.backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        self._set_config(backoff_factor=new_factor)
+
+    def get_growth_interval(self) -> int:
+        return self.config.growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        self._set_config(growth_interval=new_interval)
+
+    def get_hysteresis(self) -> int:
+        return self.config.hysteresis
+
+    def set_hysteresis(self, new_hysteresis: int) -> None:
+        self._set_config(hysteresis=new_hysteresis)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The canonical dict, from the wrapped optimizer's variables."""
+        return spec.to_state_dict(self.config, self.state, self.backend)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Loads a canonical dict of any backend (or a native torch/Paddle dict) into the
+        wrapped optimizer's variables; validated before anything is written."""
+        config, state = spec.parse_state_dict(state_dict, base=self.config)
+        config = config.replace(enabled=self._config.enabled)
+        if self._optimizer is not None:
+            self._optimizer.write_state(config, state)
+        self._config, self._state = config, state
+
+    # ------------------------------------------------------------ the verbs
+
+    def scale(self, outputs: Any) -> Any:
+        """Multiplies a tensor (or a list/tuple/dict of them) by the scale, dtypes kept."""
+        if not self._config.enabled:
+            return outputs
+        bits = _i32(self._optimizer.dynamic_scale) if (
+            self._optimizer is not None and self._optimizer.built) else _int(
+            f32_bits(self.state.scale))
+        return tree_map(lambda x: _multiply(ops.convert_to_tensor(x), *_split(bits)), outputs)
+
+    def unscale(self, grads: Any) -> tuple[Any, Any]:
+        """``(grads times f32(1 / scale), all finite)``; the check decides nothing by itself:
+        the wrapped optimizer's ``apply`` checks and updates."""
+        if not self._config.enabled:
+            return grads, ops.convert_to_tensor(True)
+        bits = _i32(self._optimizer.dynamic_scale) if (
+            self._optimizer is not None and self._optimizer.built) else _int(
+            f32_bits(self.state.scale))
+        tensors = tree_map(ops.convert_to_tensor, grads)
+        finite = ops.logical_and(_all_finite(leaves(tensors)), bits >= f32_bits(MIN_UNSCALABLE))
+        hi, lo = _split(_reciprocal_bits(bits))
+        return tree_map(lambda g: _multiply(g, hi, lo), tensors), finite
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "the keras backend updates the scale inside the wrapped optimizer's apply() (and "
+            "model.fit): call opt.apply(grads) with the gradients of the scaled loss")
+
+    @classmethod
+    def devices(cls) -> list[str]:
+        """Keras's backend and its devices."""
+        return [f"{keras.backend.backend()}"]

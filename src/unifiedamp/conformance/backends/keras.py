@@ -1,0 +1,149 @@
+"""How the conformance suite drives the Keras backend, on whichever Keras backend is loaded.
+
+``iterate`` is a custom training loop with the backend's own autodiff
+(``tf.GradientTape``, torch autograd, ``jax.grad`` over ``stateless_call``) and
+the wrapped optimizer's ``apply``; ``compiled_iterate`` is ``model.train_on_batch``,
+the compiled ``fit`` step (``tf.function``, ``jax.jit``; eager on torch).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from unifiedamp._tree import tree_map as _map
+from unifiedamp.conformance.adapters import STEP_KINDS, Adapter
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+__all__ = ["KerasAdapter", "loss_of", "scaled_gradients"]
+
+
+def loss_of(y_pred: Any) -> Any:
+    # |loss| < 1 and d(loss)/d(weights) do not depend on the weights, so a finite
+    # step stays finite at every float32 scale.
+    return ops.sum(y_pred) * 2.0**-4
+
+
+def _compile_loss(y_true: Any, y_pred: Any) -> Any:
+    return loss_of(y_pred)
+
+
+def inputs(kind: str) -> np.ndarray:
+    x = np.full((2, 4), 0.5, np.float32)
+    x[0, 1] = STEP_KINDS[kind]
+    return x
+
+
+def scaled_gradients(model: keras.Model, scale: Any, x: np.ndarray) -> list[Any]:
+    """The gradients of ``scale(loss_of(model(x)))`` by the backend's own autodiff."""
+    backend = keras.backend.backend()
+    variables = model.trainable_variables
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = scale(loss_of(model(x)))
+        return tape.gradient(loss, variables)
+    if backend == "torch":
+        for v in variables:
+            v.value.grad = None
+        scale(loss_of(model(x))).backward()
+        return [v.value.grad for v in variables]
+    if backend == "jax":
+        import jax
+
+        def f(trainable: list[Any]) -> Any:
+            y, _ = model.stateless_call(trainable, [v.value for v in
+                                                    model.non_trainable_variables], x)
+            return scale(loss_of(y))
+
+        return jax.grad(f)([v.value for v in variables])
+    raise NotImplementedError(f"no custom loop for the {backend!r} Keras backend")
+
+
+def make_model() -> keras.Model:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
+        1, kernel_initializer=keras.initializers.Constant(0.1),
+        bias_initializer=keras.initializers.Constant(0.1))])
+    return model
+
+
+class KerasAdapter(Adapter):
+    """One ``Dense(1)`` model and one wrapped ``Adam`` per scaler (a Keras scaler wraps one
+    optimizer, and each wrapped optimizer holds its own scale: no ``multi_optimizer``).
+
+    Example:
+        >>> from unifiedamp.backends.keras import KerasGradScaler
+        >>> KerasAdapter(KerasGradScaler).name.startswith("keras[")
+        True
+    """
+
+    capabilities = frozenset({"functional_unscale", "scale_tree", "disable", "state_dict",
+                              "jit", "set_config"})
+    dtypes = ("float16", "float32")
+
+    def __init__(self, scaler_cls: Any):
+        self.scaler_cls = scaler_cls
+        self.scaler_type = scaler_cls
+        self.name = f"keras[{keras.backend.backend()}]"
+
+    def info(self) -> dict[str, Any]:
+        return {"framework": "keras", "version": keras.__version__,
+                "device": f"{keras.backend.backend()} cpu"}
+
+    def new(self, config: ScalerConfig, optimizers: int = 1) -> Any:
+        if optimizers != 1:
+            raise ValueError("the keras adapter trains one optimizer per scaler")
+        scaler = self.scaler_cls(**config.to_dict())
+        model = make_model()
+        opt = scaler.wrap(keras.optimizers.Adam(1e-3))
+        opt.build(model.trainable_variables)
+        model.compile(optimizer=opt, loss=_compile_loss)
+        return scaler, model, opt
+
+    def iterate(self, handle: Any, kinds: str) -> Any:
+        scaler, model, opt = handle
+        grads = scaled_gradients(model, scaler.scale, inputs(kinds))
+        opt.apply(grads, model.trainable_variables)
+        return handle
+
+    def compiled_iterate(self, handle: Any, kinds: str) -> Any:
+        """One ``model.train_on_batch`` step: the ``fit`` path, compiled by the backend."""
+        model = handle[1]
+        model.train_on_batch(inputs(kinds), np.zeros((2, 1), np.float32))
+        return handle
+
+    def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
+        for name, value in changes.items():
+            getattr(handle[0], f"set_{name}")(value)
+        handle[1].make_train_function(force=True)
+        return handle
+
+    def read(self, handle: Any) -> ScalerState:
+        return handle[0].state
+
+    def snapshot(self, handle: Any) -> list[np.ndarray]:
+        _, model, opt = handle
+        inner = getattr(opt, "inner_optimizer", opt)
+        return [np.array(ops.convert_to_numpy(v)) for v in
+                [*model.trainable_variables, *inner.variables]]
+
+    def save(self, handle: Any) -> dict[str, Any]:
+        return handle[0].state_dict()
+
+    def load(self, handle: Any, state_dict: dict[str, Any]) -> Any:
+        handle[0].load_state_dict(state_dict)
+        # The compiled fit step holds the config as constants: trace it again.
+        handle[1].make_train_function(force=True)
+        return handle
+
+    def scale_tree(self, handle: Any, tree: Any) -> Any:
+        out = handle[0].scale(_map(ops.convert_to_tensor, tree))
+        return _map(lambda t: np.asarray(ops.convert_to_numpy(t)), out)
+
+    def unscale_tree(self, handle: Any, tree: Any) -> tuple[Any, bool]:
+        out, finite = handle[0].unscale(tree)
+        return _map(lambda t: np.asarray(ops.convert_to_numpy(t)), out), bool(finite)
