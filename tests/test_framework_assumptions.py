@@ -181,3 +181,37 @@ def test_paddle_members_the_paddle_backend_relies_on(run_python):
     """)
     proc = run_python(code)
     assert proc.returncode == 0 and proc.stdout.split()[-1] == "ok", proc.stderr[-3000:]
+
+
+def test_keras_members_the_keras_backend_relies_on(run_python):
+    # backends/keras.py overrides these members of keras 3.15's LossScaleOptimizer and
+    # relies on how Keras calls them; a release that changes one fails here, naming it.
+    require("keras")
+    code = textwrap.dedent("""
+        import inspect
+        import keras
+        from keras.src.optimizers import loss_scale_optimizer as lso
+        from keras.src.trainers import trainer
+        from keras.src.utils import tracking
+
+        cls = keras.optimizers.LossScaleOptimizer
+        overridden = ["_stateful_handle_finite_grads", "_stateful_handle_non_finite_grads",
+                      "_stateless_handle_finite_grads", "_stateless_handle_non_finite_grads",
+                      "_common_apply", "_tf_apply", "check_finite", "scale_loss",
+                      "stateless_apply", "build", "get_config"]
+        missing = [n for n in overridden if not callable(getattr(cls, n, None))]
+        assert not missing, missing
+        assert callable(tracking.no_automatic_dependency_tracking)
+        assert callable(keras.optimizers.SGD()._overwrite_variable_with_gradient)
+        apply = inspect.getsource(cls.apply)
+        assert "_tf_apply" in apply and "_common_apply" in apply, apply
+        # compile() wraps an optimizer in a LossScaleOptimizer under mixed_float16 unless
+        # it is one already: the wrapper must stay an instance.
+        assert "isinstance(self.optimizer, LossScaleOptimizer)" in inspect.getsource(trainer)
+        opt = cls(keras.optimizers.SGD())
+        opt.build([keras.Variable(1.0)])
+        assert {v.name for v in opt.variables} >= {"step_counter", "dynamic_scale"}
+        print("ok")
+    """)
+    proc = run_python(code, env={"KERAS_BACKEND": "tensorflow"})
+    assert proc.returncode == 0 and proc.stdout.split()[-1] == "ok", proc.stderr[-3000:]

@@ -113,7 +113,8 @@ class GradScaler(metaclass=_FacadeMeta):
     (``unscale_``, ``step``, ``update()``); functional ones (jax, mlx) are
     immutable values (``unscale(grads)``, ``update(finite)`` returns a new
     scaler). The verbs of the other style raise ``NotImplementedError`` saying
-    which to use.
+    which to use. The keras backend is a third kind: ``wrap(optimizer)`` returns
+    the Keras optimizer that scales, checks and updates inside ``apply``.
 
     Example:
         >>> import unifiedamp as ua

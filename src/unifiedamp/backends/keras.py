@@ -24,6 +24,7 @@ from typing import Any
 
 import keras
 from keras import ops
+from keras.src.utils import tracking
 
 from unifiedamp import spec
 from unifiedamp._scaler import GradScaler
@@ -173,7 +174,7 @@ def _split(bits: Any) -> tuple[Any, Any]:
 
 
 def _multiply(x: Any, hi: Any, lo: Any) -> Any:
-    dtype = ops.dtype(x) if hasattr(ops, "dtype") else x.dtype
+    dtype = keras.backend.standardize_dtype(x.dtype)
     wide = ops.cast(x, "float32") if dtype in ("float16", "bfloat16") else x
     return ops.cast((wide * ops.cast(hi, wide.dtype)) * ops.cast(lo, wide.dtype), dtype)
 
@@ -221,22 +222,18 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """The canonical config this optimizer follows."""
         return self._spec
 
+    # As Keras's own build: the optimizer tracks its variables itself.
+    @tracking.no_automatic_dependency_tracking
     def build(self, var_list: Any) -> None:
         if self.built:
             return
         super().build(var_list)
-        self._tracker_tracking_off(lambda: setattr(self, "hysteresis_counter", self.add_variable(
+        self.hysteresis_counter = self.add_variable(
             shape=(), dtype="int", initializer=keras.initializers.Zeros(), aggregation="none",
-            name="hysteresis_counter")))
+            name="hysteresis_counter")
         if self._pending is not None:
             self._assign_state(self._pending)
             self._pending = None
-
-    def _tracker_tracking_off(self, fn: Any) -> None:
-        # As Keras's own build: the optimizer tracks its variables itself.
-        from keras.src.utils import tracking
-
-        tracking.no_automatic_dependency_tracking(lambda self: fn())(self)
 
     # ------------------------------------------------------------ state
 
@@ -356,6 +353,49 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 var.assign(value)
             return
         super()._common_apply(grads, trainable_variables)
+
+    def _tf_apply(self, grads: list[Any], trainable_variables: Any = None) -> None:
+        """TensorFlow's apply, where every replica's check counts: found_inf is the OR over
+        the replicas of a ``tf.distribute`` strategy (Keras 3.15 takes the first replica's
+        flag, so an inf on another replica is applied). Every replica then takes the same
+        branch; no value leaves the graph."""
+        import tensorflow as tf
+
+        if tf.distribute.in_cross_replica_context():
+            raise ValueError("apply() must be called in a replica context.")
+
+        def non_finite(grads: list[Any]) -> Any:
+            # 1.0 where this replica's check fails: a SUM over replicas is 0 when all pass
+            # (ReduceOp has no MIN; float32 counts replicas exactly).
+            return ops.cast(ops.logical_not(self._finite(grads)), "float32")
+
+        def apply_fn() -> None:
+            self._stateful_handle_finite_grads(grads, trainable_variables)
+
+        if tf.__internal__.distribute.strategy_supports_no_merge_call():
+            # No strategy, or replicas that each run the update (XLA on GPUs only).
+            context = tf.distribute.get_replica_context()
+            if context.num_replicas_in_sync == 1:
+                self._common_apply(grads, trainable_variables=trainable_variables)
+                return
+            total = context.all_reduce(tf.distribute.ReduceOp.SUM, non_finite(grads))
+            ops.cond(ops.equal(total, 0.0), apply_fn, self._stateful_handle_non_finite_grads)
+            return
+
+        def cross_replica(distribution: Any, grads: Any, trainable_variables: Any) -> None:
+            per_replica = distribution.extended.call_for_each_replica(non_finite, args=(grads,))
+            # Across every replica (and worker): not only experimental_local_results(...)[0].
+            total = distribution.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+            def apply_each() -> None:
+                distribution.extended.call_for_each_replica(
+                    self._stateful_handle_finite_grads, args=(grads, trainable_variables))
+
+            # In the cross-replica context, as Keras: the inner optimizer's apply merges.
+            ops.cond(ops.equal(total, 0.0), apply_each, self._stateful_handle_non_finite_grads)
+
+        tf.distribute.get_replica_context().merge_call(
+            cross_replica, args=(grads, trainable_variables))
 
     def stateless_apply(self, optimizer_variables: Any, grads: Any,
                         trainable_variables: Any) -> Any:
