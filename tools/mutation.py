@@ -71,6 +71,7 @@ _T_TORCH_STATE = "tests/test_torch_backend.py tests/test_torch_porting.py " \
 _T_JAX = "tests/test_jax_backend.py tests/test_conformance_builtin.py::TestJaxConformance"
 _T_MLX = "tests/test_mlx_backend.py tests/test_conformance_builtin.py::TestMlxConformance"
 _T_FUNCTIONAL = f"{_T_MLX} {_T_JAX} tests/test_state_dict.py"
+_T_KERAS = "tests/test_keras_backend.py tests/test_conformance_builtin.py::TestKerasConformance"
 _T_PADDLE = "tests/test_paddle_backend.py " \
             "tests/test_conformance_builtin.py::TestPaddleConformance tests/test_state_dict.py"
 
@@ -247,6 +248,27 @@ MUTANTS: tuple[Mutant, ...] = (
            "return (self._distributed is not False and dist.is_initialized()",
            "return (False and dist.is_initialized()",
            "tests/test_paddle_distributed.py"),
+    # ---------------------------------------------------------------- keras
+    Mutant("keras-grow-gt", f"{BACKENDS}/keras.py",
+           "grow = growth >= c.growth_interval", "grow = growth > c.growth_interval", _T_KERAS),
+    Mutant("keras-backoff-gt", f"{BACKENDS}/keras.py",
+           "back_off = hyst >= c.hysteresis", "back_off = hyst > c.hysteresis", _T_KERAS),
+    Mutant("keras-no-overflow-guard", f"{BACKENDS}/keras.py",
+           "                              bits, grown)  # an overflow keeps the scale",
+           "                              grown, grown)  # an overflow keeps the scale", _T_KERAS),
+    Mutant("keras-no-reciprocal-overflow-check", f"{BACKENDS}/keras.py",
+           "unscalable = _i32(self.dynamic_scale) >= f32_bits(MIN_UNSCALABLE)",
+           "unscalable = _i32(self.dynamic_scale) >= 0", _T_KERAS),
+    Mutant("keras-reciprocal-no-neighbours", f"{BACKENDS}/keras.py",
+           "for step in range(-4, 5):", "for step in range(0, 1):", _T_KERAS),
+    Mutant("keras-config-not-saved", f"{BACKENDS}/keras.py",
+           'config["scaler_config"] = self._spec.to_dict()', "pass", _T_KERAS),
+    Mutant("keras-pending-state-dropped", f"{BACKENDS}/keras.py",
+           "            self._assign_state(self._pending)\n", "", _T_KERAS),
+    Mutant("keras-first-replica-only", f"{BACKENDS}/keras.py",
+           "total = distribution.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)",
+           "total = distribution.experimental_local_results(per_replica)[0]",
+           "tests/test_keras_distributed.py"),
 )
 
 

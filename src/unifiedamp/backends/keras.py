@@ -182,8 +182,9 @@ def _multiply(x: Any, hi: Any, lo: Any) -> Any:
 def _all_finite(grads: list[Any]) -> Any:
     finite = ops.convert_to_tensor(True)
     for g in grads:
-        # sum(g * 0) is NaN as soon as one element is inf or NaN: one reduction per leaf.
-        finite = ops.logical_and(finite, ops.isfinite(ops.sum(ops.cast(g, "float32") * 0.0)))
+        # all(isfinite(g)) fuses into one pass under TF and XLA (a sum of g * 0
+        # materialises a full-size temporary in TF graphs, measured ~1 ms/step on 5M).
+        finite = ops.logical_and(finite, ops.all(ops.isfinite(g)))
     return finite
 
 
@@ -216,6 +217,7 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                          dynamic_growth_steps=config.growth_interval, name=name, **kwargs)
         self._spec = config
         self._pending: ScalerState | None = None
+        self._jitted_apply: Any = None
 
     @property
     def scaler_config(self) -> ScalerConfig:
@@ -259,6 +261,7 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._spec = config
         self.initial_scale = f32(config.init_scale)
         self.dynamic_growth_steps = config.growth_interval
+        self._jitted_apply = None  # holds the old config as constants
 
     def _assign_state(self, state: ScalerState) -> None:
         self.dynamic_scale.assign(ops.convert_to_tensor(state.scale, "float32"))
@@ -341,11 +344,19 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._assign_next(False)
 
     def _common_apply(self, grads: list[Any], trainable_variables: Any = None) -> None:
+        if keras.backend.backend() == "torch":
+            self._torch_apply(grads, trainable_variables)
+            return
         if keras.backend.backend() == "jax":
             # Keras's stateful cond leaks tracers under JAX (3.15): run the stateless
-            # update and write its results.
+            # update, jitted once (outside jit its lax.cond compiles at every call,
+            # ~0.5 s a step), and write its results.
+            import jax
+
             tvs = trainable_variables or self._trainable_variables
-            new_tvs, new_ovs = self.stateless_apply(
+            if self._jitted_apply is None:
+                self._jitted_apply = jax.jit(self.stateless_apply)
+            new_tvs, new_ovs = self._jitted_apply(
                 [v.value for v in self.variables], grads, [v.value for v in tvs])
             for var, value in zip(tvs, new_tvs, strict=True):
                 var.assign(value)
@@ -353,6 +364,32 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 var.assign(value)
             return
         super()._common_apply(grads, trainable_variables)
+
+    def _torch_apply(self, grads: list[Any], trainable_variables: Any = None) -> None:
+        """The torch backend's apply: torch's own fused check-and-unscale kernel (what
+        ``torch.amp.GradScaler`` runs, the gradients unscaled in place) and the rule on the
+        host. Keras's cond is a host ``if`` on torch anyway; a few hundred eager scalar
+        ops per step (the bit-pattern path) would cost more than the step's own update
+        (measured 8 ms on a 5M-parameter MLP). torch keeps subnormals, so the kernel's
+        float32 arithmetic is the spec's at every scale."""
+        import torch
+
+        tvs = trainable_variables or self._trainable_variables
+        scale = self.dynamic_scale.value
+        todo = [g for g, v in zip(grads, tvs, strict=True)
+                if g is not None and not self._overwrite_variable_with_gradient(v)]
+        found = torch.zeros((), dtype=torch.float32, device=scale.device)
+        if todo:
+            inv = scale.double().reciprocal().float()
+            torch._amp_foreach_non_finite_check_and_unscale_(todo, found, inv)
+        state = ScalerState(float(scale), int(self.step_counter.value),
+                            int(self.hysteresis_counter.value))
+        found_inf = bool(found) or spec.unscale_overflows(state.scale)
+        if not found_inf:
+            self.inner_optimizer.apply(grads, trainable_variables=trainable_variables)
+        new = spec.update(self._spec, state, found_inf)
+        if new != state:
+            self._assign_state(new)
 
     def _tf_apply(self, grads: list[Any], trainable_variables: Any = None) -> None:
         """TensorFlow's apply, where every replica's check counts: found_inf is the OR over

@@ -1,0 +1,775 @@
+"""The Keras backend on every Keras backend: ``scaler.wrap`` in ``model.fit`` and in custom
+loops, skipped steps, XLA, serialisation (the shared contract runs in
+test_conformance_builtin.py for TensorFlow and here, in subprocesses, for JAX and torch).
+
+The ``check_*`` functions are backend-agnostic bodies. The pytest process runs them on
+Keras's default backend (TensorFlow); for ``KERAS_BACKEND=jax`` and ``torch`` one child
+pytest per backend runs them (plus the packaged conformance suite) and each test here reads
+its own outcome from that child's JUnit report. Keras, TensorFlow, JAX and torch are
+imported only inside functions: ``tests/conftest.py`` orders these tests after paddle's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+from unifiedamp import spec
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+pytestmark = pytest.mark.framework("keras")
+
+CHILD_BACKENDS = ("jax", "torch")
+CUSTOM = {"init_scale": 1024.0, "growth_factor": 1.5, "backoff_factor": 0.7,
+          "growth_interval": 3, "hysteresis": 2, "min_scale": 800.0}
+
+
+# ------------------------------------------------------------ helpers (no framework at import)
+
+
+def _as_tuple(state: ScalerState) -> tuple[np.float32, int, int]:
+    return np.float32(state.scale), int(state.growth_tracker), int(state.hysteresis_tracker)
+
+
+def _reference(config: ScalerConfig, finite_flags: list[bool],
+               start: ScalerState | None = None) -> list[tuple[np.float32, int, int]]:
+    """The spec's state after each update, as (float32 scale, growth, hysteresis)."""
+    state = start if start is not None else ScalerState.initial(config)
+    out = []
+    for finite in finite_flags:
+        state = spec.update(config, state, not finite)
+        out.append(_as_tuple(state))
+    return out
+
+
+def _assert_states(seen: list, expected: list) -> None:
+    assert len(seen) == len(expected), (len(seen), len(expected))
+    for step, (got, want) in enumerate(zip(seen, expected, strict=True)):
+        assert (got[0].dtype, got) == (want[0].dtype, want), f"step {step}: {got} != {want}"
+
+
+def _variable_state(opt) -> tuple[np.float32, int, int]:
+    """The wrapped optimizer's three variables, read directly (not through the scaler)."""
+    from keras import ops
+
+    return (np.float32(ops.convert_to_numpy(opt.dynamic_scale)),
+            int(ops.convert_to_numpy(opt.step_counter)),
+            int(ops.convert_to_numpy(opt.hysteresis_counter)))
+
+
+@contextlib.contextmanager
+def _policy(name: str):
+    import keras
+
+    before = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy(name)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_dtype_policy(before)
+
+
+def _model(seed: int = 0):
+    import keras
+
+    return keras.Sequential([
+        keras.Input((4,)),
+        keras.layers.Dense(8, activation="relu",
+                           kernel_initializer=keras.initializers.GlorotUniform(seed)),
+        keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed + 1)),
+    ])
+
+
+def _data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype(np.float32)
+    y = (x @ np.array([[0.5], [-0.25], [0.125], [1.0]], np.float32)).astype(np.float32)
+    return x, y
+
+
+def _with_inf(x: np.ndarray, row: int = 1) -> np.ndarray:
+    x = x.copy()
+    x[row, 2] = np.inf
+    return x
+
+
+def _loss(y_pred, y):
+    from keras import ops
+
+    return ops.mean(ops.square(ops.cast(y_pred, "float32") - ops.convert_to_tensor(y)))
+
+
+def _gradients(model, x: np.ndarray, y: np.ndarray, scale_fn) -> list:
+    """The gradients of ``scale_fn(mse)`` by the Keras backend's own autodiff."""
+    import keras
+
+    backend = keras.backend.backend()
+    variables = model.trainable_variables
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            loss = scale_fn(_loss(model(x, training=True), y))
+        return tape.gradient(loss, variables)
+    if backend == "torch":
+        for v in variables:
+            v.value.grad = None
+        scale_fn(_loss(model(x, training=True), y)).backward()
+        return [v.value.grad.clone() for v in variables]
+    if backend == "jax":
+        import jax
+
+        frozen = [v.value for v in model.non_trainable_variables]
+
+        def f(trainable):
+            y_pred, _ = model.stateless_call(trainable, frozen, x, training=True)
+            return scale_fn(_loss(y_pred, y))
+
+        return jax.grad(f)([v.value for v in variables])
+    raise NotImplementedError(backend)
+
+
+def _all_finite(grads: list) -> bool:
+    from keras import ops
+
+    return all(np.isfinite(np.asarray(ops.convert_to_numpy(g), np.float32)).all()
+               for g in grads)
+
+
+def _numpy(values) -> list[np.ndarray]:
+    from keras import ops
+
+    return [np.array(ops.convert_to_numpy(v)) for v in values]
+
+
+def _snapshot(model, opt) -> list[np.ndarray]:
+    """Weights, then every variable of the inner optimizer (iterations, moments...)."""
+    return _numpy([*model.trainable_variables, *opt.inner_optimizer.variables])
+
+
+def _assert_same_arrays(after: list[np.ndarray], before: list[np.ndarray], what: str) -> None:
+    assert len(after) == len(before)
+    for i, (a, b) in enumerate(zip(after, before, strict=True)):
+        np.testing.assert_array_equal(a, b, err_msg=f"{what}: array {i} changed")
+
+
+def _scaler(*args, **kwargs):
+    from unifiedamp.backends.keras import KerasGradScaler
+
+    return KerasGradScaler(*args, **kwargs)
+
+
+# ------------------------------------------------------------ checks, on every Keras backend
+
+
+def check_fit_with_mixed_float16_follows_spec_over_epochs():
+    import keras
+
+    with _policy("mixed_float16"):
+        scaler = _scaler(1024.0, growth_factor=1.5, backoff_factor=0.25, growth_interval=2)
+        opt = scaler.wrap(keras.optimizers.Adam(1e-3))
+        model = _model()
+        model.compile(optimizer=opt, loss="mse")
+        assert model.optimizer is opt
+        assert model.layers[0].compute_dtype == "float16"
+        x, y = _data(24)
+        x = _with_inf(x, row=17)  # batch 4 of the 6 in every epoch
+        seen = []
+
+        class Record(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                assert self.model is model  # under JAX, reading .model syncs the variables
+                seen.append(_as_tuple(scaler.state))
+
+        model.fit(x, y, batch_size=4, epochs=3, shuffle=False, verbose=0, callbacks=[Record()])
+    expected = _reference(scaler.config, [True, True, True, True, False, True] * 3)
+    assert max(s[0] for s in expected) > 1024.0 and min(s[0] for s in expected) < 1024.0
+    _assert_states(seen, expected)
+    assert _as_tuple(scaler.state) == expected[-1] and scaler.get_scale() == expected[-1][0]
+    assert int(opt.iterations) == 15  # the 3 skipped steps are not counted
+    assert all(np.isfinite(w).all() for w in _numpy(model.trainable_variables))
+
+
+def check_custom_loop_follows_spec_step_by_step():
+    """The backend's own autodiff (GradientTape, torch autograd, jax.grad) and the stateful
+    ``opt.apply`` (which Keras 3.15's own LossScaleOptimizer cannot do under JAX)."""
+    import keras
+
+    pattern = "FFFIIFFFIFIIF"
+    with _policy("mixed_float16"):
+        scaler = _scaler(**CUSTOM)
+        model = _model()
+        opt = scaler.wrap(keras.optimizers.Adam(1e-3))
+        opt.build(model.trainable_variables)
+        x, y = _data(8)
+        seen, flags = [], []
+        for step, kind in enumerate(pattern):
+            xb = _with_inf(x) if kind == "I" else x
+            scale_fn = opt.scale_loss if step % 2 else opt.get_scaled_loss
+            grads = _gradients(model, xb, y, scale_fn)
+            flags.append(_all_finite(grads))
+            opt.apply(grads, model.trainable_variables)
+            seen.append(_as_tuple(scaler.state))
+    assert flags == [kind == "F" for kind in pattern]
+    _assert_states(seen, _reference(scaler.config, flags))
+    assert int(opt.iterations) == pattern.count("F")
+
+
+def check_unscaled_gradients_are_the_gradients_of_the_unscaled_loss():
+    import keras
+
+    scaler = _scaler(512.0, growth_interval=1)
+    model = _model()
+    opt = scaler.wrap(keras.optimizers.SGD(1e-2))
+    opt.build(model.trainable_variables)
+    x, y = _data(8)
+    opt.apply(_gradients(model, x, y, opt.scale_loss), model.trainable_variables)
+    assert scaler.get_scale() == 1024.0  # unscaling must use the current scale, not init_scale
+    reference = _numpy(_gradients(model, x, y, lambda loss: loss))
+    scaled = _gradients(model, x, y, opt.scale_loss)
+    # A power of two: scaling and unscaling are exact.
+    _assert_same_arrays(_numpy(opt.get_unscaled_gradients(scaled)), reference, "2**10")
+    _assert_same_arrays(_numpy(opt.unscale_gradients(scaled)), reference, "2**10")
+    scaler.load_state_dict(spec.to_state_dict(scaler.config, ScalerState(1000.0), "keras"))
+    scaled = _gradients(model, x, y, opt.scale_loss)
+    assert not np.allclose(_numpy(scaled)[0], reference[0], rtol=0.5)
+    for got, want in zip(_numpy(opt.get_unscaled_gradients(scaled)), reference, strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-12)
+
+
+def check_skipped_step_leaves_weights_moments_and_iterations_untouched():
+    import keras
+
+    scaler = _scaler(256.0, growth_interval=1000)
+    model = _model()
+    opt = scaler.wrap(keras.optimizers.Adam(1e-2))
+    model.compile(optimizer=opt, loss="mse")
+    x, y = _data(8)
+    model.train_on_batch(x, y)
+    model.train_on_batch(x, y)
+    before = _snapshot(model, opt)
+    assert int(opt.iterations) == 2 and np.abs(before[-1]).max() > 0  # moments are non-zero
+    model.train_on_batch(_with_inf(x), y)  # the compiled fit step
+    _assert_same_arrays(_snapshot(model, opt), before, "train_on_batch on an inf batch")
+    assert _as_tuple(scaler.state) == (np.float32(128.0), 0, 0)
+    grads = _gradients(model, _with_inf(x), y, opt.scale_loss)  # a custom loop's apply
+    opt.apply(grads, model.trainable_variables)
+    _assert_same_arrays(_snapshot(model, opt), before, "apply() of inf gradients")
+    assert _as_tuple(scaler.state) == (np.float32(64.0), 0, 0)
+    assert int(opt.iterations) == 2
+    model.train_on_batch(x, y)
+    assert int(opt.iterations) == 3
+    assert not np.array_equal(_numpy(model.trainable_variables)[0], before[0])
+    assert _as_tuple(scaler.state) == (np.float32(64.0), 1, 0)
+
+
+# ------------------------------------------------------------ checks specific to JAX
+
+
+def check_jax_stateless_apply_under_jit_follows_spec_and_skips():
+    import jax
+    import keras
+
+    pattern = "FFFIIFFIF"
+    scaler = _scaler(**CUSTOM)
+    model = _model()
+    opt = scaler.wrap(keras.optimizers.Adam(1e-3))
+    opt.build(model.trainable_variables)
+    own = len(opt.variables) - len(opt.inner_optimizer.variables)
+
+    @jax.jit
+    def train_step(trainable, opt_vars, x, y):
+        def scaled_loss(trainable):
+            y_pred, _ = model.stateless_call(trainable, [], x, training=True)
+            # As Keras's JAX trainer: the scale is read from opt_vars, not the variable.
+            with keras.StatelessScope(state_mapping=list(zip(opt.variables, opt_vars,
+                                                             strict=True))):
+                return opt.scale_loss(_loss(y_pred, y))
+
+        grads = jax.grad(scaled_loss)(trainable)
+        return opt.stateless_apply(opt_vars, grads, trainable)
+
+    trainable = [v.value for v in model.trainable_variables]
+    opt_vars = [v.value for v in opt.variables]
+    x, y = _data(8)
+    seen = []
+    for kind in pattern:
+        new_trainable, new_opt_vars = train_step(trainable, opt_vars,
+                                                 _with_inf(x) if kind == "I" else x, y)
+        if kind == "I":
+            _assert_same_arrays(_numpy(new_trainable), _numpy(trainable), "weights")
+            _assert_same_arrays(_numpy(new_opt_vars[own:]), _numpy(opt_vars[own:]), "inner")
+        else:
+            assert not np.array_equal(_numpy(new_trainable)[0], _numpy(trainable)[0])
+        trainable, opt_vars = new_trainable, new_opt_vars
+        for var, value in zip(opt.variables, opt_vars, strict=True):
+            var.assign(value)
+        seen.append(_as_tuple(scaler.state))
+    _assert_states(seen, _reference(scaler.config, [k == "F" for k in pattern]))
+    assert int(opt.iterations) == pattern.count("F")
+
+
+def check_jax_stateful_apply_works_where_keras_own_fails():
+    import jax
+    import keras
+
+    x, y = _data(8)
+    other = _model(1)  # Keras's failed apply leaves tracers in the variables it touched
+    native = keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))
+    native.build(other.trainable_variables)
+    # Keras 3.15: its stateful cond leaks tracers (what SpecLossScaleOptimizer works around;
+    # if this starts passing, the JAX branch of _common_apply may be simplified).
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        native.apply(_gradients(other, x, y, lambda loss: loss * 32768.0),
+                     other.trainable_variables)
+    model = _model()
+    scaler = _scaler(8.0, growth_interval=2)
+    opt = scaler.wrap(keras.optimizers.Adam(1e-3))
+    before = _numpy(model.trainable_variables)
+    for _ in range(2):
+        opt.apply(_gradients(model, x, y, opt.scale_loss), model.trainable_variables)
+    assert not np.array_equal(_numpy(model.trainable_variables)[0], before[0])
+    assert _as_tuple(scaler.state) == (np.float32(16.0), 0, 0)
+    assert int(opt.iterations) == 2
+
+
+def check_jax_stateful_apply_compiles_once():
+    """A custom loop's ``opt.apply`` must not compile anything once warm: it runs at the
+    speed of a jitted step, not ~0.5 s of XLA compilation per step (2 CPU cores)."""
+    import jax
+    import keras
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, duration, **kw: compiles.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
+    model = _model()
+    scaler = _scaler(8.0, growth_interval=2)
+    opt = scaler.wrap(keras.optimizers.Adam(1e-3))
+    x, y = _data(8)
+    counts = []
+    for step in range(6):
+        xb = _with_inf(x) if step == 3 else x
+        grads = _gradients(model, xb, y, opt.scale_loss)
+        before = len(compiles)
+        opt.apply(grads, model.trainable_variables)
+        counts.append(len(compiles) - before)
+    expected = _reference(scaler.config, [True, True, True, False, True, True])
+    assert _as_tuple(scaler.state) == expected[-1]
+    assert counts[2:] == [0, 0, 0, 0], f"XLA compilations per apply(): {counts}"
+
+
+CHILD_CHECKS = {
+    "jax": ["check_fit_with_mixed_float16_follows_spec_over_epochs",
+            "check_custom_loop_follows_spec_step_by_step",
+            "check_unscaled_gradients_are_the_gradients_of_the_unscaled_loss",
+            "check_skipped_step_leaves_weights_moments_and_iterations_untouched",
+            "check_jax_stateless_apply_under_jit_follows_spec_and_skips",
+            "check_jax_stateful_apply_works_where_keras_own_fails",
+            "check_jax_stateful_apply_compiles_once"],
+    "torch": ["check_fit_with_mixed_float16_follows_spec_over_epochs",
+              "check_custom_loop_follows_spec_step_by_step",
+              "check_unscaled_gradients_are_the_gradients_of_the_unscaled_loss",
+              "check_skipped_step_leaves_weights_moments_and_iterations_untouched"],
+}
+
+
+# ------------------------------------------------------------ one child pytest per Keras backend
+
+_CHILD_MODULE = """\
+import sys
+
+sys.path.insert(0, {tests!r})
+import test_keras_backend as kb
+
+for _name in kb.CHILD_CHECKS[{backend!r}]:
+    globals()["test_" + _name.removeprefix("check_")] = getattr(kb, _name)
+"""
+
+#: The packaged suite, run the way a third party runs it.
+CONFORMANCE_ARGS = ["--pyargs", "unifiedamp.conformance", "--unifiedamp-backend", "keras",
+                    "--unifiedamp-max-examples", "10"]
+
+
+class _Child:
+    """``KERAS_BACKEND=<backend> python -m pytest <checks> --pyargs unifiedamp.conformance``,
+    started at once, read when a test asks for it."""
+
+    def __init__(self, backend: str, where: pathlib.Path):
+        self.backend, self.where = backend, where
+        helper = where / "keras_child_checks.py"
+        helper.write_text(_CHILD_MODULE.format(tests=str(pathlib.Path(__file__).parent),
+                                               backend=backend))
+        (where / "pytest.ini").write_text("[pytest]\n")  # not the repository's doctest addopts
+        self.log = where / "log.txt"
+        self.report = where / "report.xml"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short",
+               "-c", str(where / "pytest.ini"), "--rootdir", str(where),
+               f"--junitxml={self.report}", str(helper), *CONFORMANCE_ARGS]
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(cmd, cwd=where, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "KERAS_BACKEND": self.backend})
+        self._results: dict[str, tuple[str, str]] | None = None
+
+    def results(self) -> dict[str, tuple[str, str]]:
+        """``classname::name`` -> (outcome, message) of every test the child ran."""
+        if self._results is None:
+            try:
+                self.proc.wait(timeout=900)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self._results = {}
+            if self.report.exists():
+                for case in ET.parse(self.report).getroot().iter("testcase"):
+                    outcome, message = "passed", ""
+                    for child in case:
+                        if child.tag in ("failure", "error", "skipped"):
+                            outcome = "skipped" if child.tag == "skipped" else "failed"
+                            message = f"{child.get('message', '')}\n{child.text or ''}"[-4000:]
+                    key = f"{case.get('classname')}::{case.get('name')}"
+                    self._results[key] = (outcome, message)
+        return self._results
+
+    def tail(self) -> str:
+        return self.log.read_text()[-4000:] if self.log.exists() else "(no output)"
+
+    def outcome(self, check: str) -> tuple[str, str]:
+        name = "::test_" + check.removeprefix("check_")
+        found = [v for k, v in self.results().items() if k.endswith(name)]
+        if not found:
+            pytest.fail(f"KERAS_BACKEND={self.backend}: the child ran no {name[2:]} "
+                        f"(exit code {self.proc.returncode}):\n{self.tail()}")
+        return found[0]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def keras_children(request, tmp_path_factory):
+    """Starts the child of each Keras backend that a selected test needs, when the module's
+    first test runs, so that the children work while the TensorFlow tests run here."""
+    wanted = set()
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.module is request.module and params.get("backend") in CHILD_BACKENDS:
+            wanted.add(params["backend"])
+    children = {b: _Child(b, tmp_path_factory.mktemp(f"keras_{b}")) for b in sorted(wanted)}
+    yield children
+    for child in children.values():
+        child.stop()
+
+
+def _in_process_keras():
+    keras = pytest.importorskip("keras")
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip(f"this process runs Keras on {keras.backend.backend()}, not tensorflow")
+    return keras
+
+
+# ------------------------------------------------------------ 1. the wrapper (TensorFlow here)
+
+
+@pytest.fixture
+def keras():
+    keras = _in_process_keras()
+    yield keras
+    keras.mixed_precision.set_dtype_policy("float32")
+
+
+def test_wrap_returns_a_loss_scale_optimizer_that_compile_keeps(keras):
+    from unifiedamp.backends.keras import SpecLossScaleOptimizer
+
+    scaler = _scaler(**CUSTOM)
+    sgd = keras.optimizers.SGD(0.1)
+    opt = scaler.wrap(sgd)
+    assert isinstance(opt, keras.optimizers.LossScaleOptimizer)
+    assert isinstance(opt, SpecLossScaleOptimizer)
+    assert opt.inner_optimizer is sgd and scaler.optimizer is opt
+    with _policy("mixed_float16"):
+        model = _model()
+        model.compile(optimizer=opt, loss="mse")
+    assert model.optimizer is opt  # not wrapped a second time by the mixed_float16 policy
+    assert opt.scaler_config == scaler.config == ScalerConfig(**CUSTOM)
+
+
+def test_wrap_refuses_loss_scale_optimizers_non_optimizers_and_a_second_optimizer(keras):
+    scaler = _scaler()
+    native = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+    with pytest.raises(TypeError, match="LossScaleOptimizer already: wrap its inner_optimizer"):
+        scaler.wrap(native)
+    with pytest.raises(TypeError, match=r"takes a keras.optimizers.Optimizer, got Sequential"):
+        scaler.wrap(_model())
+    with pytest.raises(TypeError, match=r"takes a keras.optimizers.Optimizer, got str"):
+        scaler.wrap("adam")
+    assert scaler.optimizer is None
+    opt = scaler.wrap(keras.optimizers.SGD())
+    with pytest.raises(TypeError, match="LossScaleOptimizer already"):
+        scaler.wrap(opt)
+    with pytest.raises(RuntimeError, match="wraps an optimizer already: make one scaler per"):
+        scaler.wrap(keras.optimizers.Adam())
+    assert scaler.optimizer is opt
+
+
+def _eager_steps(model, opt, kinds: str) -> None:
+    """Custom-loop steps (eager: no train function to trace), ``F`` finite, ``I`` inf."""
+    x, y = _data(8)
+    for kind in kinds:
+        grads = _gradients(model, _with_inf(x) if kind == "I" else x, y, opt.scale_loss)
+        opt.apply(grads, model.trainable_variables)
+
+
+def test_disabled_scaler_returns_the_inner_optimizer(keras):
+    scaler = _scaler(1024.0, enabled=False)
+    sgd = keras.optimizers.SGD(0.1)
+    assert scaler.wrap(sgd) is sgd and scaler.optimizer is None
+    assert scaler.get_scale() == 1.0 and not scaler.is_enabled()
+    assert scaler.state_dict()["config"]["enabled"] is False
+
+
+def test_of_gives_the_scaler_of_a_wrapped_optimizer(keras):
+    from unifiedamp.backends.keras import KerasGradScaler
+
+    opt = _scaler(**CUSTOM).wrap(keras.optimizers.SGD())
+    _eager_steps(_model(), opt, "FFFFI")
+    again = KerasGradScaler.of(opt)
+    assert again.optimizer is opt and again.config == ScalerConfig(**CUSTOM)
+    assert _as_tuple(again.state) == _reference(again.config, [True] * 4 + [False])[-1]
+    assert again.state_dict() == KerasGradScaler.of(opt).state_dict()
+    with pytest.raises(TypeError, match="made by KerasGradScaler.wrap, got LossScaleOptimizer"):
+        KerasGradScaler.of(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()))
+
+
+def test_scaler_reads_the_optimizer_variables_after_fit(keras):
+    scaler = _scaler(**CUSTOM)
+    model = _model()
+    opt = scaler.wrap(keras.optimizers.Adam(1e-3))
+    model.compile(optimizer=opt, loss="mse")
+    x, y = _data(20)
+    model.fit(_with_inf(x, row=12), y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    expected = _reference(scaler.config, [True, True, True, False, True] * 2)[-1]
+    assert expected != (np.float32(1024.0), 0, 0)
+    assert _variable_state(opt) == expected
+    assert _as_tuple(scaler.state) == expected and scaler.get_scale() == expected[0]
+    assert scaler.state_dict() == spec.to_state_dict(
+        scaler.config, ScalerState(float(expected[0]), *expected[1:]), "keras")
+
+
+def test_load_state_dict_before_build_is_written_when_the_optimizer_builds(keras):
+    scaler = _scaler(**CUSTOM)
+    opt = scaler.wrap(keras.optimizers.Adam(1e-3))
+    config = ScalerConfig(**{**CUSTOM, "growth_interval": 4})
+    loaded = ScalerState(1536.0, 3, 0)
+    scaler.load_state_dict(spec.to_state_dict(config, loaded, "torch"))
+    assert not opt.built and opt.scaler_config == config
+    model = _model()
+    opt.build(model.trainable_variables)
+    assert _variable_state(opt) == _as_tuple(loaded)
+    _eager_steps(model, opt, "FF")  # the first step grows
+    assert _as_tuple(scaler.state) == _reference(config, [True, True], start=loaded)[-1]
+    assert scaler.get_scale() == np.float32(2304.0)
+
+
+def test_load_state_dict_after_build_writes_the_variables(keras):
+    scaler = _scaler(**CUSTOM)
+    model = _model()
+    opt = scaler.wrap(keras.optimizers.Adam(1e-3))
+    _eager_steps(model, opt, "FF")
+    assert opt.built
+    config = ScalerConfig(**{**CUSTOM, "backoff_factor": 0.875})
+    loaded = ScalerState(1000.0, 0, 1)
+    scaler.load_state_dict(spec.to_state_dict(config, loaded, "jax"))
+    assert opt.scaler_config == config
+    assert _variable_state(opt) == _as_tuple(loaded)
+    _eager_steps(model, opt, "I")  # the second inf backs off, with the loaded factor
+    assert _variable_state(opt) == _reference(config, [False], start=loaded)[-1]
+    assert _variable_state(opt) == (np.float32(875.0), 0, 0)
+
+
+@pytest.mark.parametrize("built", [False, True], ids=["before_build", "after_build"])
+def test_a_bad_state_dict_changes_nothing(keras, built):
+    scaler = _scaler(**CUSTOM)
+    model = _model()
+    opt = scaler.wrap(keras.optimizers.SGD())
+    if built:
+        _eager_steps(model, opt, "FI")
+    before = (_as_tuple(scaler.state), scaler.config, scaler.state_dict())
+    good = spec.to_state_dict(ScalerConfig(4.0, growth_interval=5), ScalerState(4.0, 1), "keras")
+    for bad in [{**good, "scale": -1.0}, {**good, "growth_tracker": -2},
+                {**good, "config": {**good["config"], "growth_interval": 0}},
+                {k: v for k, v in good.items() if k != "hysteresis_tracker"}, [good]]:
+        with pytest.raises((ValueError, TypeError)):
+            scaler.load_state_dict(bad)
+        assert (_as_tuple(scaler.state), scaler.config, scaler.state_dict()) == before
+        assert opt.scaler_config == before[1]
+        if built:
+            assert _variable_state(opt) == before[0]
+    if not built:
+        opt.build(model.trainable_variables)
+        assert _variable_state(opt) == before[0]
+
+
+def test_tensorflow_is_the_keras_backend_and_keras_objects_are_detected(keras):
+    import unifiedamp as ua
+    from unifiedamp.backends.keras import KerasGradScaler
+
+    by_name = ua.GradScaler(8.0, backend="tensorflow")
+    assert type(by_name) is KerasGradScaler and by_name.get_scale() == 8.0
+    assert type(ua.GradScaler(backend=keras.optimizers.SGD())) is KerasGradScaler
+    assert type(ua.GradScaler(backend=_model())) is KerasGradScaler
+    assert by_name.state_dict()["backend"] == "keras"
+
+
+# ------------------------------------------------------------ 2 and 3. TensorFlow, in this process
+
+
+def test_fit_with_mixed_float16_follows_spec_over_epochs(keras):
+    check_fit_with_mixed_float16_follows_spec_over_epochs()
+
+
+def test_custom_loop_with_gradient_tape_follows_spec_step_by_step(keras):
+    check_custom_loop_follows_spec_step_by_step()
+
+
+def test_unscaled_gradients_are_the_gradients_of_the_unscaled_loss(keras):
+    check_unscaled_gradients_are_the_gradients_of_the_unscaled_loss()
+
+
+def test_skipped_step_leaves_weights_moments_and_iterations_untouched(keras):
+    check_skipped_step_leaves_weights_moments_and_iterations_untouched()
+
+
+# ------------------------------------------------------------ 4. XLA
+
+
+def test_xla_train_loop_follows_spec_with_no_host_reads(keras):
+    import tensorflow as tf
+    from keras import ops
+
+    flags = [True, True, True, True, False, False, True, False, True, True, True, False, False]
+    with _policy("mixed_float16"):
+        scaler = _scaler(**CUSTOM)
+        model = _model()
+        opt = scaler.wrap(keras.optimizers.Adam(1e-3))
+        opt.build(model.trainable_variables)
+        x, y = _data(4)
+        xs = np.stack([x if finite else _with_inf(x) for finite in flags])
+
+        @tf.function(jit_compile=True)
+        def train(xs, y):
+            # Every step in one XLA computation: nothing is read back until it returns.
+            out = [tf.TensorArray(tf.float32, size=len(flags)),
+                   tf.TensorArray(tf.int64, size=len(flags)),
+                   tf.TensorArray(tf.int64, size=len(flags))]
+            for i in tf.range(len(flags)):
+                with tf.GradientTape() as tape:
+                    scaled = opt.scale_loss(_loss(model(xs[i], training=True), y))
+                grads = tape.gradient(scaled, model.trainable_variables)
+                opt.apply(grads, model.trainable_variables)
+                out = [out[0].write(i, ops.convert_to_tensor(opt.dynamic_scale)),
+                       out[1].write(i, tf.cast(opt.step_counter, tf.int64)),
+                       out[2].write(i, tf.cast(opt.hysteresis_counter, tf.int64))]
+            return [o.stack() for o in out]
+
+        scales, growth, hysteresis = (t.numpy() for t in train(tf.constant(xs), tf.constant(y)))
+    seen = [(np.float32(s), int(g), int(h)) for s, g, h in zip(scales, growth, hysteresis,
+                                                                strict=True)]
+    expected = _reference(scaler.config, flags)
+    assert len({s[0] for s in expected}) >= 3  # it grows and backs off
+    _assert_states(seen, expected)
+    assert _as_tuple(scaler.state) == expected[-1]
+    assert int(opt.iterations) == sum(flags)
+    assert all(np.isfinite(w).all() for w in _numpy(model.trainable_variables))
+
+
+# ------------------------------------------------------------ 5. serialisation
+
+
+def test_get_config_and_from_config_keep_the_unifiedamp_config(keras):
+    from unifiedamp.backends.keras import SpecLossScaleOptimizer
+
+    opt = _scaler(**CUSTOM).wrap(keras.optimizers.Adam(1e-3))
+    config = opt.get_config()
+    assert config["scaler_config"] == ScalerConfig(**CUSTOM).to_dict()
+    for again in (SpecLossScaleOptimizer.from_config(config),
+                  keras.optimizers.deserialize(keras.optimizers.serialize(opt))):
+        assert type(again) is SpecLossScaleOptimizer
+        assert again.scaler_config == ScalerConfig(**CUSTOM)
+        assert type(again.inner_optimizer) is keras.optimizers.Adam
+        again.build(_model().trainable_variables)
+        assert _variable_state(again) == (np.float32(1024.0), 0, 0)
+
+
+@pytest.mark.parametrize(("before", "after"), [
+    ("FFFFIIFF", "FFIIFFF"),  # saved mid growth interval: the next finite step grows
+    ("FFFFIIFFI", "IFFFIF"),  # saved mid hysteresis: the next inf backs off
+], ids=["mid_growth_interval", "mid_hysteresis"])
+def test_saved_model_resumes_exactly_like_an_uninterrupted_run(keras, tmp_path, before, after):
+    from unifiedamp.backends.keras import KerasGradScaler
+
+    with _policy("mixed_float16"):
+        scaler = _scaler(**CUSTOM)
+        model = _model()
+        model.compile(optimizer=scaler.wrap(keras.optimizers.Adam(1e-2)), loss="mse")
+        x, y = _data(8)
+        batches = {"F": x, "I": _with_inf(x)}
+        for kind in before:
+            model.train_on_batch(batches[kind], y)
+        saved = scaler.state
+        expected = _reference(scaler.config, [k == "F" for k in before])[-1]
+        assert _as_tuple(saved) == expected and saved.growth_tracker + saved.hysteresis_tracker
+        model.save(tmp_path / "m.keras")
+        loaded = keras.models.load_model(tmp_path / "m.keras")
+        again = KerasGradScaler.of(loaded.optimizer)
+        assert again.config == ScalerConfig(**CUSTOM)
+        assert _as_tuple(again.state) == expected and _variable_state(loaded.optimizer) == expected
+        seen, uninterrupted = [], []
+        for kind in after:
+            model.train_on_batch(batches[kind], y)
+            loaded.train_on_batch(batches[kind], y)
+            uninterrupted.append(_as_tuple(scaler.state))
+            seen.append(_as_tuple(again.state))
+    _assert_states(uninterrupted, _reference(scaler.config, [k == "F" for k in after], saved))
+    _assert_states(seen, uninterrupted)
+    _assert_same_arrays(_snapshot(loaded, loaded.optimizer), _snapshot(model, model.optimizer),
+                        "loaded vs uninterrupted")
+
+
+# ------------------------------------------------------------ 2, 3 and 6. JAX and torch (children)
+# Last in the file: the children run while the TensorFlow tests above run here.
+
+CHILD_CASES = [(backend, check) for backend in CHILD_BACKENDS for check in CHILD_CHECKS[backend]]
+
+
+@pytest.mark.parametrize(("backend", "check"), CHILD_CASES,
+                         ids=[f"{b}-{c.removeprefix('check_')}" for b, c in CHILD_CASES])
+def test_under_keras_backend(backend, check, keras_children):
+    outcome, message = keras_children[backend].outcome(check)
+    if outcome == "skipped":
+        pytest.skip(f"KERAS_BACKEND={backend}: {message}")
+    assert outcome == "passed", f"KERAS_BACKEND={backend}:\n{message}"
+
+
+@pytest.mark.parametrize("backend", CHILD_BACKENDS)
+def test_packaged_conformance_suite_passes(backend, keras_children):
+    child = keras_children[backend]
+    results = {k: v for k, v in child.results().items() if "TestConformance" in k}
+    failed = {k: v[1] for k, v in results.items() if v[0] == "failed"}
+    assert len(results) >= 30, f"KERAS_BACKEND={backend}: no suite ran:\n{child.tail()}"
+    assert not failed, f"KERAS_BACKEND={backend}: " + "\n\n".join(
+        f"{k}\n{v[-3000:]}" for k, v in failed.items())
+    assert sum(outcome == "passed" for outcome, _ in results.values()) >= 30
+    # Exit code 0 unless one of the checks (reported by test_under_keras_backend) failed.
+    own_failures = any(v[0] == "failed" for k, v in child.results().items()
+                       if "TestConformance" not in k)
+    assert child.proc.returncode == (1 if own_failures else 0), child.tail()
