@@ -462,7 +462,9 @@ def keras_children(request, tmp_path_factory):
     wanted = set()
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if item.module is request.module and params.get("backend") in CHILD_BACKENDS:
+        # getattr: a doctest item of the same session has no module.
+        if getattr(item, "module", None) is request.module and \
+                params.get("backend") in CHILD_BACKENDS:
             wanted.add(params["backend"])
     children = {b: _Child(b, tmp_path_factory.mktemp(f"keras_{b}")) for b in sorted(wanted)}
     yield children

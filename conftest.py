@@ -1,0 +1,15 @@
+"""Collection imports every module of the package for its doctests, in path order:
+``backends/keras.py`` (which imports tensorflow) comes before ``backends/paddle.py``, and
+importing paddle 3.3.1 after tensorflow 2.21 segfaults. Importing paddle first, when both
+are installed and tensorflow is not imported yet, makes every later order safe. (A run that
+has imported tensorflow already, e.g. the conformance plugin driving the keras backend,
+leaves paddle alone: ``unifiedamp._isolation`` refuses to load it there.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+if ("tensorflow" not in sys.modules and importlib.util.find_spec("paddle") is not None
+        and importlib.util.find_spec("tensorflow") is not None):
+    import paddle  # noqa: F401
