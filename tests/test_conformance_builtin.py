@@ -129,3 +129,15 @@ class TestKerasConformance(ScalerContract):
     @pytest.fixture
     def max_examples(self):
         return 25
+
+
+@pytest.mark.framework("keras")
+class TestKerasSGDConformance(TestKerasConformance):
+    """The same through a wrapped SGD with momentum (Keras's other optimizer family)."""
+
+    @pytest.fixture
+    def adapter(self):
+        pytest.importorskip("keras")
+        from unifiedamp.backends.keras import KerasGradScaler
+
+        return KerasGradScaler.conformance_adapter(optimizer="sgd")

@@ -64,6 +64,12 @@ def scaled_gradients(model: keras.Model, scale: Any, x: np.ndarray) -> list[Any]
     raise NotImplementedError(f"no custom loop for the {backend!r} Keras backend")
 
 
+OPTIMIZERS = {
+    "adam": lambda: keras.optimizers.Adam(1e-3),
+    "sgd": lambda: keras.optimizers.SGD(1e-2, momentum=0.9),
+}
+
+
 def make_model() -> keras.Model:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
         1, kernel_initializer=keras.initializers.Constant(0.1),
@@ -72,8 +78,12 @@ def make_model() -> keras.Model:
 
 
 class KerasAdapter(Adapter):
-    """One ``Dense(1)`` model and one wrapped ``Adam`` per scaler (a Keras scaler wraps one
+    """One ``Dense(1)`` model and one wrapped optimizer per scaler (a Keras scaler wraps one
     optimizer, and each wrapped optimizer holds its own scale: no ``multi_optimizer``).
+
+    Args:
+        scaler_cls: The Keras backend's scaler class, or a subclass.
+        optimizer: ``"adam"`` (default) or ``"sgd"`` (with momentum).
 
     Example:
         >>> from unifiedamp.backends.keras import KerasGradScaler
@@ -85,10 +95,12 @@ class KerasAdapter(Adapter):
                               "jit", "set_config"})
     dtypes = ("float16", "float32")
 
-    def __init__(self, scaler_cls: Any):
+    def __init__(self, scaler_cls: Any, optimizer: str = "adam"):
         self.scaler_cls = scaler_cls
         self.scaler_type = scaler_cls
-        self.name = f"keras[{keras.backend.backend()}]"
+        self.optimizer = optimizer
+        suffix = "" if optimizer == "adam" else f",{optimizer}"
+        self.name = f"keras[{keras.backend.backend()}{suffix}]"
 
     def info(self) -> dict[str, Any]:
         return {"framework": "keras", "version": keras.__version__,
@@ -99,7 +111,7 @@ class KerasAdapter(Adapter):
             raise ValueError("the keras adapter trains one optimizer per scaler")
         scaler = self.scaler_cls(**config.to_dict())
         model = make_model()
-        opt = scaler.wrap(keras.optimizers.Adam(1e-3))
+        opt = scaler.wrap(OPTIMIZERS[self.optimizer]())
         opt.build(model.trainable_variables)
         model.compile(optimizer=opt, loss=_compile_loss)
         return scaler, model, opt
