@@ -625,13 +625,17 @@ class KerasGradScaler(GradScaler):
 
     # ------------------------------------------------------------ the verbs
 
+    def _scale_bits(self) -> Any:
+        # The optimizer's variable once it exists (no host read), else the held state.
+        if self._optimizer is not None and self._optimizer.built:
+            return _i32(self._optimizer.dynamic_scale)
+        return _int(f32_bits(self.state.scale))
+
     def scale(self, outputs: Any) -> Any:
         """Multiplies a tensor (or a list/tuple/dict of them) by the scale, dtypes kept."""
         if not self._config.enabled:
             return outputs
-        bits = _i32(self._optimizer.dynamic_scale) if (
-            self._optimizer is not None and self._optimizer.built) else _int(
-            f32_bits(self.state.scale))
+        bits = self._scale_bits()
         return tree_map(lambda x: _multiply(ops.convert_to_tensor(x), *_split(bits)), outputs)
 
     def unscale(self, grads: Any) -> tuple[Any, Any]:
@@ -639,9 +643,7 @@ class KerasGradScaler(GradScaler):
         the wrapped optimizer's ``apply`` checks and updates."""
         if not self._config.enabled:
             return grads, ops.convert_to_tensor(True)
-        bits = _i32(self._optimizer.dynamic_scale) if (
-            self._optimizer is not None and self._optimizer.built) else _int(
-            f32_bits(self.state.scale))
+        bits = self._scale_bits()
         tensors = tree_map(ops.convert_to_tensor, grads)
         finite = ops.logical_and(_all_finite(leaves(tensors)), bits >= f32_bits(MIN_UNSCALABLE))
         hi, lo = _split(_reciprocal_bits(bits))
