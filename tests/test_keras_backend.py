@@ -273,6 +273,25 @@ def check_skipped_step_leaves_weights_moments_and_iterations_untouched():
 # ------------------------------------------------------------ checks specific to JAX
 
 
+def check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped():
+    """Finite gradients whose float32 sum overflows are finite (the JAX check's fast
+    path sums |g|; only an inf or NaN element may skip the step)."""
+    import keras
+    from keras import ops
+
+    scaler = _scaler(1.0, growth_interval=1)
+    model = _model()
+    opt = scaler.wrap(keras.optimizers.SGD(0.0))
+    tvs = model.trainable_variables
+    opt.build(tvs)
+    huge = [np.full(v.shape, 3e38, np.float32) for v in tvs]
+    opt.apply([ops.convert_to_tensor(g) for g in huge], tvs)
+    assert _as_tuple(scaler.state) == (np.float32(2.0), 0, 0), "3e38 everywhere is finite"
+    huge[-1].flat[-1] = -np.inf
+    opt.apply([ops.convert_to_tensor(g) for g in huge], tvs)
+    assert _as_tuple(scaler.state) == (np.float32(1.0), 0, 0), "one -inf must skip"
+
+
 def check_jax_stateless_apply_under_jit_follows_spec_and_skips():
     import jax
     import keras
@@ -373,11 +392,13 @@ CHILD_CHECKS = {
             "check_skipped_step_leaves_weights_moments_and_iterations_untouched",
             "check_jax_stateless_apply_under_jit_follows_spec_and_skips",
             "check_jax_stateful_apply_works_where_keras_own_fails",
-            "check_jax_stateful_apply_compiles_once"],
+            "check_jax_stateful_apply_compiles_once",
+            "check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped"],
     "torch": ["check_fit_with_mixed_float16_follows_spec_over_epochs",
               "check_custom_loop_follows_spec_step_by_step",
               "check_unscaled_gradients_are_the_gradients_of_the_unscaled_loss",
-              "check_skipped_step_leaves_weights_moments_and_iterations_untouched"],
+              "check_skipped_step_leaves_weights_moments_and_iterations_untouched",
+              "check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped"],
 }
 
 
@@ -649,6 +670,10 @@ def test_unscaled_gradients_are_the_gradients_of_the_unscaled_loss(keras):
 
 def test_skipped_step_leaves_weights_moments_and_iterations_untouched(keras):
     check_skipped_step_leaves_weights_moments_and_iterations_untouched()
+
+
+def test_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped(keras):
+    check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped()
 
 
 # ------------------------------------------------------------ 4. XLA

@@ -173,19 +173,33 @@ def _split(bits: Any) -> tuple[Any, Any]:
     return ops.stop_gradient(hi), ops.stop_gradient(lo)
 
 
-def _multiply(x: Any, hi: Any, lo: Any) -> Any:
+def _multiply(x: Any, hi: Any, lo: Any | None) -> Any:
     dtype = keras.backend.standardize_dtype(x.dtype)
     wide = ops.cast(x, "float32") if dtype in ("float16", "bfloat16") else x
-    return ops.cast((wide * ops.cast(hi, wide.dtype)) * ops.cast(lo, wide.dtype), dtype)
+    product = wide * ops.cast(hi, wide.dtype)
+    if lo is not None:
+        product = product * ops.cast(lo, wide.dtype)
+    return ops.cast(product, dtype)
 
 
 def _all_finite(grads: list[Any]) -> Any:
-    finite = ops.convert_to_tensor(True)
-    for g in grads:
-        # all(isfinite(g)) fuses into one pass under TF and XLA (a sum of g * 0
-        # materialises a full-size temporary in TF graphs, measured ~1 ms/step on 5M).
-        finite = ops.logical_and(finite, ops.all(ops.isfinite(g)))
-    return finite
+    """True where every element of every gradient is finite (one pass when they are)."""
+    def exact() -> Any:
+        finite = ops.convert_to_tensor(True)
+        for g in grads:
+            # all(isfinite(g)) fuses into one pass under TF and XLA (a sum of g * 0
+            # materialises a full-size temporary in TF graphs, measured ~1 ms/step on 5M).
+            finite = ops.logical_and(finite, ops.all(ops.isfinite(g)))
+        return finite
+
+    if keras.backend.backend() != "jax" or not grads:
+        return exact()
+    # XLA's CPU isfinite reduction is slow (2.2 ms on 5M float32 here, a sum of
+    # |g| 0.5 ms). A finite float32 sum of |g| proves every element finite (an inf
+    # or NaN makes it inf or NaN); a sum that overflows on finite values is told
+    # apart by the exact check, which only such steps (and real overflows) run.
+    total = sum(ops.sum(ops.abs(ops.cast(g, "float32"))) for g in grads)
+    return ops.cond(ops.isfinite(total), lambda: ops.convert_to_tensor(True), exact)
 
 
 # ------------------------------------------------------------ the optimizer
@@ -312,7 +326,17 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def unscale_gradients(self, grads: list[Any]) -> list[Any]:
         """The gradients of the scaled loss times ``f32(1 / scale)`` (each keeps its dtype)."""
         hi, lo = _split(_reciprocal_bits(_i32(self.dynamic_scale)))
-        return [None if g is None else _multiply(g, hi, lo) for g in grads]
+        if keras.backend.backend() != "tensorflow":  # XLA fuses both products into one pass
+            return [None if g is None else _multiply(g, hi, lo) for g in grads]
+        # A TF graph runs each product as its own pass over the gradients; the second
+        # (lo != 1) is only needed where 1 / scale is subnormal (scale > 2**126).
+        present = [g for g in grads if g is not None]
+        if not present:
+            return list(grads)
+        unscaled = iter(ops.cond(ops.equal(lo, 1.0),
+                                 lambda: [_multiply(g, hi, None) for g in present],
+                                 lambda: [_multiply(g, hi, lo) for g in present]))
+        return [None if g is None else next(unscaled) for g in grads]
 
     def get_unscaled_gradients(self, grads: list[Any]) -> list[Any]:
         """Keras 2's name for :meth:`unscale_gradients` (removed from Keras 3's class)."""
@@ -444,12 +468,16 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         mapping = list(zip(self.variables, optimizer_variables, strict=True))
         with keras.StatelessScope(state_mapping=mapping):
             finite = self._finite(grads)
-        return ops.cond(
-            finite,
-            lambda: self._stateless_handle_finite_grads(optimizer_variables, grads,
-                                                        trainable_variables),
-            lambda: self._stateless_handle_non_finite_grads(optimizer_variables,
-                                                            trainable_variables))
+        # Both branches, then a select per variable: under jit the select fuses into the
+        # update's own pass, where a lax.cond makes XLA copy every variable in and out
+        # of the conditional (measured ~2 ms a step on a 5M-parameter MLP, 2-core CPU).
+        # The skipped branch's values (inf or NaN) are computed and dropped.
+        applied_tvs, applied_ovs = self._stateless_handle_finite_grads(
+            optimizer_variables, grads, trainable_variables)
+        kept_tvs, kept_ovs = self._stateless_handle_non_finite_grads(
+            optimizer_variables, trainable_variables)
+        return ([ops.where(finite, a, k) for a, k in zip(applied_tvs, kept_tvs, strict=True)],
+                [ops.where(finite, a, k) for a, k in zip(applied_ovs, kept_ovs, strict=True)])
 
     def _stateless_handle_finite_grads(self, optimizer_variables: Any, grads: Any,
                                        trainable_variables: Any) -> Any:
