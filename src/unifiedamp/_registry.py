@@ -13,17 +13,25 @@ without importing either.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 import sys
-from typing import Any, NamedTuple
+from collections import namedtuple
 
 from unifiedamp._isolation import ensure_importable
+
+# typing.TYPE_CHECKING without importing typing, which (with re and enum) would cost
+# about a third of ``import unifiedamp`` (tests/test_import.py); type checkers know
+# this idiom.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 ENTRY_POINT_GROUP = "unifiedamp.backends"
 
 
-class BackendInfo(NamedTuple):
+# collections.namedtuple, not typing.NamedTuple: see TYPE_CHECKING above.
+class BackendInfo(namedtuple("BackendInfo", ["name", "target", "framework", "modules",
+                                             "install", "adapter"], defaults=[""])):
     """One row of the backend table.
 
     Attributes:
@@ -37,12 +45,7 @@ class BackendInfo(NamedTuple):
             ``Class(scaler_cls, **options)`` (empty: the class brings its own).
     """
 
-    name: str
-    target: str
-    framework: str
-    modules: tuple[str, ...]
-    install: str
-    adapter: str = ""
+    __slots__ = ()
 
 
 _ADAPTERS = "unifiedamp.conformance.backends"
@@ -106,6 +109,10 @@ class AmbiguousBackendError(UnknownBackendError):
 
 def entry_points() -> dict[str, str]:
     """Third-party backends: entry-point name -> ``"module:Class"``."""
+    # Imported here, not at the top: importlib.metadata (and the email package it
+    # pulls in) alone costs more than the rest of ``import unifiedamp``.
+    import importlib.metadata
+
     return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 

@@ -11,10 +11,16 @@ from __future__ import annotations
 import abc
 import math
 import numbers
-from typing import Any
 
 from unifiedamp import _registry
 from unifiedamp.spec import ScalerConfig, ScalerState, f32
+
+# typing.TYPE_CHECKING without importing typing, which (with re and enum) would cost
+# about a third of ``import unifiedamp`` (tests/test_import.py); type checkers know
+# this idiom.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class NoInfChecksError(RuntimeError, AssertionError):

@@ -42,18 +42,52 @@ Example:
     1024.0 0
 """
 
+import importlib
+
 from unifiedamp.spec._config import ALIASES, CANONICAL, INT32_MAX, ScalerConfig, config_from_args
-from unifiedamp.spec._document import SCHEMA_VERSION, SPEC_VERSION, spec_document, spec_markdown
 from unifiedamp.spec._float32 import FLOAT32_MIN_NORMAL, f32, f32_bits, f32_from_bits, f32_hex
 from unifiedamp.spec._frameworks import FRAMEWORKS
 from unifiedamp.spec._rule import MIN_UNSCALABLE, ScalerState, unscale_overflows, update
-from unifiedamp.spec._state_dict import (
-    STATE_FORMAT,
-    STATE_VERSION,
-    parse_state_dict,
-    to_state_dict,
-)
-from unifiedamp.spec._vectors import VECTORS, Vector, run_reference
+
+# ``import unifiedamp`` needs only the config and the rule. The state-dict format,
+# the test vectors and the spec document are loaded on first access (PEP 562), to
+# keep the bare import fast (tests/test_import.py).
+_LAZY = {
+    "STATE_FORMAT": "_state_dict", "STATE_VERSION": "_state_dict",
+    "parse_state_dict": "_state_dict", "to_state_dict": "_state_dict",
+    "VECTORS": "_vectors", "Vector": "_vectors", "run_reference": "_vectors",
+    "SCHEMA_VERSION": "_document", "SPEC_VERSION": "_document",
+    "spec_document": "_document", "spec_markdown": "_document",
+}
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
+    from unifiedamp.spec._document import (
+        SCHEMA_VERSION,
+        SPEC_VERSION,
+        spec_document,
+        spec_markdown,
+    )
+    from unifiedamp.spec._state_dict import (
+        STATE_FORMAT,
+        STATE_VERSION,
+        parse_state_dict,
+        to_state_dict,
+    )
+    from unifiedamp.spec._vectors import VECTORS, Vector, run_reference
+
+
+def __getattr__(name: str) -> object:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value  # later accesses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "ALIASES",

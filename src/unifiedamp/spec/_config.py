@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any
 
 from unifiedamp.spec._float32 import f32
 from unifiedamp.spec._frameworks import FRAMEWORKS
+
+# typing.TYPE_CHECKING without importing typing, which (with re and enum) would cost
+# about a third of ``import unifiedamp`` (tests/test_import.py); type checkers know
+# this idiom.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["ALIASES", "CANONICAL", "INT32_MAX", "POSITIONAL", "RULES", "ScalerConfig",
            "config_from_args", "is_real", "python_scalar"]
@@ -138,7 +142,6 @@ def _check_bool(name: str, value: Any) -> bool:
     return bool(value)
 
 
-@dataclasses.dataclass(frozen=True)
 class ScalerConfig:
     """An immutable, validated loss-scaler configuration.
 
@@ -170,19 +173,42 @@ class ScalerConfig:
         ValueError: growth_interval must be an int with 1 <= growth_interval <= 2147483647, got 0
     """
 
+    # A plain class that behaves like the frozen dataclass it used to be (same
+    # signature, repr, equality, hash, FrozenInstanceError, pickles): ``import
+    # dataclasses`` pulls in ``inspect`` and ``re`` and cost over a third of
+    # ``import unifiedamp``. What no longer applies is dataclasses.fields(),
+    # asdict() and replace() on it: ``to_dict()`` and ``replace()`` do that.
+    # The class attributes are the defaults, readable on the class as before.
     init_scale: float = 65536.0
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
     growth_interval: int = 2000
     enabled: bool = True
-    _: dataclasses.KW_ONLY
     hysteresis: int = 1
     min_scale: float | None = None
     max_scale: float | None = None
     dynamic: bool = True
 
-    def __post_init__(self) -> None:
-        raw = {name: python_scalar(name, getattr(self, name)) for name in CANONICAL}
+    __match_args__ = POSITIONAL
+
+    def __init__(
+        self,
+        init_scale: float = 65536.0,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        *,
+        hysteresis: int = 1,
+        min_scale: float | None = None,
+        max_scale: float | None = None,
+        dynamic: bool = True,
+    ) -> None:
+        given = {"init_scale": init_scale, "growth_factor": growth_factor,
+                 "backoff_factor": backoff_factor, "growth_interval": growth_interval,
+                 "enabled": enabled, "hysteresis": hysteresis, "min_scale": min_scale,
+                 "max_scale": max_scale, "dynamic": dynamic}
+        raw = {name: python_scalar(name, given[name]) for name in CANONICAL}
         values = {
             "init_scale": _check_positive_f32("init_scale", raw["init_scale"]),
             "growth_factor": _check_real("growth_factor", raw["growth_factor"]),
@@ -209,8 +235,29 @@ class ScalerConfig:
             )
         # Store plain Python values so the config hashes, compares and serialises
         # the same whatever numeric types the caller passed.
-        for name, value in values.items():
-            object.__setattr__(self, name, value)
+        for name in CANONICAL:
+            object.__setattr__(self, name, values[name])
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in CANONICAL)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in CANONICAL)
+        return f"{type(self).__qualname__}({fields})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return self._values() == other._values()  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise _frozen(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise _frozen(f"cannot delete field {name!r}")
 
     def replace(self, **changes: Any) -> ScalerConfig:
         """A copy with some parameters changed (canonical names or aliases), validated.
@@ -231,7 +278,18 @@ class ScalerConfig:
         return {name: getattr(self, name) for name in CANONICAL}
 
 
+def _frozen(message: str) -> AttributeError:
+    # The error a frozen dataclass raises, so that code catching it keeps working;
+    # dataclasses is imported only on this error path (see ScalerConfig).
+    import dataclasses
+
+    return dataclasses.FrozenInstanceError(message)
+
+
 def _suggest(name: str, extra_names: tuple[str, ...]) -> str:
+    # difflib is imported only here, for an error message (import time).
+    import difflib
+
     if name in _FOREIGN:
         return f"Unknown parameter: {name!r} ({_FOREIGN[name]})"
     known = [*CANONICAL, *ALIASES, *extra_names]

@@ -16,7 +16,13 @@ cannot express a config implements the spec itself.
 from __future__ import annotations
 
 import copy
-from typing import Any
+
+# typing.TYPE_CHECKING without importing typing, which (with re and enum) would cost
+# about a third of ``import unifiedamp`` (tests/test_import.py); type checkers know
+# this idiom.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["FRAMEWORKS"]
 

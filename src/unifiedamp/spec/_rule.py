@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections import namedtuple
 
 from unifiedamp.spec._config import ScalerConfig
 from unifiedamp.spec._float32 import f32, f32_from_bits
@@ -11,7 +11,10 @@ from unifiedamp.spec._float32 import f32, f32_from_bits
 __all__ = ["MIN_UNSCALABLE", "ScalerState", "unscale_overflows", "update"]
 
 
-class ScalerState(NamedTuple):
+# collections.namedtuple, not typing.NamedTuple: ``import typing`` (with re and enum)
+# would cost about a third of ``import unifiedamp`` (tests/test_import.py).
+class ScalerState(namedtuple("ScalerState", ["scale", "growth_tracker", "hysteresis_tracker"],
+                             defaults=[0, 0])):
     """The dynamic part of a scaler: what a checkpoint must carry.
 
     Attributes:
@@ -24,9 +27,7 @@ class ScalerState(NamedTuple):
         ScalerState(scale=0.10000000149011612, growth_tracker=0, hysteresis_tracker=0)
     """
 
-    scale: float
-    growth_tracker: int = 0
-    hysteresis_tracker: int = 0
+    __slots__ = ()
 
     @classmethod
     def initial(cls, config: ScalerConfig) -> ScalerState:
