@@ -1,11 +1,14 @@
 """The torch backend's overhead, against no scaler and against torch.amp.GradScaler.
 
 Run: python benchmarks/bench_torch.py [--device cpu|cuda] [--repeats R] [--steps S]
+     [--models launch-bound,large] [--optimizers foreach,fused]
 
-1. A training step of a ~10M-parameter MLP (AdamW) with (a) no scaler,
-   (b) torch.amp.GradScaler, (c) unifiedamp with a config torch expresses
-   (its kernels run), (d) unifiedamp with hysteresis=2 and min_scale (the spec
-   as tensor ops). Runs are interleaved; medians and the ratios c/b, d/b printed.
+1. A training step of an MLP, AdamW (foreach and fused), batch 64, under float16
+   autocast on CUDA (float32 on CPU, whose float16 matmul is ~50x slower),
+   with (a) no scaler, (b) torch.amp.GradScaler, (c) unifiedamp with a config torch
+   expresses (its kernels run), (d) unifiedamp with hysteresis=2 and min_scale (the
+   spec as tensor ops), for a launch-bound 2.1M-parameter MLP and a 9.4M-parameter
+   one. Runs are interleaved; medians and the ratios c/b, d/b printed.
 2. unscale_ + inf check (+ update) of 50M float32 gradient elements, against one
    torch._foreach_mul_ pass over the same tensors, for both scalers.
 """
@@ -27,12 +30,16 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def mlp(device: str) -> torch.nn.Module:
+#: Layer widths: a step of the first is bound by kernel launches on a GPU.
+MODELS = {"launch-bound": (512, 1024, 1024, 512), "large": (1024, 4096, 1024, 1024)}
+
+
+def mlp(device: str, sizes: tuple[int, ...]) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024),
-        torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
-    ).to(device)
+    layers: list[torch.nn.Module] = []
+    for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
+        layers += [torch.nn.Linear(n_in, n_out), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1]).to(device)
 
 
 def medians(cases: dict[str, Callable[[], None]], repeats: int, device: str,
@@ -61,9 +68,11 @@ def report(title: str, med: dict[str, float], base: str, ratios: dict[str, str])
                             for label, name in ratios.items()))
 
 
-def train_step_bench(device: str, repeats: int, steps: int) -> dict[str, float]:
-    x = torch.randn(64, 1024, device=device)
-    y = torch.randn(64, 1024, device=device)
+def train_step_bench(device: str, repeats: int, steps: int, model_kind: str,
+                     fused: bool) -> dict[str, float]:
+    sizes = MODELS[model_kind]
+    x = torch.randn(64, sizes[0], device=device)
+    y = torch.randn(64, sizes[-1], device=device)
     variants = {
         "a no scaler": None,
         "b torch.amp.GradScaler": lambda: torch.amp.GradScaler(device, 1024.0),
@@ -74,16 +83,19 @@ def train_step_bench(device: str, repeats: int, steps: int) -> dict[str, float]:
     }
     setups = {}
     for name, factory in variants.items():
-        model = mlp(device)
-        setups[name] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4),
-                        factory() if factory else None)
+        model = mlp(device, sizes)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused,
+                                foreach=None if fused else True)
+        setups[name] = (model, opt, factory() if factory else None)
     params = sum(p.numel() for p in setups["a no scaler"][0].parameters())
 
     def run(model, opt, scaler):
         def go():
             for _ in range(steps):
                 opt.zero_grad(set_to_none=True)
-                loss = torch.nn.functional.mse_loss(model(x), y)
+                with torch.autocast(device, dtype=torch.float16, enabled=device == "cuda"):
+                    out = model(x)
+                loss = torch.nn.functional.mse_loss(out.float(), y)
                 if scaler is None:
                     loss.backward()
                     opt.step()
@@ -94,7 +106,9 @@ def train_step_bench(device: str, repeats: int, steps: int) -> dict[str, float]:
         return go
 
     med = medians({name: run(*setup) for name, setup in setups.items()}, repeats, device, steps)
-    report(f"train step, {params / 1e6:.1f}M-parameter MLP, AdamW, batch 64, {device}, "
+    report(f"train step, {model_kind} {params / 1e6:.1f}M-parameter MLP, "
+           f"{'fused' if fused else 'foreach'} AdamW, "
+           f"{'float16 autocast' if device == 'cuda' else 'float32'}, batch 64, {device}, "
            f"median of {repeats} x {steps} steps", med, "b torch.amp.GradScaler",
            {"c/b": "c unifiedamp (torch kernels)",
             "d/b": "d unifiedamp (hysteresis=2, min_scale)"})
@@ -140,9 +154,14 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--optimizers", default="foreach,fused")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}")
-    train_step_bench(args.device, args.repeats, args.steps)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}"
+          + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""))
+    for model_kind in args.models.split(","):
+        for kind in args.optimizers.split(","):
+            train_step_bench(args.device, args.repeats, args.steps, model_kind, kind == "fused")
     unscale_bench(args.device, args.repeats)
 
 

@@ -9,6 +9,7 @@ import inspect
 import json
 import pickle
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -364,6 +365,34 @@ def test_host_reads_added_by_the_scaler_per_step(config):
     assert host_reads_per_step(OPTIMIZERS["sgd_fused"], factory) == 0
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("config", [{"backoff_factor": 0.5}, {"backoff_factor": 0.01},
+                                    {"backoff_factor": 1e-10},
+                                    {"backoff_factor": 0.5, "hysteresis": 2}],
+                         ids=["0.5", "0.01", "1e-10", "hysteresis-2"])
+def test_backing_off_into_an_unscalable_scale_skips_finite_steps(config, fused):
+    """From a normal scale, overflows back off below MIN_UNSCALABLE, where the spec skips
+    even finite steps (1 / scale is inf). The device check for it is skipped while the
+    host can bound the scale away from there: the bound must hold step by step."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), fused=fused)
+    scaler = ua.GradScaler(1e-30, growth_interval=3, backend="torch",
+                           max_consecutive_skips=None, **config)
+    expected = spec.ScalerState(spec.f32(1e-30))
+    for step in range(90):
+        poisoned = step < 80 and step % 7 != 6  # mostly overflows, a finite step now and then
+        found = poisoned or spec.unscale_overflows(expected.scale)
+        scaler.scale(loss_of(model, *batch(seed=step, poison=float("inf") if poisoned
+                                           else None))).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        expected = spec.update(scaler.config, expected, found)
+        assert scaler.last_step_skipped == found, f"step {step}: skipped != {found}"
+        assert scaler.state == expected, f"step {step}: {scaler.state} != {expected}"
+    assert spec.unscale_overflows(expected.scale)  # the run did reach the region
+
+
 def test_collapse_check_reads_the_device_once_per_period():
     model = mlp()
     opt = torch.optim.AdamW(model.parameters(), fused=True)
@@ -376,7 +405,9 @@ def test_collapse_check_reads_the_device_once_per_period():
             scaler.update()
         reads.append(counter.count)
         opt.zero_grad()
-    assert reads == [0] * 9 + [1] + [0] * 9 + [1]
+    # At the end of a period: the scale and, counted on the device (fused steps), the
+    # run of skips; nothing in between.
+    assert reads == [0] * 9 + [2] + [0] * 9 + [2]
 
 
 def test_fused_optimizer_receives_grad_scale_and_found_inf():
@@ -408,6 +439,30 @@ def test_collapse_warns_on_the_torch_path():
             scaler.step(opt)
             scaler.update()
             opt.zero_grad()
+
+
+@pytest.mark.parametrize("kinds", [("plain", "plain"), ("fused", "fused"),
+                                   ("plain", "fused"), ("fused", "plain")],
+                         ids=["plain", "fused", "plain-then-fused", "fused-then-plain"])
+def test_collapse_counts_only_skips_in_a_row(kinds):
+    """Plain steps count the run on the host (they read the flag anyway), fused ones on
+    the device; a loop that switches carries the run over. Four skips and a finite step,
+    twice, are no collapse; five skips in a row are, reported at the period's end."""
+    model = mlp()
+    optimizers = {"plain": torch.optim.SGD(model.parameters(), lr=0.0),
+                  "fused": torch.optim.AdamW(model.parameters(), lr=0.0, fused=True)}
+    scaler = ua.GradScaler(backend="torch", max_consecutive_skips=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for update in range(1, 16):
+            opt = optimizers[kinds[update > 12]]  # the switch falls inside the last run
+            poison = None if update in (5, 10) else float("nan")
+            scaler.scale(loss_of(model, *batch(poison=poison))).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    messages = [str(w.message) for w in caught if w.category is ua.ScaleCollapseWarning]
+    assert len(messages) == 1 and "collapsed at step 15" in messages[0], messages
 
 
 # ---------------------------------------------------------------- skipped-step reporting
@@ -547,6 +602,42 @@ def test_scale_traces_into_a_full_graph():
     assert torch.allclose(scaled_loss(x, y), loss_of(model, x, y) * 1024)
 
 
+@pytest.mark.parametrize("config", [{}, {"hysteresis": 2, "min_scale": 1.0}],
+                         ids=["torch-expressible", "extended"])
+def test_scale_and_update_trace_into_full_graphs_with_the_eager_trajectory(config):
+    """scale() and update() under torch.compile(fullgraph=True) (a graph break raises),
+    with a fused optimizer's step between them: the same states as eager, skips included.
+    (step() and unscale_() run torch.amp.GradScaler's code, which dynamo does not trace,
+    for torch's own scaler as for this one.)"""
+    def run(compiled):
+        model = mlp()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+        scaler = ua.GradScaler(1024.0, growth_interval=2, backend="torch", device="cpu",
+                               **config)
+
+        def scaled_loss(x, y):
+            return scaler.scale(loss_of(model, x, y))
+
+        def update():
+            scaler.update()
+
+        if compiled:
+            scaled_loss = torch.compile(scaled_loss, fullgraph=True)
+            update = torch.compile(update, fullgraph=True)
+        states = []
+        for step in range(8):
+            poison = float("inf") if step in (3, 4) else None
+            scaled_loss(*batch(seed=step, poison=poison)).backward()
+            scaler.step(opt)
+            update()
+            opt.zero_grad()
+            states.append(scaler.state)
+        return states, scaler.num_skipped_steps
+
+    eager, compiled = run(False), run(True)
+    assert compiled == eager and eager[1] == 2
+
+
 # ---------------------------------------------------------------- CUDA
 
 
@@ -582,6 +673,50 @@ def test_cuda_scale_lives_on_the_parameters_device():
     assert scaler._scale.device.type == "cuda" and scaler.state.scale == 65536.0
 
 
+def captured_training_step(model, opt, scaler, x, y):
+    """The recipe of docs/backends/torch.md: one whole float16 step, captured as one
+    CUDA graph after a warm-up on a side stream; returns the graph."""
+    def step():
+        with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+            loss = loss_of(model, x, y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+@CUDA
+@pytest.mark.parametrize("config", [{}, {"hysteresis": 2, "min_scale": 1.0}],
+                         ids=["torch-expressible", "hysteresis-2"])
+def test_cuda_graph_replays_follow_the_spec_across_overflows(config):
+    model = mlp("cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True, capturable=True)
+    scaler = ua.GradScaler(1024.0, growth_interval=2, backend="torch", device="cuda",
+                           **config)
+    x, y = (t.clone() for t in batch("cuda"))
+    graph = captured_training_step(model, opt, scaler, x, y)
+    expected = scaler.state
+    for step in range(12):
+        poisoned = step in (4, 5, 9)
+        x.copy_(batch("cuda", seed=step, poison=float("inf") if poisoned else None)[0])
+        graph.replay()
+        expected = spec.update(scaler.config, expected, poisoned)
+        assert scaler.state == expected, f"replay {step}: {scaler.state} != {expected}"
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
 # ---------------------------------------------------------------- torch's private surface
 
 # What the backend overrides or calls beyond torch.amp.GradScaler's public API:
@@ -591,7 +726,6 @@ PRIVATE_METHODS = {
     "_maybe_opt_step": ["self", "optimizer", "optimizer_state", "args", "kwargs"],
     "_check_inf_per_device": ["self", "optimizer"],
     "_lazy_init_scale_growth_tracker": ["self", "dev"],
-    "_check_scale_growth_tracker": ["self", "funcname"],
 }
 STEP_CALLS = ["retval = self._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)",
               "self._check_inf_per_device(optimizer)"]

@@ -12,6 +12,7 @@ call ``optimizer.step()``, as torch's does, and fused optimizers get
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import defaultdict
 from typing import Any
@@ -49,6 +50,35 @@ def torch_expressible(config: ScalerConfig) -> bool:
             and config.min_scale is None and config.max_scale is None and config.dynamic)
 
 
+#: Scales at or above this are far from MIN_UNSCALABLE (8x): 1 / scale is finite
+#: there, and float32 products stay normal, so rounding is relative (2**-24 at most).
+_SAFE_SCALE = 2 * spec.FLOAT32_MIN_NORMAL
+
+
+def _updates_before_unscalable(config: ScalerConfig, scale: float) -> float:
+    """How many updates from ``scale`` provably keep the scale >= ``_SAFE_SCALE``.
+
+    Each update multiplies the scale by at least ``f32(backoff_factor)`` (growth and
+    holding only raise or keep it; min_scale only raises it), rounded to nearest, so
+    after n updates it is >= scale * (b * (1 - 2**-24)) ** n. Until then the spec's
+    extra inf for an unscalable scale cannot happen and its device check is skipped.
+
+    Example:
+        >>> _updates_before_unscalable(ScalerConfig(), 65536.0)  # 2**16 down to ~2**-125
+        139
+        >>> _updates_before_unscalable(ScalerConfig(min_scale=1.0), 65536.0)
+        inf
+    """
+    if not scale >= _SAFE_SCALE:
+        return 0
+    floor_scale = config.min_scale if config.min_scale is not None else 0.0
+    backoff = spec.f32(config.backoff_factor) * (1 - 2.0**-24)
+    if not config.dynamic or spec.f32(floor_scale) >= _SAFE_SCALE or backoff >= 1.0:
+        return math.inf
+    # One update less than the bound: the logarithms are rounded too.
+    return max(0, math.floor(math.log(scale / _SAFE_SCALE) / -math.log(backoff)) - 1)
+
+
 def _split_device(args: tuple[Any, ...], device: Any) -> tuple[tuple[Any, ...], Any]:
     """Takes torch's first positional parameter, the device, off ``args``.
 
@@ -81,34 +111,63 @@ def _split_device(args: tuple[Any, ...], device: Any) -> tuple[tuple[Any, ...], 
     return rest, first
 
 
+def _rule_constants(config: ScalerConfig, device: torch.device) -> dict[str, torch.Tensor]:
+    """The rule's float32 constants as 0-dim tensors on ``device``, made once per config:
+    a Python number in ``torch.where`` would be a new tensor (a kernel) at every update."""
+    values = {"one": 1.0, "zero": 0.0, "growth": spec.f32(config.growth_factor),
+              "backoff": spec.f32(config.backoff_factor)}
+    if config.min_scale is not None:
+        values["min"] = spec.f32(config.min_scale)
+    if config.max_scale is not None:
+        values["max"] = spec.f32(config.max_scale)
+    constants = {name: torch.tensor(value, dtype=torch.float32, device=device)
+                 for name, value in values.items()}
+    constants["one64"] = torch.tensor(1.0, dtype=torch.float64, device=device)
+    return constants
+
+
 def _spec_update_(scale: torch.Tensor, growth: torch.Tensor, hyst: torch.Tensor,
-                  found_inf: torch.Tensor, config: ScalerConfig) -> None:
-    """The spec's update as tensor ops, in place, with no host sync."""
+                  found_inf: torch.Tensor, config: ScalerConfig,
+                  constants: dict[str, torch.Tensor]) -> None:
+    """The spec's update as tensor ops, in place, with no host sync.
+
+    ``found_inf`` is 0.0 or 1.0 (float32); ``constants`` come from ``_rule_constants``.
+    """
     if not config.dynamic:
         growth.zero_()
         hyst.zero_()
         return
     # Few, small ops: each is a kernel launch (a few microseconds) on any device.
-    inf = found_inf > 0
-    new_hyst = (hyst + 1).mul_(inf)
-    new_growth = (growth + 1).masked_fill_(inf, 0)
+    # The trackers in float64 (exact over int32, which float32 is not past 2**24)
+    # with the flag as a 0/1 multiplier: (tracker + 1) * flag is one addcmul.
+    finite = constants["one64"] - found_inf
+    inf = constants["one64"] - finite
+    new_hyst = torch.addcmul(inf, hyst, inf)  # + 1 on an inf, else 0
+    new_growth = torch.addcmul(finite, growth, finite)  # + 1 when finite, else 0
     back_off = new_hyst >= config.hysteresis
     grow = new_growth >= config.growth_interval  # never after an inf: new_growth is 0 then
     # One multiply by backoff, growth or 1.0 (exact). A float32 tensor times a
     # float32 value rounds once: the spec's f32(scale * f32(factor)).
-    factor = torch.where(back_off, spec.f32(config.backoff_factor),
-                         torch.where(grow, spec.f32(config.growth_factor), 1.0))
+    factor = torch.where(back_off, constants["backoff"],
+                         torch.where(grow, constants["growth"], constants["one"]))
     candidate = scale * factor
-    if config.min_scale is not None:
-        candidate = torch.where(back_off, candidate.clamp(min=spec.f32(config.min_scale)),
-                                candidate)
-    if config.max_scale is not None:
-        candidate = torch.where(grow, candidate.clamp(max=spec.f32(config.max_scale)),
-                                candidate)
-    # Only a growth can overflow; then the old scale stays.
-    scale.copy_(torch.where(torch.isfinite(candidate), candidate, scale))
+    if config.min_scale is not None:  # on a backoff only: max(candidate, min or 0)
+        candidate = torch.maximum(candidate,
+                                  torch.where(back_off, constants["min"], constants["zero"]))
+    if config.max_scale is not None:  # on a growth only; it keeps the scale finite too
+        candidate = torch.where(grow, candidate.clamp_(max=constants["max"]), candidate)
+    # Only a growth can overflow (to +inf, never NaN); then the old scale stays.
+    torch.where(candidate != math.inf, candidate, scale, out=scale)
     hyst.copy_(new_hyst.masked_fill_(back_off, 0))
     growth.copy_(new_growth.masked_fill_(grow, 0))
+
+
+def _traced() -> bool:
+    """Whether this code is being traced into a graph that runs again without it:
+    ``torch.compile`` or a CUDA graph capture. The host-side shortcuts then step aside
+    (a replay does not run this Python) and nothing reads the device."""
+    return torch.compiler.is_compiling() or (
+        torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
@@ -210,6 +269,15 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._clamp_tracker = False
         self._hysteresis_may_be_set = False
         self._updates = 0
+        # The device check for an unscalable scale runs from this update on (see
+        # _updates_before_unscalable); moved on whenever the host learns the scale.
+        self._check_unscalable_from = _updates_before_unscalable(config, self._init_scale)
+        # Consecutive skipped updates: counted on the host while every check of an
+        # update was read by a plain step() (which reads it anyway), else on the device.
+        self._host_skips = 0
+        self._skips_on_device = False
+        self._host_reads = 0
+        self._host_found = False
         self._skipped_on_host = 0
         self._last_skipped: bool | torch.Tensor = False
         self._bf16_warned = False
@@ -232,6 +300,15 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         return f"{type(self).__name__}({self.state}, {self._config})"
 
     def _sync_torch_attributes(self) -> None:
+        # Made here, where the config changes, not in update(): spec.f32 does not
+        # trace under torch.compile.
+        self._constants = (None if self._scale is None
+                           else _rule_constants(self._config, self._scale.device))
+        # torch's kernel takes the factors as doubles: rounded to float32 it computes
+        # the spec's bits. Rounded here once (in update() it would be a graph break
+        # under torch.compile, and host work at every step).
+        self._float32_factors = (spec.f32(self._config.growth_factor),
+                                 spec.f32(self._config.backoff_factor))
         # torch's own names, for tools that read them.
         self._growth_factor = self._config.growth_factor
         self._backoff_factor = self._config.backoff_factor
@@ -239,6 +316,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
 
     def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
         super()._lazy_init_scale_growth_tracker(dev)
+        self._constants = _rule_constants(self._config, dev)
         self._hysteresis_tracker = torch.full((), self._init_hysteresis_tracker,
                                               dtype=torch.int32, device=dev)
         self._consecutive_skips = torch.zeros((), dtype=torch.float32, device=dev)
@@ -273,6 +351,13 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
     def _set_config(self, **changes: Any) -> None:
         self._config = self._config.replace(**changes)
         self._sync_torch_attributes()
+        # A smaller backoff factor shortens the bound: check until the next read.
+        self._check_unscalable_from = self._updates
+
+    def _scale_known(self, scale: float) -> None:
+        """The host has just learnt the scale (set, loaded or read): move the bound."""
+        self._check_unscalable_from = self._updates + _updates_before_unscalable(
+            self._config, scale)
 
     def get_growth_factor(self) -> float:
         return self._config.growth_factor
@@ -374,6 +459,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             self._hysteresis_tracker.fill_(state.hysteresis_tracker)
         self._clamp_tracker = True
         self._hysteresis_may_be_set = state.hysteresis_tracker > 0
+        self._scale_known(state.scale)
 
     def __getstate__(self) -> dict[str, Any]:
         d = super().__getstate__()
@@ -384,7 +470,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         # torch's copy re-creates its scale lazily, so its step() needs a scale() first.
         d["_scale_called"] = False
         for name in ("_hysteresis_tracker", "_consecutive_skips", "_skipped_on_device",
-                     "_process_group"):
+                     "_process_group", "_constants"):
             d[name] = None
         return d
 
@@ -491,6 +577,10 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         # float32, so every unscaled gradient is inf or NaN, yet torch's kernel checks
         # the gradients before it multiplies (2.13) and finds them finite. Raise the
         # flag on the device (a max, so it stays 0/1 for fused kernels): no host sync.
+        # Three ops a step, skipped while the host knows the scale is far above it;
+        # never skipped in a CUDA graph, whose replays do not run this Python.
+        if not _traced() and self._updates < self._check_unscalable_from:
+            return
         overflow = (self._scale < spec.MIN_UNSCALABLE).float()
         for found in founds:
             found.clamp_(min=overflow.to(found.device, non_blocking=True))
@@ -527,6 +617,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         skipped = bool(sum(v.item() for v in optimizer_state["found_inf_per_device"].values()))
         self._last_skipped = skipped
         self._skipped_on_host += skipped
+        self._host_reads += 1
+        self._host_found |= skipped
         return None if skipped else optimizer.step(*args, **kwargs)
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
@@ -542,11 +634,15 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         retval = super().step(optimizer, *args, **kwargs)
         self.num_steps += 1
         if getattr(optimizer, "_step_supports_amp_scaling", False):
-            found = sum(v.to(self._scale.device) for v in
-                        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
-            found = torch.as_tensor(found, dtype=torch.float32, device=self._scale.device)
-            self._last_skipped = found > 0
-            self._skipped_on_device += (found > 0).float()
+            # One op: the flag is 0.0 or 1.0 (torch's kernel, the clamp, the MAX
+            # all-reduce); only flags from several devices are summed and clamped.
+            founds = list(
+                self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
+            found = founds[0] if len(founds) == 1 else None
+            if found is None or found.device != self._scale.device:
+                found = sum(f.to(self._scale.device) for f in founds).clamp_(max=1.0)
+            self._last_skipped = found
+            self._skipped_on_device.add_(found)
         return retval
 
     def unscale(self, grads: Any) -> tuple[Any, torch.Tensor]:
@@ -577,6 +673,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             found_here = torch.zeros((), dtype=torch.float32, device=device)
             torch._amp_foreach_non_finite_check_and_unscale_(tensors, found_here, inv.to(device))
             found += found_here.to(found.device)
+        if len(groups) > 1:
+            found.clamp_(max=1.0)  # a 0/1 flag, as every check's (update counts on it)
         self._found_inf_if_reciprocal_overflows([found])
         self._functional_found_inf.append(found)
         return out, found == 0
@@ -597,7 +695,14 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         """
         if not self._enabled:
             return
-        scale, growth = self._check_scale_growth_tracker("update")
+        # torch's _check_scale_growth_tracker, which torch.compile does not trace.
+        scale, growth = self._scale, self._growth_tracker
+        if scale is None:
+            raise ScaleNotCalledError(
+                "Attempted update but _scale is None.  This may indicate your script did not "
+                "use scaler.scale(loss or outputs) earlier in the iteration. Fix: call "
+                "scaler.scale(loss).backward() and scaler.step(optimizer) before "
+                "scaler.update()")
         if new_scale is not None:
             self._set_scale(new_scale)
         else:
@@ -607,12 +712,23 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             found_infs += self._functional_found_inf
             if not found_infs:
                 raise NoInfChecksError("No inf checks were recorded prior to update.")
-            found = torch.stack(found_infs).sum() if len(found_infs) > 1 else found_infs[0]
+            # Every check since the last update was read by a plain step() when there is
+            # one read per optimizer that checked and no functional unscale().
+            checked = sum(bool(state["found_inf_per_device"])
+                          for state in self._per_optimizer_states.values())
+            host_found = (self._host_found if self._host_reads == checked
+                          and not self._functional_found_inf else None)
+            if len(found_infs) > 1:
+                found = torch.stack(found_infs).sum().clamp_(max=1.0)
+            else:
+                found = found_infs[0]  # 0.0 or 1.0
             self._apply_update(scale, growth, found)
             self._updates += 1
-            self._watch_collapse(found)
+            self._watch_collapse(found, host_found)
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         self._functional_found_inf = []
+        self._host_reads = 0
+        self._host_found = False
 
     def _set_scale(self, new_scale: Any) -> None:
         # One message shape with the numpy backend's, whatever the type.
@@ -624,9 +740,12 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                                 "requires_grad=False)")
             # The value is not checked: that would wait for the device.
             self._scale.copy_(new_scale.reshape(()))
+            self._check_unscalable_from = self._updates
             return
         # Host values (NumPy's too, as the numpy backend takes them): checked there.
-        self._scale.fill_(new_scale_value(new_scale))
+        value = new_scale_value(new_scale)
+        self._scale.fill_(value)
+        self._scale_known(spec.f32(value))
 
     def _apply_update(self, scale: torch.Tensor, growth: torch.Tensor,
                       found: torch.Tensor) -> None:
@@ -636,28 +755,43 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                 # torch grows on tracker + 1 == interval; the spec on >=.
                 growth.clamp_(max=config.growth_interval - 1)
                 self._clamp_tracker = False
-            torch._amp_update_scale_(scale, growth, found, spec.f32(config.growth_factor),
-                                     spec.f32(config.backoff_factor), config.growth_interval)
+            growth_factor, backoff_factor = self._float32_factors
+            torch._amp_update_scale_(scale, growth, found, growth_factor, backoff_factor,
+                                     config.growth_interval)
             if self._hysteresis_may_be_set:
                 # With hysteresis 1 the spec leaves the tracker at 0 after any update.
                 self._hysteresis_tracker.zero_()
                 self._hysteresis_may_be_set = False
         else:
-            _spec_update_(scale, growth, self._hysteresis_tracker, found, config)
+            _spec_update_(scale, growth, self._hysteresis_tracker, found, config,
+                          self._constants)
             self._hysteresis_may_be_set = True
 
-    def _watch_collapse(self, found: torch.Tensor) -> None:
-        self._consecutive_skips.add_(1).mul_(found > 0)
+    def _watch_collapse(self, found: torch.Tensor, host_found: bool | None) -> None:
+        """Counts consecutive skipped updates (``found`` is 0.0 or 1.0; ``host_found`` its
+        value when a plain step() has read it, else None) and, once per period, reads
+        the scale and reports a collapse."""
+        if host_found is not None:
+            if self._skips_on_device:  # a switch from fused steps: rare
+                self._host_skips = int(self._consecutive_skips.item())
+                self._skips_on_device = False
+            self._host_skips = self._host_skips + 1 if host_found else 0
+        else:
+            if not self._skips_on_device:
+                self._consecutive_skips.fill_(self._host_skips)
+                self._skips_on_device = True
+            # found * (skips + 1) in one op: the run grows on a skip, else restarts at 0.
+            torch.addcmul(found, self._consecutive_skips, found, out=self._consecutive_skips)
         # Read the device only every `period` updates, so update() stays free of
         # host syncs in between.
         limit = self._monitor.max_consecutive_skips
-        if self._updates % (limit or 100) == 0:
-            bad = self._scale < spec.FLOAT32_MIN_NORMAL
-            if limit is not None:
-                bad = bad | (self._consecutive_skips >= limit)
-            if bad.item():  # the one read per period; the rest only when reporting
-                self._monitor.report(self._updates, float(self._scale.item()),
-                                     int(self._consecutive_skips.item()))
+        if not _traced() and self._updates % (limit or 100) == 0:
+            scale = float(self._scale.item())  # the one read per period
+            self._scale_known(scale)
+            skips = (int(self._consecutive_skips.item()) if self._skips_on_device
+                     else self._host_skips)
+            if scale < spec.FLOAT32_MIN_NORMAL or (limit is not None and skips >= limit):
+                self._monitor.report(self._updates, scale, skips)
             else:
                 self._monitor.clear()
 
