@@ -188,13 +188,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "found_inf = any(checks)", "found_inf = all(checks)", _T_NUMPY),
     # ---------------------------------------------------------------- torch
     Mutant("torch-spec-update-no-inf-guard", f"{BACKENDS}/torch.py",
-           "scale.copy_(torch.where(torch.isfinite(candidate), candidate, scale))",
+           "torch.where(candidate != math.inf, candidate, scale, out=scale)",
            "scale.copy_(candidate)", _T_TORCH),
-    # A Python float factor is rounded by torch.where's float32 result; the bug that
-    # changes bits keeps the factor in float64, as torch's own kernel takes it.
+    # The factor must be float32 (the spec's f32(scale * f32(factor))); the bug that
+    # changes bits keeps it in float64, as torch's own kernel takes it.
     Mutant("torch-spec-update-growth-factor-float64", f"{BACKENDS}/torch.py",
-           "torch.where(grow, spec.f32(config.growth_factor), 1.0))",
-           "torch.where(grow, torch.tensor(config.growth_factor, dtype=torch.float64), 1.0))",
+           "torch.where(grow, constants[\"growth\"], constants[\"one\"]))",
+           "torch.where(grow, torch.tensor(config.growth_factor, dtype=torch.float64, "
+           "device=scale.device), constants[\"one\"]))",
            _T_TORCH),
     Mutant("torch-spec-update-backoff-gt", f"{BACKENDS}/torch.py",
            "back_off = new_hyst >= config.hysteresis", "back_off = new_hyst > config.hysteresis",
@@ -206,7 +207,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "        growth.zero_()\n        hyst.zero_()\n        return\n",
            "        return\n", _T_TORCH),
     Mutant("torch-spec-update-hysteresis-kept-on-finite", f"{BACKENDS}/torch.py",
-           "new_hyst = (hyst + 1).mul_(inf)", "new_hyst = hyst + inf", _T_TORCH),
+           "new_hyst = torch.addcmul(inf, hyst, inf)", "new_hyst = hyst + inf", _T_TORCH),
     Mutant("torch-native-growth-factor-unrounded", f"{BACKENDS}/torch.py",
            "self._float32_factors = (spec.f32(self._config.growth_factor),",
            "self._float32_factors = (self._config.growth_factor,", _T_TORCH),
@@ -214,8 +215,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "growth.clamp_(max=config.growth_interval - 1)",
            "growth.clamp_(max=config.growth_interval)", _T_TORCH),
     Mutant("torch-update-last-optimizer-only", f"{BACKENDS}/torch.py",
-           "found = torch.stack(found_infs).sum() if len(found_infs) > 1 else found_infs[0]",
+           "found = torch.stack(found_infs).sum().clamp_(max=1.0)",
            "found = found_infs[-1]", _T_TORCH),
+    Mutant("torch-unscalable-bound-ignores-backoff", f"{BACKENDS}/torch.py",
+           "backoff = spec.f32(config.backoff_factor) * (1 - 2.0**-24)",
+           "backoff = spec.f32(config.growth_factor)", _T_TORCH),
+    Mutant("torch-host-skip-run-not-carried", f"{BACKENDS}/torch.py",
+           "                self._consecutive_skips.fill_(self._host_skips)\n",
+           "", _T_TORCH),
+    Mutant("torch-fused-skips-not-counted", f"{BACKENDS}/torch.py",
+           "            self._skipped_on_device.add_(found)",
+           "            self._skipped_on_device.add_(found * 0)", _T_TORCH),
     Mutant("torch-load-no-clamp-rearm", f"{BACKENDS}/torch.py",
            "        self._clamp_tracker = True\n        self._hysteresis_may_be_set = "
            "state.hysteresis_tracker > 0",
