@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -179,6 +180,7 @@ def data(poison=None):
 
 
 def test_whole_train_step_is_one_jit_with_no_host_transfer():
+    # The README's recipe: the flag from one unscale, the product from another in the branch.
     scaler = JaxGradScaler(1024.0, growth_interval=2, hysteresis=2, min_scale=1.0)
     tx = optax.adam(1e-2)
     params = {"w": jnp.ones(3), "b": jnp.zeros(())}
@@ -187,11 +189,11 @@ def test_whole_train_step_is_one_jit_with_no_host_transfer():
     @jax.jit
     def step(params, opt_state, scaler, x):
         grads = jax.grad(lambda p: scaler.scale(loss(p, x)))(params)
-        grads, finite = scaler.unscale(grads)
+        finite = scaler.unscale(grads)[1]
 
         def apply(state):
             params, opt_state = state
-            updates, opt_state = tx.update(grads, opt_state, params)
+            updates, opt_state = tx.update(scaler.unscale(grads)[0], opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
         return (*step_if_finite(finite, apply, (params, opt_state)), scaler.update(finite))
@@ -203,6 +205,43 @@ def test_whole_train_step_is_one_jit_with_no_host_transfer():
             params, opt_state, scaler = step(params, opt_state, scaler, x)
     assert scaler.state == spec.ScalerState(512.0, 1, 0)
     assert len(jax.jit(step).lower(params, opt_state, scaler, x_good).as_text()) > 0
+
+
+def test_readme_recipe_unscales_inside_the_branch_only():
+    # Unscaled outside the lax.cond, the product is a full-size pass of its own before
+    # the branch; the recipe's outer unscale (flag only) must leave none of it.
+    scaler, grads = JaxGradScaler(8.0), {"w": jnp.ones(1000)}
+
+    def outside(grads, scaler):
+        unscaled, finite = scaler.unscale(grads)
+        return step_if_finite(finite, lambda _: unscaled, grads)
+
+    def recipe(grads, scaler):
+        finite = scaler.unscale(grads)[1]
+        return step_if_finite(finite, lambda g: scaler.unscale(g)[0], grads)
+
+    def full_size_passes(fn):
+        hlo = jax.jit(fn).lower(grads, scaler).compile().as_text()
+        return len(re.findall(r"= f32\[1000\]\{0\} fusion\(", hlo[hlo.index("\nENTRY"):]))
+
+    assert full_size_passes(recipe) < full_size_passes(outside)
+
+
+def test_all_finite_is_exact_for_every_float_dtype():
+    big32 = jnp.full(8, 3e38, jnp.float32)  # finite; any float32 sum of |g| overflows
+    big16 = jnp.full(8, 65504.0, jnp.float16)  # the largest float16; its sum overflows too
+    for dtype in (jnp.float32, jnp.float16, jnp.bfloat16):
+        ones = jnp.ones(8, dtype)
+        assert bool(all_finite({"a": ones, "b": [ones]})), dtype
+        for bad in (jnp.inf, -jnp.inf, jnp.nan):
+            assert not bool(all_finite({"a": ones, "b": [ones.at[5].set(bad)]})), (dtype, bad)
+    assert bool(all_finite([big32, big16, -big32])) and bool(jax.jit(all_finite)([big32, big16]))
+    for bad in (jnp.inf, jnp.nan):
+        assert not bool(all_finite([big32.at[3].set(bad), big16]))
+        assert not bool(all_finite([big32, big16.at[3].set(bad)]))
+    # A step whose finite gradients sum past float32's range is taken, not skipped.
+    _, finite = JaxGradScaler(1.0).unscale({"w": big32, "h": big16})
+    assert bool(finite)
 
 
 def test_step_if_finite_and_where_finite_keep_the_old_state():

@@ -166,10 +166,17 @@ def all_finite(tree: Any, axis_name: Any = None) -> jax.Array:
     """
     finite = jnp.array(True)
     for leaf in jax.tree.leaves(tree):
-        # sum(g * 0) is 0 for finite g and NaN as soon as one element is inf or NaN:
-        # one float reduction, which XLA runs about twice as fast as isfinite().all()
-        # (and never folds: x * 0 is not 0 for a float x).
-        finite = finite & jnp.isfinite(jnp.sum(leaf * 0))
+        leaf = jnp.asarray(leaf)
+        if jnp.dtype(leaf.dtype).itemsize >= 4:
+            # sum(g * 0) is 0 for finite g and NaN as soon as one element is inf or NaN
+            # (exact: a sum of zeros cannot overflow). One float reduction, which XLA's
+            # CPU runs about twice as fast as isfinite().all() (2.8 against 5.2 ms on
+            # 9.4M float32, jax 0.10.2); XLA never folds it (x * 0 is not 0 for a float x).
+            finite = finite & jnp.isfinite(jnp.sum(leaf * 0))
+        else:
+            # float16/bfloat16: XLA's CPU emulates their arithmetic, and sum(g * 0)
+            # takes 25 ms on 9.4M float16 where isfinite().all() takes 8 ms.
+            finite = finite & jnp.all(jnp.isfinite(leaf))
     if axis_name is not None:
         finite = lax.psum((~finite).astype(jnp.int32), axis_name) == 0
     return finite
@@ -177,7 +184,14 @@ def all_finite(tree: Any, axis_name: Any = None) -> jax.Array:
 
 def step_if_finite(finite: jax.Array, step: Callable[[Any], Any], state: Any) -> Any:
     """``step(state)`` if ``finite`` else ``state``, as a ``lax.cond``: a skipped step
-    costs nothing and a taken one no select over parameters and optimizer state.
+    costs nothing, and a taken one updates parameters and optimizer state in place.
+
+    Unscale the gradients *inside* ``step`` (``scaler.unscale(grads)[0]``) and take the
+    flag from a call outside (``scaler.unscale(grads)[1]``): XLA drops each call's unused
+    half, and the product fuses into the optimizer's update instead of being a pass
+    of its own. This is the fastest form measured on XLA's CPU (jax 0.10.2):
+    :func:`where_finite` over the optimizer state costs twice the step there, see
+    ``docs/backends/jax.md``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -190,6 +204,11 @@ def step_if_finite(finite: jax.Array, step: Callable[[Any], Any], state: Any) ->
 def where_finite(finite: jax.Array, new: Any, old: Any) -> Any:
     """``new`` where ``finite``, else ``old``, leaf by leaf: keeps parameters and optimizer
     state of a skipped step without a host sync.
+
+    Prefer :func:`step_if_finite` for a whole optimizer step under ``jax.jit``: XLA's CPU
+    fuses the optimizer's new moments into both the select and the parameter update,
+    so it copies every moment first (measured 2x the step of a 9.4M-parameter AdamW
+    MLP, jax 0.10.2); a select on a few leaves, or outside ``jit``, is cheap.
 
     Example:
         >>> import jax.numpy as jnp
