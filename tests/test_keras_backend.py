@@ -274,8 +274,8 @@ def check_skipped_step_leaves_weights_moments_and_iterations_untouched():
 
 
 def check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped():
-    """Finite gradients whose float32 sum overflows are finite (the JAX check's fast
-    path sums |g|; only an inf or NaN element may skip the step)."""
+    """Finite gradients whose float32 sum would overflow are finite: a check that sums
+    the gradients (or |g|) is wrong there; only an inf or NaN element may skip the step."""
     import keras
     from keras import ops
 
