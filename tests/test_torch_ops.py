@@ -5,6 +5,7 @@ kernel; on a GPU the same ops are the launches a launch-bound step pays for)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 
 import pytest
 
@@ -45,7 +46,8 @@ def ops_per_iteration(make_scaler, fused: bool, poison_at: int | None = None,
         inputs = x.clone()
         if i == poison_at:
             inputs[0, 0] = float("inf")
-        with CountOps() as counter:
+        # Not the first: it creates the optimizer's state.
+        with CountOps() if i else contextlib.nullcontext(CountOps()) as counter:
             opt.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = model(inputs).float().pow(2).mean()
@@ -72,8 +74,7 @@ def _extra(theirs: collections.Counter, mine: collections.Counter) -> str:
 def test_torch_expressible_config_adds_at_most_two_ops_per_iteration(fused):
     theirs = ops_per_iteration(native, fused)
     mine = ops_per_iteration(ours(), fused)
-    # From the second iteration on (the first creates the optimizer's state).
-    for i in range(1, len(mine)):
+    for i in range(1, len(mine)):  # the first is not counted
         extra = sum(mine[i].values()) - sum(theirs[i].values())
         assert extra <= 2, f"iteration {i}: {extra} ops over native; {_extra(theirs[i], mine[i])}"
 
@@ -96,3 +97,36 @@ def test_extended_rule_runs_as_few_tensor_ops(fused, record_property):
     extra = sum(mine[-1].values()) - sum(theirs[-1].values())
     record_property("extended_rule_extra_ops", extra)
     assert extra <= (18 if fused else 16), _extra(theirs[-1], mine[-1])
+
+
+@pytest.fixture
+def compiled_rule_on_cpu(monkeypatch):
+    """The compiled rule, which runs on CUDA by default, on the CPU (inductor's C++)."""
+    from unifiedamp.backends import torch as torch_backend
+
+    monkeypatch.setattr(torch_backend, "COMPILED_RULE_DEVICES", {"cpu", "cuda"})
+    return torch_backend
+
+
+@pytest.mark.parametrize("config", [
+    {"hysteresis": 2, "min_scale": 64.0, "growth_interval": 3},
+    {"growth_factor": 1.5, "backoff_factor": 0.7, "max_scale": 4096.0, "growth_interval": 2},
+], ids=["hysteresis-min", "factors-max"])
+def test_compiled_rule_follows_the_spec_step_by_step(config, compiled_rule_on_cpu):
+    """What CUDA runs for the tensor-op rule: the rule compiled into one kernel (Triton
+    there, inductor's C++ here), which must give the spec's bits."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    scaler = ua.GradScaler(1024.0, backend="torch", **config)
+    expected = ua.spec.ScalerState(1024.0)
+    for step in range(30):
+        poisoned = step % 5 in (3, 4) or step in (20, 21, 22)
+        x = torch.full((2, 8), float("inf") if poisoned else 1.0)
+        scaler.scale(model(x).sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        expected = ua.spec.update(scaler.config, expected, poisoned)
+        assert scaler.state == expected, f"step {step}: {scaler.state} != {expected}"
+    assert compiled_rule_on_cpu._compiled_ok[(scaler.config, "cpu")]

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.amp.grad_scaler import _refresh_per_optimizer_state
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
@@ -160,6 +161,51 @@ def _spec_update_(scale: torch.Tensor, growth: torch.Tensor, hyst: torch.Tensor,
     torch.where(candidate != math.inf, candidate, scale, out=scale)
     hyst.copy_(new_hyst.masked_fill_(back_off, 0))
     growth.copy_(new_growth.masked_fill_(grow, 0))
+
+
+#: Device types on which the tensor-op rule runs compiled by torch.compile, as one
+#: fused kernel (Triton on CUDA) instead of ~16 small ones: on a GPU each is a launch.
+#: On a CPU the small ops cost microseconds and a compilation seconds, so not there.
+COMPILED_RULE_DEVICES = {"cuda"}
+_compiled_rule: Any = None
+#: (config, device type) -> whether the compiled rule runs there (tried once each).
+_compiled_ok: dict[tuple[ScalerConfig, str], bool] = {}
+
+
+def _rule_for(config: ScalerConfig, constants: dict[str, torch.Tensor],
+              device: torch.device) -> Any:
+    """``_spec_update_``, compiled where ``COMPILED_RULE_DEVICES`` asks for it and the
+    compiler works (else, once warned, the tensor ops)."""
+    if (device.type not in COMPILED_RULE_DEVICES or torch.compiler.is_compiling()
+            or _get_current_dispatch_mode() is not None):
+        # Inside a compiled step the rule is traced with the step; under a dispatch
+        # mode (a FLOP counter, a debug mode) torch.compile refuses to run.
+        return _spec_update_
+    key = (config, device.type)
+    if key not in _compiled_ok:
+        _compiled_ok[key] = _try_compiled_rule(config, constants, device)
+    return _compiled_rule if _compiled_ok[key] else _spec_update_
+
+
+def _try_compiled_rule(config: ScalerConfig, constants: dict[str, torch.Tensor],
+                       device: torch.device) -> bool:
+    """Compiles the rule for ``config`` with a first call on scratch tensors: a failure
+    (no Triton, no C++ compiler, a dispatch mode active) can come after dynamo has run
+    the function eagerly, so it must not touch the scaler's own tensors."""
+    global _compiled_rule
+    if _compiled_rule is None:
+        _compiled_rule = torch.compile(_spec_update_, fullgraph=True, dynamic=False)
+    scratch = (torch.ones((), device=device), torch.zeros((), dtype=torch.int32, device=device),
+               torch.zeros((), dtype=torch.int32, device=device),
+               torch.zeros((), device=device))
+    try:
+        _compiled_rule(*scratch, config, constants)
+    except Exception as exc:
+        warnings.warn(f"torch.compile could not compile the loss-scale update on {device.type} "
+                      f"({exc!r:.300}); it runs as separate tensor ops instead",
+                      RuntimeWarning, stacklevel=5)
+        return False
+    return True
 
 
 def _traced() -> bool:
@@ -763,8 +809,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                 self._hysteresis_tracker.zero_()
                 self._hysteresis_may_be_set = False
         else:
-            _spec_update_(scale, growth, self._hysteresis_tracker, found, config,
-                          self._constants)
+            rule = _rule_for(config, self._constants, scale.device)
+            rule(scale, growth, self._hysteresis_tracker, found, config, self._constants)
             self._hysteresis_may_be_set = True
 
     def _watch_collapse(self, found: torch.Tensor, host_found: bool | None) -> None:
