@@ -11,6 +11,10 @@ Run: python benchmarks/bench_torch.py [--device cpu|cuda] [--repeats R] [--steps
    one. Runs are interleaved; medians and the ratios c/b, d/b printed.
 2. unscale_ + inf check (+ update) of 50M float32 gradient elements, against one
    torch._foreach_mul_ pass over the same tensors, for both scalers.
+3. What skipping a non-fused optimizer's step on the device would cost (what capturing
+   it in a CUDA graph with dynamic scaling needs): a foreach AdamW step over 10M
+   parameters, against the same step with a copy of parameters and moments taken
+   before and selected back (torch.where on found_inf) after.
 """
 
 from __future__ import annotations
@@ -148,6 +152,31 @@ def unscale_bench(device: str, repeats: int, elements: int = 50_000_000) -> None
             "torch.amp/foreach_mul": "torch.amp unscale_+update"})
 
 
+def select_skip_bench(device: str, repeats: int, elements: int = 10_000_000) -> None:
+    chunk = 1_000_000
+    params = [torch.nn.Parameter(torch.randn(chunk, device=device))
+              for _ in range(elements // chunk)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, foreach=True)
+    opt.step()  # creates the moments
+    moments = [t for state in opt.state.values() for t in (state["exp_avg"],
+                                                            state["exp_avg_sq"])]
+    tensors = [p.detach() for p in params] + moments
+    found_inf = torch.zeros((), device=device)
+
+    def step_with_select():
+        old = torch._foreach_mul(tensors, 1.0)  # the copy a device-side skip needs
+        opt.step()
+        keep = found_inf > 0
+        torch._foreach_copy_(tensors, [torch.where(keep, o, n) for o, n in zip(old, tensors)])
+
+    report(f"foreach AdamW step of {elements / 1e6:.0f}M parameters, {device}, median of "
+           f"{repeats}", medians({"step": opt.step, "step + copy and select": step_with_select},
+                                repeats, device),
+           "step", {"select/step": "step + copy and select"})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -163,6 +192,7 @@ def main() -> None:
         for kind in args.optimizers.split(","):
             train_step_bench(args.device, args.repeats, args.steps, model_kind, kind == "fused")
     unscale_bench(args.device, args.repeats)
+    select_skip_bench(args.device, args.repeats)
 
 
 if __name__ == "__main__":
