@@ -169,7 +169,8 @@ def select_skip_bench(device: str, repeats: int, elements: int = 10_000_000) -> 
         old = torch._foreach_mul(tensors, 1.0)  # the copy a device-side skip needs
         opt.step()
         keep = found_inf > 0
-        torch._foreach_copy_(tensors, [torch.where(keep, o, n) for o, n in zip(old, tensors)])
+        torch._foreach_copy_(tensors, [torch.where(keep, o, n)
+                                       for o, n in zip(old, tensors, strict=True)])
 
     report(f"foreach AdamW step of {elements / 1e6:.0f}M parameters, {device}, median of "
            f"{repeats}", medians({"step": opt.step, "step + copy and select": step_with_select},
