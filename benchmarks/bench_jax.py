@@ -17,13 +17,12 @@ scaler printed.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 import optax
+from _timing import interleaved_medians  # benchmarks/_timing.py
 
 import unifiedamp as ua
 from unifiedamp.backends.jax import find_scaler, loss_scaled, step_if_finite
@@ -119,23 +118,15 @@ def main() -> None:
         jax.block_until_ready(carry)
         carries[name] = carry
 
-    for name in cases:
-        run(name)  # compile and warm up
-    names = list(cases)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(args.repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            run(name)
-            times[name].append((time.perf_counter() - t0) / args.steps)
-    med = {name: statistics.median(t) for name, t in times.items()}
+    med = interleaved_medians({name: partial(run, name) for name in cases}, args.repeats,
+                              per_call=args.steps)
     print(f"jax {jax.__version__} on {jax.devices()[0]}; jitted train step, "
           f"{n_params / 1e6:.1f}M-parameter MLP (float16 compute), AdamW, batch 64, "
           f"median of {args.repeats} x {args.steps} steps")
     for name, t in med.items():
         print(f"  {name:32s} {t * 1e3:8.2f} ms")
     a, b = med["a no scaler"], med["b jmp.DynamicLossScale"]
-    for name in names[2:]:
+    for name in list(med)[2:]:
         print(f"  {name}: ratio to jmp = {med[name] / b:.3f}, to no scaler = {med[name] / a:.3f}")
 
 

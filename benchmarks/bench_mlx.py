@@ -13,13 +13,12 @@ b/a printed; afterwards the scaler must hold its scale with no step skipped.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
+from _timing import interleaved_medians  # benchmarks/_timing.py
 
 import unifiedamp as ua
 
@@ -99,16 +98,8 @@ def main() -> None:
             mx.eval(carry, state)
         carries[name] = carry
 
-    for name in cases:
-        run(name)  # compile and warm up
-    names = list(cases)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(args.repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            run(name)
-            times[name].append((time.perf_counter() - t0) / args.steps)
-    med = {name: statistics.median(t) for name, t in times.items()}
+    med = interleaved_medians({name: partial(run, name) for name in cases}, args.repeats,
+                              per_call=args.steps)
     print(f"MLX {mx.__version__}, device {mx.default_device()}, {n_params / 1e6:.1f}M parameters, "
           f"{dtype}, Adam, batch {BATCH}, {args.steps} steps x {args.repeats} interleaved runs")
     for name, t in med.items():

@@ -20,11 +20,10 @@ Run: python benchmarks/bench_torch.py [--device cpu|cuda] [--repeats R] [--steps
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
+from _timing import interleaved_medians  # benchmarks/_timing.py
 
 import unifiedamp as ua
 
@@ -48,20 +47,7 @@ def mlp(device: str, sizes: tuple[int, ...]) -> torch.nn.Module:
 
 def medians(cases: dict[str, Callable[[], None]], repeats: int, device: str,
             per_call: int = 1) -> dict[str, float]:
-    """Median seconds per call (divided by per_call) of interleaved runs, in a rotating
-    order so that drift and position hit every case alike; one warm-up each."""
-    for fn in cases.values():
-        fn()
-    sync(device)
-    names = list(cases)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            t0 = time.perf_counter()
-            cases[name]()
-            sync(device)
-            times[name].append((time.perf_counter() - t0) / per_call)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return interleaved_medians(cases, repeats, per_call, sync=lambda: sync(device))
 
 
 def report(title: str, med: dict[str, float], base: str, ratios: dict[str, str]) -> None:
