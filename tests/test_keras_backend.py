@@ -676,6 +676,23 @@ def test_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped(keras)
     check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped()
 
 
+def test_reciprocal_is_exact_inside_a_tf_graph(keras):
+    """Grappler turns 1 / x into an approximate reciprocal inside tf.function (up to 3 ulps
+    off); the scale's reciprocal must still be f32(1 / scale), over the whole float32
+    range (200k random bit patterns, subnormal results included)."""
+    import tensorflow as tf
+
+    from unifiedamp.backends.keras import _reciprocal_bits
+
+    bits = np.random.default_rng(0).integers(1, 0x7F7FFFFF, 200_000).astype(np.int32)
+    got = tf.function(_reciprocal_bits)(tf.constant(bits)).numpy()
+    with np.errstate(over="ignore"):
+        want = (np.float32(1) / bits.view(np.float32)).view(np.int32)
+    wrong = np.nonzero(got != want)[0]
+    assert not len(wrong), (f"{len(wrong)} wrong, e.g. 1 / {bits[wrong[0]].view(np.float32)!r}: "
+                            f"{got[wrong[0]]:#x} != {want[wrong[0]]:#x}")
+
+
 # ------------------------------------------------------------ 4. XLA
 
 
