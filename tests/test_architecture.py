@@ -23,7 +23,7 @@ LAYERS = [
     ("facade", ["unifiedamp", "unifiedamp._scaler", "unifiedamp._monitor"]),
     ("backends", ["unifiedamp.backends", "unifiedamp.backends.*"]),
     # Porting reads native scalers and builds any backend's scaler.
-    ("port", ["unifiedamp.port"]),
+    ("port", ["unifiedamp.port", "unifiedamp.port_*"]),
     ("conformance", ["unifiedamp.conformance", "unifiedamp.conformance.*"]),
     ("cli", ["unifiedamp.cli"]),
 ]

@@ -1,4 +1,5 @@
-"""The ``unifiedamp`` command: ``backends``, ``spec`` and ``conformance``.
+"""The ``unifiedamp`` command: ``backends``, ``spec``, ``conformance``, ``port`` and
+``port-state``.
 
 Anything that imports a framework runs in a subprocess of its own, one per
 backend (``conformance`` runs the shipped pytest suite there), so that
@@ -327,6 +328,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="hypothesis examples per property, at least 1 (default 200)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_conformance)
+    # Each porting command lives with its code and adds its own subcommand.
+    from unifiedamp import port_source, port_state
+
+    port_source.add_parser(sub)
+    port_state.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,388 @@
+"""``unifiedamp port``: the source rewriter (``unifiedamp.port_source``) and its command.
+
+Framework-free checks read the rewritten source back with the rewriter itself (ported again
+to unifiedamp, the output must hold the source's config). The strongest check executes the
+rewritten source with the real frameworks, one subprocess per target (paddle imported first:
+paddle after tensorflow segfaults; Keras on its JAX backend), and reads the live scaler's
+config with ``port.from_native``: it must equal the source call's config, and every field
+that differs must be named by a problem on that line.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("libcst")
+
+from unifiedamp.port import config_from_call  # noqa: E402
+from unifiedamp.port_source import port_source  # noqa: E402
+from unifiedamp.spec import ScalerConfig  # noqa: E402
+
+# (snippet defining `scaler`, the call's qualname, args, kwargs, source version)
+SOURCES = {
+    "torch": ("import torch\nscaler = torch.amp.GradScaler('cpu', 1024.0, 3.0, 0.25, 10)\n",
+              "torch.amp.GradScaler", ("cpu", 1024.0, 3.0, 0.25, 10), {}, None),
+    "torch_kw": ("from torch.amp import GradScaler\n"
+                 "scaler = GradScaler(device='cpu', growth_interval=7, init_scale=2 ** 12)\n",
+                 "torch.amp.GradScaler", (), {"device": "cpu", "growth_interval": 7,
+                                              "init_scale": 4096.0}, None),
+    "torch_cuda": ("from torch.cuda.amp import GradScaler as S\nscaler = S(512.0)\n",
+                   "torch.cuda.amp.GradScaler", (512.0,), {}, None),
+    "sharded": ("from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler\n"
+                "scaler = ShardedGradScaler('cpu', 1024.0, 0.25, 4.0, 5)\n",
+                "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
+                ("cpu", 1024.0, 0.25, 4.0, 5), {}, None),
+    "paddle2": ("import paddle as pd\nscaler = pd.amp.GradScaler(True, 2048.0)\n",
+                "paddle.amp.GradScaler", (True, 2048.0), {}, "2.6"),
+    "paddle3": ("import paddle\nscaler = paddle.amp.GradScaler(incr_ratio=4.0, decr_ratio=0.25)\n",
+                "paddle.amp.GradScaler", (), {"incr_ratio": 4.0, "decr_ratio": 0.25}, "3.3"),
+    "amp_scaler": ("from paddle.amp import AmpScaler\nscaler = AmpScaler(incr_every_n_steps=3)\n",
+                   "paddle.amp.AmpScaler", (), {"incr_every_n_steps": 3}, None),
+    "keras": ("import keras\ninner = keras.optimizers.SGD()\n"
+              "scaler = keras.optimizers.LossScaleOptimizer(inner, dynamic_growth_steps=50)\n",
+              "keras.optimizers.LossScaleOptimizer", ("inner",), {"dynamic_growth_steps": 50},
+              None),
+    "jmp": ("import jmp, jax.numpy as jnp\n"
+            "scaler = jmp.DynamicLossScale(jnp.float32(2 ** 10), period=4, factor=4)\n",
+            "jmp.DynamicLossScale", (1024.0,), {"period": 4, "factor": 4}, None),
+    "jmp_static": ("import jmp\nscaler = jmp.StaticLossScale(-(-128.0))\n",
+                   "jmp.StaticLossScale", (128.0,), {}, None),
+}
+TARGETS = ("unifiedamp", "torch", "paddle", "keras", "jmp")
+
+
+def expected(key: str) -> ScalerConfig:
+    _, qualname, args, kwargs, version = SOURCES[key]
+    return config_from_call(qualname, args, kwargs, version=version)[0]
+
+
+def ported(key: str, to: str):
+    code, *_, version = SOURCES[key]
+    return port_source(code, to, from_version=version)
+
+
+def read_back(code: str, version=None) -> ScalerConfig:
+    """The config the (rewritten) source's first scaler builds: ported once more to
+    unifiedamp, whose call holds every value as a literal keyword, read with ``ast``."""
+    tree = ast.parse(port_source(code, "unifiedamp", from_version=version).code)
+    call = next(node for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and ast.unparse(node.func) == "ua.GradScaler")
+    return ScalerConfig(**{k.arg: ast.literal_eval(k.value) for k in call.keywords
+                           if k.arg not in ("backend", "device", "process_group")})
+
+
+def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "unifiedamp.cli", "port", *args],
+                          capture_output=True, text=True, input=stdin, timeout=300)
+
+
+# ================================================================ no framework
+
+
+@pytest.mark.parametrize("key", SOURCES)
+def test_each_source_constructor_is_found_through_its_import_and_read(key):
+    result = ported(key, "unifiedamp")
+    site = result.sites[0]
+    assert site.source == SOURCES[key][1] and site.line == SOURCES[key][0].count("\n")
+    assert read_back(result.code) == expected(key)
+
+
+@pytest.mark.parametrize("key", SOURCES)
+@pytest.mark.parametrize("to", TARGETS)
+def test_what_differs_after_a_port_is_reported(key, to):
+    # Read back framework-free: a field the target changes must be named by a problem.
+    result = ported(key, to)
+    if to == "keras" and not key.startswith("keras"):
+        assert "ua.GradScaler(" in result.code  # Keras's class needs an optimizer
+    version = "3" if to == "paddle" else None
+    back, source = read_back(result.code, version), expected(key)
+    problems = " ".join(result.sites[0].problems)
+    for name, value in source.to_dict().items():
+        if getattr(back, name) != value:
+            assert f"{name}=" in problems or name in problems, (name, problems)
+    if to == "unifiedamp":
+        assert back == source and result.ok
+
+
+def test_positional_keyword_and_default_forms_build_the_same_config():
+    forms = ["torch.amp.GradScaler('cpu', 65536.0, 2.0, 0.5, 2000, True)",
+             "torch.amp.GradScaler(device='cpu', init_scale=2.0 ** 16, growth_interval=2000)",
+             "torch.amp.GradScaler()"]
+    for form in forms:
+        assert read_back(f"import torch\ns = {form}\n") == ScalerConfig()
+
+
+def test_sharded_grad_scaler_positional_order_backoff_before_growth():
+    result = ported("sharded", "torch")
+    assert result.sites[0].config["backoff_factor"] == "0.25"
+    assert result.sites[0].config["growth_factor"] == "4.0"
+    # FSDP's class stays FSDP's, spelled as the file imports it, every value by keyword.
+    assert ("scaler = ShardedGradScaler(\"cpu\", init_scale=1024.0, backoff_factor=0.25, "
+            "growth_factor=4.0, growth_interval=5, enabled=True)") in result.code
+    paddle = ported("sharded", "paddle").code
+    assert "incr_ratio=4.0, decr_ratio=0.25" in paddle
+
+
+def test_torch_to_paddle_writes_decr_every_n_nan_or_inf_1():
+    result = ported("torch", "paddle")
+    assert result.ok, result.problems
+    assert "decr_every_n_nan_or_inf=1" in result.code
+    assert "import paddle\n" in result.code  # added once
+    assert read_back(result.code, version="2.6") == expected("torch")
+
+
+def test_keras_to_torch_carries_32768():
+    result = ported("keras", "torch")
+    assert 'torch.amp.GradScaler("cuda", init_scale=32768.0,' in result.code
+    assert read_back(result.code).init_scale == 32768.0
+    assert any("default: initial_scale=32768.0" in n for n in result.sites[0].notes)
+
+
+def test_torch_growth_3_to_keras_needs_the_wrapper():
+    result = ported("torch", "keras")
+    assert not result.ok
+    assert any("needs unifiedamp's wrapper" in p and "growth_factor=3.0" in p
+               for p in result.problems)
+    assert 'ua.GradScaler(init_scale=1024.0, growth_factor=3.0' in result.code
+    assert 'backend="keras")' in result.code
+
+
+def test_keras_to_keras_and_unifiedamp_keep_the_inner_optimizer():
+    assert ("keras.optimizers.LossScaleOptimizer(inner, initial_scale=32768.0, "
+            "dynamic_growth_steps=50)") in ported("keras", "keras").code
+    assert '.wrap(inner)' in ported("keras", "unifiedamp").code
+
+
+@pytest.mark.parametrize(("version", "values"), [("2.6", "32768.0 1000 2"),
+                                                 ("3.3.1", "65536.0 2000 1")])
+def test_paddle_defaults_follow_from_version(version, values):
+    result = port_source("import paddle\ns = paddle.amp.GradScaler()\n", "torch",
+                         from_version=version)
+    config = result.sites[0].config
+    assert " ".join(config[k] for k in ("init_scale", "growth_interval", "hysteresis")) == values
+    assert (f"init_scale={values.split()[0]}" in result.code and
+            f"growth_interval={values.split()[1]}" in result.code)
+    assert ("hysteresis=2" in " ".join(result.problems)) == (version == "2.6")
+
+
+def test_jmp_defaults_are_made_explicit():
+    result = port_source("import jmp\nls = jmp.DynamicLossScale(2.0 ** 15)\n", "unifiedamp")
+    notes = result.sites[0].notes
+    assert "default: min_loss_scale=1.0 (min_scale=1.0)" in notes
+    assert any(n.startswith("default: factor=2") for n in notes)
+    assert "growth_factor=2.0, backoff_factor=0.5, growth_interval=2000" in result.code
+    assert "min_scale=1.0" in result.code and 'backend="jax"' in result.code
+    back = port_source("import torch\ns = torch.amp.GradScaler('cpu')\n", "jmp")
+    assert "min_loss_scale=1.0" in back.code and "floor of 1" in " ".join(back.problems)
+
+
+def test_everything_outside_the_call_is_kept_byte_for_byte():
+    src = textwrap.dedent('''\
+        """A training script."""
+        from __future__ import annotations
+
+        import torch   # the framework
+        # a comment before
+        scaler  =  torch.amp.GradScaler(  "cpu",
+            init_scale = 1024.0 ,  # odd spacing
+        )   # after the call
+        def  f( x ) :  return x  # untouched
+
+        x = [1,2,
+             3]
+    ''')
+    result = port_source(src, "paddle")
+    out = result.code.splitlines(keepends=True)
+    assert out[:3] == src.splitlines(keepends=True)[:3]
+    assert out[3:5] == ["import torch   # the framework\n", "import paddle\n"]
+    assert out[5] == "# a comment before\n"
+    assert out[6].startswith("scaler  =  paddle.amp.GradScaler(enable=True, ")
+    assert out[6].endswith(")   # after the call\n")
+    assert out[7:] == src.splitlines(keepends=True)[8:]
+
+
+def test_existing_imports_are_reused_and_added_once():
+    src = ("import paddle as pd\nimport torch\na = torch.amp.GradScaler()\n"
+           "b = torch.amp.GradScaler()\n")
+    out = port_source(src, "paddle").code
+    assert out.count("import paddle") == 1 and out.count("pd.amp.GradScaler(") == 2
+    out = port_source(src, "unifiedamp").code
+    assert out.count("import unifiedamp as ua\n") == 1 and out.count("ua.GradScaler(") == 2
+
+
+def test_tf_keras_through_tensorflow_alias():
+    src = ("import tensorflow as tf\ninner = None\n"
+           "opt = tf.keras.mixed_precision.LossScaleOptimizer(inner, initial_scale=2 ** 10)\n")
+    result = port_source(src, "torch", from_version="3")
+    assert result.sites[0].source == "tf.keras.mixed_precision.LossScaleOptimizer"
+    assert "init_scale=1024.0" in result.code
+
+
+def test_non_literal_arguments_are_kept_where_the_meaning_is_the_same():
+    src = "import torch\ng = 3.0\ns = torch.amp.GradScaler('cpu', growth_factor=g, init_scale=n)\n"
+    result = port_source(src, "paddle")
+    assert "init_loss_scaling=n, incr_ratio=g," in result.code and result.ok
+    result = port_source(src, "jmp")  # one factor for growth and backoff
+    assert "loss_scale=n," in result.code
+    assert any(p.startswith("line 3: growth_factor=g is not a literal") for p in result.problems)
+
+
+def test_unreadable_calls_are_reported_and_left_as_they_are():
+    src = "import torch\ns = torch.amp.GradScaler(*args)\nt = torch.amp.GradScaler(scale=2)\n"
+    result = port_source(src, "paddle")
+    assert result.code == src
+    assert result.problems[0].startswith("line 2: *args: arguments unpacked at run time")
+    assert "unexpected keyword argument 'scale'" in result.problems[1]
+    assert result.problems[1].startswith("line 3: ")
+
+
+def test_verbs_are_renamed_where_exact_and_reported_where_not():
+    src = textwrap.dedent("""\
+        import torch
+        scaler = torch.amp.GradScaler("cpu")
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        print(scaler.get_growth_factor(), scaler.get_scale())
+    """)
+    result = port_source(src, "paddle")
+    assert "scaler.step(opt)\nscaler.update()\n" in result.code
+    assert "print(scaler.get_incr_ratio(), scaler.get_scale())" in result.code
+    assert result.problems == ["line 6: get_scale() has no paddle counterpart: "
+                               + result.sites[-1].problems[0].split(": ", 1)[1]]
+    back = port_source("import paddle\ns = paddle.amp.GradScaler()\ns.minimize(opt, loss)\n"
+                       "s.is_enable()\n", "torch")
+    assert "s.is_enabled()" in back.code and "s.minimize(opt, loss)" in back.code
+    assert back.problems[-1].startswith("line 3: minimize() has no torch counterpart")
+    ua_port = port_source("import paddle\ns = paddle.amp.GradScaler()\ns.minimize(o, l)\n",
+                          "unifiedamp")
+    assert ua_port.ok and "s.minimize(o, l)" in ua_port.code  # the paddle backend has it
+
+
+def test_a_file_without_scalers_is_unchanged():
+    result = port_source("import torch\nx = torch.ones(3)\n", "paddle")
+    assert result.code == "import torch\nx = torch.ones(3)\n" and result.sites == []
+
+
+# ================================================================ the command
+
+
+def test_cli_check_prints_the_plan_and_writes_nothing(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SOURCES["torch"][0])
+    proc = cli(str(path), "--to", "keras", "--check")
+    assert proc.returncode == 1, proc.stderr
+    assert path.read_text() == SOURCES["torch"][0]
+    out = proc.stdout
+    assert f"{path}:2: constructor torch.amp.GradScaler -> unifiedamp.GradScaler" in out
+    assert "  before: torch.amp.GradScaler('cpu', 1024.0, 3.0, 0.25, 10)" in out
+    assert "  after:  ua.GradScaler(init_scale=1024.0, growth_factor=3.0" in out
+    assert "  PROBLEM: keras.optimizers.LossScaleOptimizer cannot express growth_factor=3.0" in out
+    assert out.splitlines()[-1].endswith("problem(s)")
+    ok = cli(str(path), "--to", "paddle", "--check")
+    assert ok.returncode == 0 and "decr_every_n_nan_or_inf=1" in ok.stdout
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="needs patch(1)")
+def test_cli_diff_is_a_unified_diff_that_applies(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SOURCES["keras"][0])
+    proc = cli(str(path), "--to", "torch", "--diff")
+    assert proc.returncode == 1 and "port the training loop too" in proc.stderr
+    assert proc.stdout.startswith(f"--- a/{path}\n+++ b/{path}\n@@ ")
+    patched = tmp_path / "patched.py"
+    shutil.copy(path, patched)
+    subprocess.run(["patch", "-s", str(patched)], input=proc.stdout, text=True, check=True)
+    assert patched.read_text() == ported("keras", "torch").code
+    assert path.read_text() == SOURCES["keras"][0]
+
+
+def test_cli_writes_stdout_output_and_in_place(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SOURCES["paddle2"][0])
+    expected_code = ported("paddle2", "torch").code
+    proc = cli("-", "--to", "torch", "--from-version", "2.6", stdin=SOURCES["paddle2"][0])
+    assert proc.stdout == expected_code and proc.returncode == 1
+    assert "<stdin>:2: problem: torch.amp.GradScaler cannot express hysteresis=2" in proc.stderr
+    out = tmp_path / "out.py"
+    assert cli(str(path), "--to", "torch", "--from-version", "2.6", "-o", str(out)).returncode == 1
+    assert out.read_text() == expected_code
+    assert cli(str(path), "--to", "unifiedamp", "--in-place").returncode == 0
+    assert "ua.GradScaler(" in path.read_text()
+
+
+def test_cli_usage_errors_exit_2(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\ns = torch.amp.GradScaler(\n\nx = = 1\n")
+    proc = cli(str(bad), "--to", "paddle")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(f"unifiedamp port: {bad}:4:") and "cannot parse" in proc.stderr
+    assert "No such file" in cli(str(tmp_path / "none.py"), "--to", "paddle").stderr
+    assert cli(str(bad), "--to", "mxnet").returncode == 2
+    assert cli("-", "--to", "paddle", "--in-place").returncode == 2
+    assert cli(str(bad), "--to", "paddle", "--check", "--diff").returncode == 2
+    assert "exit status: 0 when" in cli("--help").stdout
+
+
+# ================================================================ the real frameworks
+
+# Paddle first (after tensorflow it segfaults); its scaler disables itself on a CPU place,
+# so the constructor is shown a GPU place, as tests/test_port.py does.
+PRELUDE = """
+import json, sys, types, warnings
+warnings.simplefilter("ignore")
+import paddle
+import paddle.amp.grad_scaler as _gs
+class _Gpu:
+    def is_gpu_place(self):
+        return True
+_gs._dygraph_tracer = lambda: types.SimpleNamespace(_expected_place=_Gpu())
+from unifiedamp.port import from_native
+out = []
+for code in json.loads(sys.argv[1]):
+    ns = {}
+    exec(code, ns)
+    # from_native reads a native scaler, a unifiedamp one (itself) and the optimizer that
+    # unifiedamp's keras backend wraps.
+    out.append([type(ns["scaler"]).__name__, from_native(ns["scaler"]).config.to_dict()])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("to", TARGETS)
+def test_the_rewritten_source_builds_the_same_scaler_in_the_real_framework(to):
+    for module in ("torch", "paddle", "keras", "jmp"):  # found, not imported here
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed")
+    keys = [k for k in SOURCES if not (k == "sharded" and to not in ("torch", "unifiedamp"))]
+    results = {k: ported(k, to) for k in keys}
+    # torch's default device "cuda" disables the scaler on this CPU-only machine.
+    codes = [results[k].code.replace('"cuda"', '"cpu"') for k in keys]
+    env = {**os.environ, "KERAS_BACKEND": "jax", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-c", PRELUDE, json.dumps(codes)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key, (cls, values) in zip(keys, built, strict=True):
+        source, live = expected(key), ScalerConfig(**values)
+        problems = " ".join(results[key].problems)
+        assert cls in {"unifiedamp": ("TorchGradScaler", "PaddleGradScaler", "JaxGradScaler",
+                                      "KerasGradScaler", "SpecLossScaleOptimizer"),
+                       "torch": ("GradScaler", "ShardedGradScaler"),
+                       "paddle": ("GradScaler",),
+                       "keras": ("LossScaleOptimizer", "KerasGradScaler"),
+                       "jmp": ("DynamicLossScale", "StaticLossScale")}[to], (key, cls)
+        for name, value in source.to_dict().items():
+            if getattr(live, name) != value:
+                assert f"{name}=" in problems, (key, name, value, getattr(live, name), problems)
+        if results[key].ok:
+            assert live == source, (key, live, source)

@@ -1,0 +1,545 @@
+"""``unifiedamp port-state``: a scaler state between canonical, torch, Paddle, Keras and jmp forms,
+in dicts and in checkpoint files; a run checkpointed in one framework resumes in another with
+the uninterrupted run's exact trajectory; a run killed with SIGKILL resumes from its last
+checkpoint as if it had never been killed.
+
+Every framework trains in a subprocess of its own (tensorflow then paddle in one process
+segfaults), with its real optimizer and autodiff; this process imports no framework except
+torch (for the Lightning checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from unifiedamp import spec
+from unifiedamp.port_state import (
+    FORMS,
+    convert_state,
+    load_file,
+    port_state_file,
+    read_state,
+    save_file,
+)
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+# A config every form carries, and one only the canonical form does.
+PLAIN = ScalerConfig(1024.0, growth_interval=3)
+RICH = ScalerConfig(1024.0, 1.5, 0.7, 3, hysteresis=2, min_scale=0.5, max_scale=2.0**20)
+# A scale with every mantissa bit set (float32-exact), mid-interval trackers.
+STATE = ScalerState(spec.f32_from_bits(0x447FFFFF), 2, 0)
+
+
+def canonical(config=PLAIN, state=STATE):
+    return spec.to_state_dict(config, state, "numpy")
+
+
+def bits(state: ScalerState):
+    return spec.f32_bits(state.scale), state.growth_tracker, state.hysteresis_tracker
+
+
+# ================================================================ conversions
+
+
+@pytest.mark.parametrize("to", FORMS)
+def test_every_form_round_trips_bit_exact_scale_and_int_trackers(to):
+    out = convert_state(canonical(), to)
+    config, state, form = read_state(out, PLAIN)
+    assert form == to
+    assert bits(state) == bits(STATE)
+    assert type(state.growth_tracker) is int and type(state.hysteresis_tracker) is int
+    assert config == PLAIN
+    assert convert_state(out, "canonical", PLAIN)["config"] == PLAIN.to_dict()
+
+
+@pytest.mark.parametrize(("src", "dst"), [(a, b) for a in FORMS for b in FORMS])
+def test_every_pair_of_forms_converts_through_json_and_keeps_the_state(src, dst):
+    # Through JSON, as a checkpoint would: arrays become lists, numbers Python numbers.
+    first = json.loads(json.dumps(convert_state(canonical(), src), default=lambda a: a.tolist()))
+    _, state, _ = read_state(convert_state(first, dst, PLAIN), PLAIN)
+    assert bits(state) == bits(STATE)
+
+
+def test_the_canonical_form_carries_a_config_no_native_form_can():
+    rich = canonical(RICH, ScalerState(1024.0, 1, 1))
+    back = convert_state(convert_state(rich, "canonical"), "canonical")
+    assert back["config"] == RICH.to_dict() and back["hysteresis_tracker"] == 1
+
+
+@pytest.mark.parametrize(("to", "lost"), [
+    ("torch", "hysteresis=2, min_scale=0.5, max_scale=1048576.0"),
+    ("paddle", "min_scale=0.5, max_scale=1048576.0"),
+    ("jmp", "backoff_factor=0.7, hysteresis=2, max_scale=1048576.0"),
+])
+def test_a_form_that_cannot_carry_the_config_raises_naming_what_is_lost(to, lost):
+    saved = canonical(RICH)
+    before = json.dumps(saved)
+    with pytest.raises(ValueError, match=f"the {to} form cannot carry {lost}: .*to='canonical'"):
+        convert_state(saved, to)
+    assert json.dumps(saved) == before
+
+
+def test_a_disabled_scaler_has_no_native_form():
+    with pytest.raises(ValueError, match="enabled=False"):
+        convert_state(canonical(ScalerConfig(enabled=False)), "torch")
+
+
+def test_torch_form_is_the_torch_backends_native_state_dict_and_torch_loads_it():
+    torch = pytest.importorskip("torch")
+    import unifiedamp as ua
+
+    ours = ua.GradScaler(**PLAIN.to_dict(), backend="torch")
+    ours.load_state_dict(canonical())
+    assert convert_state(canonical(), "torch") == ours.native_state_dict()
+    native = torch.amp.GradScaler("cpu")
+    native.load_state_dict(convert_state(canonical(), "torch"))
+    assert (native.get_scale(), native._get_growth_tracker()) == (STATE.scale, 2)
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ({"scale": 1.0}, r"matches none of the forms|match none of the forms"),
+    ({"scale": -1.0, "_growth_tracker": 0}, r"scale must be finite and >= 0"),
+    ({"dynamic_scale": 8.0, "step_counter": -1}, r"growth_tracker must be an int >= 0"),
+    ({"dynamic_scale": 8.0, "step_counter": 0, "hysteresis_counter": 1},
+     r"hysteresis_counter=1 needs a config with hysteresis > 1.*pass config="),
+    ({"loss_scale": 8.0, "counter": 0, "period": 3, "factor": 0.0, "min_loss_scale": 0.0},
+     r"factor must be > 0, got factor=0.0"),
+    ({"loss_scale": 8.0, "counter": 0}, r"missing \['period', 'factor', 'min_loss_scale'\]"),
+])
+def test_bad_input_raises_naming_the_value_and_changes_nothing(bad, message):
+    before = repr(bad)
+    with pytest.raises(ValueError, match=message):
+        convert_state(bad, "canonical")
+    assert repr(bad) == before
+
+
+def test_an_unknown_target_form_names_the_closest():
+    with pytest.raises(ValueError, match=r"got 'pytorch' \(did you mean 'torch'\?\)"):
+        convert_state(canonical(), "pytorch")
+
+
+# ================================================================ files
+
+
+def test_a_checkpoint_entry_is_found_and_rewritten_keeping_the_rest(tmp_path):
+    path = tmp_path / "ckpt.json"
+    save_file({"step": 7, "model": [1.0, 2.0], "scaler": canonical()}, path)
+    report = port_state_file(path, to="torch", in_place=True)
+    assert (report["key"], report["from"], report["whole"]) == ("scaler", "canonical", True)
+    saved = load_file(path)
+    assert saved["step"] == 7 and saved["model"] == [1.0, 2.0]
+    assert saved["scaler"] == convert_state(canonical(), "torch")
+
+
+def test_an_ambiguous_or_missing_entry_asks_for_key_and_writes_nothing(tmp_path):
+    path = tmp_path / "ckpt.json"
+    save_file({"a": canonical(), "b": canonical()}, path)
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=r"found several: \['a', 'b'\]; pass key="):
+        port_state_file(path, to="torch", in_place=True)
+    with pytest.raises(ValueError, match=r"no key 'c'"):
+        port_state_file(path, to="torch", key="c", in_place=True)
+    assert path.read_bytes() == before
+    assert port_state_file(path, to="jmp", key="b")["state_dict"]["counter"] == 2
+
+
+def test_npz_keeps_the_keras_scale_in_float32_and_refuses_the_canonical_form(tmp_path):
+    save_file(convert_state(canonical(), "keras"), tmp_path / "k.npz")
+    assert load_file(tmp_path / "k.npz")["dynamic_scale"].dtype == np.float32
+    with pytest.raises(ValueError, match="flat numeric arrays.*json"):
+        save_file(canonical(), tmp_path / "c.npz")
+    assert os.listdir(tmp_path) == ["k.npz"]  # no temp file left behind
+
+
+def test_cli_converts_prints_a_summary_and_reports_errors(tmp_path):
+    src = tmp_path / "s.json"
+    save_file({"opt": {"dynamic_scale": 512.0, "step_counter": 1}}, src)
+    cli = [sys.executable, "-m", "unifiedamp.cli", "port-state"]
+    ok = subprocess.run([*cli, str(src), "--to", "jmp", "-o", str(tmp_path / "j.json"),
+                         "--config", '{"growth_interval": 3}'], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "entry 'opt', keras form" in ok.stdout and "wrote" in ok.stdout
+    assert load_file(tmp_path / "j.json")["opt"]["period"] == 3
+    bad = subprocess.run([*cli, str(src), "--to", "torch", "--key", "nope"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "error: " in bad.stderr and "no key 'nope'" in bad.stderr
+
+
+# ================================================================ Lightning
+
+
+def lightning_fit(scaler, steps, ckpt_in=None, ckpt_out=None):
+    """Fits a tiny model with Lightning's MixedPrecision plugin (an inf at step 1); returns
+    the scaler that trained (its state is as restored plus ``steps`` updates)."""
+    L = pytest.importorskip("lightning")
+    import torch
+    from lightning.pytorch.plugins import MixedPrecision
+
+    seen = {}
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def on_train_start(self):
+            plugin_scaler = self.trainer.precision_plugin.scaler
+            seen["start"] = (plugin_scaler.get_scale(), plugin_scaler._get_growth_tracker())
+
+        def training_step(self, batch, index):
+            x = batch[0].clone()
+            if self.global_step == 1:
+                x[0, 0] = float("inf")
+            return torch.nn.functional.mse_loss(self.net(x), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=scaler)
+    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
+                        plugins=[plugin], enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(Module(), data, ckpt_path=ckpt_in)
+    if ckpt_out is not None:
+        trainer.save_checkpoint(ckpt_out)
+    return seen["start"], trainer.precision_plugin.scaler
+
+
+@pytest.mark.framework("torch")
+@pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint")
+def test_lightning_ckpt_entry_is_rewritten_for_the_other_scaler_and_back(tmp_path):
+    torch = pytest.importorskip("torch")
+    import unifiedamp as ua
+
+    ckpt = tmp_path / "ours.ckpt"
+    # hysteresis 2: torch.amp.GradScaler cannot load what our scaler writes for this config.
+    ours = ua.GradScaler(1024.0, growth_interval=2, hysteresis=2, backend="torch")
+    lightning_fit(ours, 5, ckpt_out=ckpt)
+    raw = torch.load(ckpt, weights_only=True)
+    assert raw["MixedPrecision"]["format"] == "unifiedamp.GradScaler"
+    with pytest.raises(ValueError, match="the torch form cannot carry hysteresis=2"):
+        port_state_file(ckpt, to="torch", in_place=True)
+
+    ours = ua.GradScaler(1024.0, growth_interval=2, backend="torch")
+    lightning_fit(ours, 5, ckpt_out=ckpt)
+    raw = torch.load(ckpt, weights_only=True)
+    report = port_state_file(ckpt, to="torch", in_place=True)
+    assert report["key"] == "MixedPrecision" and report["whole"]
+    rewritten = torch.load(ckpt, weights_only=True)
+    assert "format" not in rewritten["MixedPrecision"]  # torch's own dict now
+    assert rewritten["global_step"] == raw["global_step"]
+    assert all(torch.equal(rewritten["state_dict"][k], v) for k, v in raw["state_dict"].items())
+    start, native = lightning_fit(torch.amp.GradScaler("cpu"), 7, ckpt_in=ckpt)
+    assert start == (ours.get_scale(), ours.state.growth_tracker)
+
+    native_ckpt = tmp_path / "native.ckpt"
+    lightning_fit(torch.amp.GradScaler("cpu", 256.0, growth_interval=3), 5, ckpt_out=native_ckpt)
+    out = tmp_path / "canonical.ckpt"
+    cli = subprocess.run([sys.executable, "-m", "unifiedamp.cli", "port-state", str(native_ckpt),
+                          "--to", "canonical", "-o", str(out), "--config",
+                          '{"init_scale": 256.0}'], capture_output=True, text=True)
+    assert cli.returncode == 0, cli.stderr
+    assert "entry 'MixedPrecision', torch form" in cli.stdout
+    entry = torch.load(out, weights_only=True)["MixedPrecision"]
+    assert entry["config"]["init_scale"] == 256.0 and entry["config"]["growth_interval"] == 3
+    start, ours = lightning_fit(ua.GradScaler(backend="torch"), 7, ckpt_in=out)
+    assert ours.config == ScalerConfig(256.0, growth_interval=3)
+    assert start == (entry["scale"], entry["growth_tracker"])
+
+
+# ================================================================ cross-framework resume
+
+PATTERN = "FFIFFFFFIFFIIFFFF"  # F: finite gradients, I: an inf in the batch
+CHECKPOINT_AT = 7  # after F F I F F F F: scale 1024 after a backoff and a growth, tracker 1,
+# and a finite step next (an inf there would hide a tracker off by one)
+
+# Each framework's own checkpoint (A side) and the form and file it resumes from (B side).
+SAVES = {"torch": "a.pt", "paddle": "a.pdopt", "keras": "a.npz", "jax": "a.msgpack",
+         "numpy": "a.json"}
+RESUMES = {"torch": ("torch", "b.pt"), "paddle": ("paddle", "b.pdopt"),
+           "keras": ("keras", "b.npz"), "jax": ("canonical", "b.msgpack"),
+           "numpy": ("canonical", "b.json")}
+
+WORKER = r'''
+import json, sys
+import numpy as np
+from unifiedamp.port_state import load_file, save_file
+
+fw, mode, folder = sys.argv[1:4]
+PATTERN, AT = sys.argv[4], int(sys.argv[5])
+INIT, INTERVAL = 1024.0, 3
+X = (np.arange(8, dtype=np.float32).reshape(2, 4) - 3) / 8
+Y = np.ones((2, 1), np.float32)
+W0 = np.full((4, 1), 0.1, np.float32)
+
+def batch(kind):
+    x = X.copy()
+    if kind == "I":
+        x[0, 0] = np.inf
+    return x
+
+if fw == "torch":  # torch's own GradScaler
+    import torch
+    model = torch.nn.Linear(4, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.from_numpy(W0.T)); model.bias.zero_()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=INIT, growth_interval=INTERVAL)
+    def step(kind):
+        opt.zero_grad()
+        loss = ((model(torch.from_numpy(batch(kind))) - torch.from_numpy(Y)) ** 2).mean()
+        scaler.scale(loss).backward(); scaler.step(opt); scaler.update()
+        return scaler.get_scale(), scaler._get_growth_tracker(), 0
+    def save(path):
+        save_file({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                   "scaler": scaler.state_dict()}, path)
+    def load(path):
+        scaler.load_state_dict(load_file(path)["scaler"] if "scaler" in load_file(path)
+                               else load_file(path))
+elif fw == "paddle":  # paddle's own scaler disables itself on CPU: unifiedamp's paddle backend
+    import paddle, unifiedamp as ua
+    model = paddle.nn.Linear(4, 1)
+    model.weight.set_value(W0); model.bias.set_value(np.zeros(1, np.float32))
+    opt = paddle.optimizer.SGD(0.01, parameters=model.parameters())
+    scaler = ua.GradScaler(INIT, growth_interval=INTERVAL, backend="paddle", device="cpu")
+    def step(kind):
+        loss = ((model(paddle.to_tensor(batch(kind))) - paddle.to_tensor(Y)) ** 2).mean()
+        scaler.scale(loss).backward(); scaler.step(opt); scaler.update(); opt.clear_grad()
+        return tuple(scaler.state)
+    def save(path):
+        save_file({"model": model.state_dict(), "scaler": scaler.native_state_dict()}, path)
+    def load(path):
+        scaler.load_state_dict(load_file(path))
+elif fw == "keras":  # Keras's own LossScaleOptimizer, TensorFlow backend
+    import keras, tensorflow as tf
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.set_weights([W0, np.zeros(1, np.float32)])
+    opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), initial_scale=INIT,
+                                              dynamic_growth_steps=INTERVAL)
+    opt.build(model.trainable_variables)
+    def step(kind):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(batch(kind)) - Y) ** 2)
+            scaled = opt.scale_loss(loss)
+        opt.apply(tape.gradient(scaled, model.trainable_variables), model.trainable_variables)
+        return float(opt.dynamic_scale.numpy()), int(opt.step_counter.numpy()), 0
+    def save(path):
+        save_file({"dynamic_scale": opt.dynamic_scale.numpy(),
+                   "step_counter": opt.step_counter.numpy()}, path)
+    def load(path):
+        d = load_file(path)
+        assert int(d["hysteresis_counter"]) == 0
+        opt.dynamic_scale.assign(d["dynamic_scale"])
+        opt.step_counter.assign(int(d["step_counter"]))
+elif fw == "jax":  # unifiedamp's jax scaler with optax; checkpoints the jmp fields
+    import jax, jax.numpy as jnp, optax, unifiedamp as ua
+    params = {"w": jnp.asarray(W0), "b": jnp.zeros(1)}
+    tx = optax.sgd(0.01); opt_state = tx.init(params)
+    scaler = ua.GradScaler(INIT, growth_interval=INTERVAL, backend="jax")
+    def loss_fn(p, x):
+        return jnp.mean((x @ p["w"] + p["b"] - Y) ** 2)
+    def step(kind):
+        global params, opt_state, scaler
+        grads = jax.grad(lambda p: scaler.scale(loss_fn(p, jnp.asarray(batch(kind)))))(params)
+        grads, finite = scaler.unscale(grads)
+        scaler = scaler.update(finite)
+        if bool(finite):
+            updates, opt_state = tx.update(grads, opt_state)
+            params = optax.apply_updates(params, updates)
+        return tuple(scaler.state)
+    def save(path):
+        st = scaler.state
+        save_file({"params": params, "loss_scale": np.float32(st.scale),
+                   "counter": np.int32(st.growth_tracker), "period": INTERVAL, "factor": 2.0,
+                   "min_loss_scale": 0.0}, path)
+    def load(path):
+        global scaler
+        scaler = scaler.restore(load_file(path))
+else:  # unifiedamp's numpy scaler, gradients by hand
+    import unifiedamp as ua
+    from unifiedamp.backends.numpy import SGD
+    w = W0.copy(); opt = SGD([w], lr=0.01)
+    scaler = ua.GradScaler(INIT, growth_interval=INTERVAL, backend="numpy")
+    def step(kind):
+        x = batch(kind)
+        with np.errstate(all="ignore"):
+            loss_grad = scaler.scale(np.float32(1.0)) * 2 * (x @ w - Y) / len(x)
+            opt.grads = [(x.T @ loss_grad).astype(np.float32)]
+        scaler.step(opt); scaler.update()
+        return tuple(scaler.state)
+    def save(path):
+        save_file({"w": w.tolist(), "scaler": scaler.state_dict()}, path)
+    def load(path):
+        scaler.load_state_dict(load_file(path))
+
+import os
+trajectory = []
+if mode == "run":  # uninterrupted, checkpointing after AT steps
+    for i, kind in enumerate(PATTERN):
+        trajectory.append(step(kind))
+        if i + 1 == AT:
+            save(os.path.join(folder, sys.argv[6]))
+else:  # resume from each file given, continue the rest of the pattern
+    for path in sys.argv[6:]:
+        load(path)
+        trajectory.append([step(kind) for kind in PATTERN[AT:]])
+print(json.dumps(trajectory))
+'''
+
+PORTER = r'''
+import json, sys
+from unifiedamp.port_state import port_state_file
+from unifiedamp.spec import ScalerConfig
+to, dst_name = sys.argv[1:3]
+for src, dst in zip(sys.argv[3::2], sys.argv[4::2]):
+    # Keras's variables carry no config: the one its optimizer was built with.
+    port_state_file(src, dst, to=to, config=ScalerConfig(1024.0, growth_interval=3))
+'''
+
+
+def _run(script, *args, timeout=240):
+    proc = subprocess.run([sys.executable, "-c", script, *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{args}: {proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _states(raw):
+    return [(spec.f32_hex(float(s)), int(g), int(h)) for s, g, h in raw]
+
+
+def _first_difference(got, want):
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        if a != b:
+            return f"step {CHECKPOINT_AT + i + 1}: resumed {a}, uninterrupted {b}"
+    return None
+
+
+def test_a_run_checkpointed_in_one_framework_resumes_in_every_other_with_the_same_trajectory(
+        tmp_path):
+    frameworks = [fw for fw, module in [("torch", "torch"), ("paddle", "paddle"),
+                                        ("keras", "tensorflow"), ("jax", "optax"),
+                                        ("numpy", "numpy")]
+                  if __import__("importlib.util").util.find_spec(module)]
+    if len(frameworks) < 2:
+        pytest.skip("needs two frameworks")
+    folder = {fw: tmp_path / fw for fw in frameworks}
+    for f in folder.values():
+        f.mkdir()
+
+    def work(fw, mode, *files):
+        return json.loads(_run(WORKER, fw, mode, folder[fw], PATTERN, CHECKPOINT_AT,
+                               *files).splitlines()[-1])
+
+    # 1. Uninterrupted run in each framework, checkpointing in its own form after AT steps.
+    with ThreadPoolExecutor(2) as pool:
+        full = dict(zip(frameworks, pool.map(lambda fw: _states(work(fw, "run", SAVES[fw])),
+                                             frameworks), strict=True))
+    state, expected = ScalerState.initial(PLAIN), []
+    for kind in PATTERN:
+        state = spec.update(PLAIN, state, kind == "I")
+        expected.append((spec.f32_hex(state.scale), state.growth_tracker, 0))
+    for fw in frameworks:  # every framework's own run follows the spec
+        assert full[fw] == expected, (fw, full[fw], expected)
+
+    # 2. port-state: each A checkpoint into each B's form, one process per target form.
+    def port(b):
+        to, name = RESUMES[b]
+        pairs = [str(p) for a in frameworks if a != b
+                 for p in (folder[a] / SAVES[a], folder[b] / f"from-{a}-{name}")]
+        _run(PORTER, to, name, *pairs)
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(port, frameworks))
+
+    # 3. Resume in B from every A, continue the pattern, compare with A's uninterrupted run.
+    def resume(b):
+        sources = [a for a in frameworks if a != b]
+        files = [folder[b] / f"from-{a}-{RESUMES[b][1]}" for a in sources]
+        return b, dict(zip(sources, work(b, "resume", *files), strict=True))
+    with ThreadPoolExecutor(2) as pool:
+        resumed = dict(pool.map(resume, frameworks))
+    failures = []
+    for b, by_source in resumed.items():
+        for a, raw in by_source.items():
+            diff = _first_difference(_states(raw), full[a][CHECKPOINT_AT:])
+            if diff:
+                failures.append(f"{a} -> {b}: {diff}")
+    assert not failures, "\n".join(failures)
+
+
+# ================================================================ SIGKILL
+
+KILLABLE = r'''
+import json, os, sys, time
+import numpy as np
+import unifiedamp as ua
+from unifiedamp.backends.numpy import SGD
+from unifiedamp.port_state import load_file, save_file
+
+ckpt, pattern, every, stop_after = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+x = np.ones((2, 4), np.float32); y = np.ones((2, 1), np.float32)
+w = np.full((4, 1), 0.1, np.float32); opt = SGD([w], lr=0.01)
+scaler = ua.GradScaler(1024.0, growth_interval=3, hysteresis=2, backend="numpy")
+start = 0
+if os.path.exists(ckpt):
+    saved = load_file(ckpt)
+    start = saved["step"]
+    w[...] = np.asarray(saved["w"], np.float32)
+    scaler.load_state_dict(saved["scaler"])
+for i in range(start, len(pattern)):
+    xb = x.copy()
+    if pattern[i] == "I":
+        xb[0, 0] = np.inf
+    with np.errstate(all="ignore"):
+        opt.grads = [(xb.T @ (scaler.scale(np.float32(2.0)) * (xb @ w - y) / 2)).astype(np.float32)]
+    scaler.step(opt); scaler.update()
+    st = scaler.state
+    if (i + 1) % every == 0:
+        save_file({"step": i + 1, "w": w.tolist(), "scaler": scaler.state_dict()}, ckpt)
+    print(json.dumps([i + 1, st.scale, st.growth_tracker, st.hysteresis_tracker,
+                      w.ravel().tolist()]), flush=True)
+    if i + 1 == stop_after:
+        time.sleep(600)  # the parent kills it here, between two checkpoints
+'''
+
+
+def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_as_if_never_killed(tmp_path):
+    pattern, every = "FFIFFIIFFFFIFIIFFFFF", 4
+    ckpt = tmp_path / "ckpt.json"
+    run = [sys.executable, "-c", KILLABLE, str(ckpt), pattern, str(every)]
+
+    never_killed = subprocess.run([*run, "0"], capture_output=True, text=True, timeout=120,
+                                  cwd=tmp_path)
+    assert never_killed.returncode == 0, never_killed.stderr
+    reference = [json.loads(line) for line in never_killed.stdout.splitlines()]
+    ckpt.unlink()
+
+    proc = subprocess.Popen([*run, "10"], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    seen = []
+    for line in proc.stdout:
+        seen.append(json.loads(line))
+        if seen[-1][0] == 10:  # checkpointed at 8, two steps since
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert load_file(ckpt)["step"] == 8
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")] == []
+
+    resumed = subprocess.run([*run, "0"], capture_output=True, text=True, timeout=120,
+                             cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    after = [json.loads(line) for line in resumed.stdout.splitlines()]
+    assert after[0][0] == 9
+    assert seen == reference[:10]
+    assert after == reference[8:]  # scale, trackers and weights, step by step
