@@ -176,44 +176,9 @@ def test_cli_converts_prints_a_summary_and_reports_errors(tmp_path):
 # ================================================================ Lightning
 
 
-def lightning_fit(scaler, steps, ckpt_in=None, ckpt_out=None):
-    """Fits a tiny model with Lightning's MixedPrecision plugin (an inf at step 1); returns
-    the scaler that trained (its state is as restored plus ``steps`` updates)."""
-    L = pytest.importorskip("lightning")
-    import torch
-    from lightning.pytorch.plugins import MixedPrecision
-
-    seen = {}
-
-    class Module(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = torch.nn.Linear(4, 1)
-
-        def on_train_start(self):
-            plugin_scaler = self.trainer.precision_plugin.scaler
-            seen["start"] = (plugin_scaler.get_scale(), plugin_scaler._get_growth_tracker())
-
-        def training_step(self, batch, index):
-            x = batch[0].clone()
-            if self.global_step == 1:
-                x[0, 0] = float("inf")
-            return torch.nn.functional.mse_loss(self.net(x), batch[1])
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
-    data = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
-    plugin = MixedPrecision("16-mixed", "cpu", scaler=scaler)
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
-                        plugins=[plugin], enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
-    trainer.fit(Module(), data, ckpt_path=ckpt_in)
-    if ckpt_out is not None:
-        trainer.save_checkpoint(ckpt_out)
-    return seen["start"], trainer.precision_plugin.scaler
+# The Lightning run of the torch porting tests: a tiny model with the MixedPrecision plugin,
+# an inf at step 1; returns (scale and tracker at the start, the scaler that trained).
+from test_torch_porting import lightning_fit  # noqa: E402
 
 
 @pytest.mark.framework("torch")
