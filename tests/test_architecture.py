@@ -25,7 +25,7 @@ LAYERS = [
     # Porting reads native scalers and builds any backend's scaler.
     ("port", ["unifiedamp.port", "unifiedamp.port_*"]),
     ("conformance", ["unifiedamp.conformance", "unifiedamp.conformance.*"]),
-    ("cli", ["unifiedamp.cli"]),
+    ("cli", ["unifiedamp.cli", "unifiedamp.demo"]),
 ]
 
 

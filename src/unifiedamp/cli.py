@@ -329,10 +329,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_conformance)
     # Each porting command lives with its code and adds its own subcommand.
-    from unifiedamp import port_source, port_state
+    from unifiedamp import demo, port_source, port_state
 
     port_source.add_parser(sub)
     port_state.add_parser(sub)
+    demo.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,620 @@
+"""``unifiedamp demo``: the same small float16 model trained in every installed framework,
+one shared scaler config, overflows forced at fixed steps, the scale trajectories compared
+with the spec's reference bit for bit and drawn on one chart.
+
+Each framework trains in a child process of its own (``python -m unifiedamp.demo _child
+NAME STEPS``), as ``unifiedamp conformance`` does, because some frameworks cannot share a
+process (tensorflow then paddle segfaults). The child prints one JSON line per step; the
+parent draws the progress bar, compares, plots (matplotlib, the ``demo`` extra) and prints
+the summary. ``docs/demo.md`` describes the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from unifiedamp import _registry, spec
+
+#: The one config every framework trains with: within 40 steps it grows (every 4 finite
+#: steps), holds one overflow (hysteresis 2), backs off after two, and is capped at 2**13
+#: so that float16 gradients never overflow on their own, whatever ``--steps`` is.
+CONFIG = {"init_scale": 2.0**10, "growth_interval": 4, "hysteresis": 2, "min_scale": 1.0,
+          "max_scale": 2.0**13}
+
+#: Steps whose input batch holds an inf (the pattern repeats every ``PERIOD`` steps): a
+#: lone one (hysteresis absorbs it), a pair (one backoff), a run of six (three backoffs).
+OVERFLOW_STEPS = (9, 14, 15, 22, 23, 24, 25, 26, 27, 35)
+PERIOD = 40
+
+#: The frameworks the demo knows how to train, in the order they run and are listed.
+BACKENDS = ("numpy", "torch", "paddle", "keras", "jax", "mlx")
+
+_LR = 0.05
+_BATCH, _INPUTS, _HIDDEN = 16, 8, 24  # 8*24 + 24 + 24 + 1 = 241 parameters
+_CHILD_TIMEOUT_S = 600
+_MAX_STEPS = 10_000
+
+
+def forced_overflow(step: int) -> bool:
+    """Whether the demo puts an inf into the input batch of ``step`` (0-based).
+
+    Example:
+        >>> [s for s in range(16) if forced_overflow(s)], forced_overflow(49)
+        ([9, 14, 15], True)
+    """
+    return step % PERIOD in OVERFLOW_STEPS
+
+
+def reference(steps: int) -> list[spec.ScalerState]:
+    """The spec's state after each step's update, for the demo's config and overflows.
+
+    Example:
+        >>> [s.scale for s in reference(16)][2:5]
+        [1024.0, 2048.0, 2048.0]
+        >>> reference(16)[9]  # the lone overflow: held by hysteresis
+        ScalerState(scale=4096.0, growth_tracker=0, hysteresis_tracker=1)
+    """
+    config = spec.ScalerConfig(**CONFIG)
+    state, out = spec.ScalerState.initial(config), []
+    for step in range(steps):
+        state = spec.update(config, state, forced_overflow(step))
+        out.append(state)
+    return out
+
+
+def first_divergence(records: list[dict[str, Any]], steps: int) -> dict[str, Any] | None:
+    """The first step where a child's records differ from :func:`reference` (scale bits,
+    both trackers, whether the step was skipped), or ``None`` when all ``steps`` match.
+
+    Example:
+        >>> records = [{"scale_hex": spec.f32_hex(s.scale), "growth_tracker": s.growth_tracker,
+        ...             "hysteresis_tracker": s.hysteresis_tracker,
+        ...             "skipped": forced_overflow(i)} for i, s in enumerate(reference(12))]
+        >>> first_divergence(records, 12) is None
+        True
+        >>> records[9]["skipped"] = False
+        >>> first_divergence(records, 12)["step"]
+        9
+        >>> first_divergence(records[:5], 12)["got"]
+        'no record (the run stopped after 5 steps)'
+    """
+    for step, want in enumerate(reference(steps)):
+        expected = {"scale_hex": spec.f32_hex(want.scale), "growth_tracker": want.growth_tracker,
+                    "hysteresis_tracker": want.hysteresis_tracker,
+                    "skipped": forced_overflow(step)}
+        if step >= len(records):
+            return {"step": step, "expected": expected,
+                    "got": f"no record (the run stopped after {len(records)} steps)"}
+        got = {key: records[step][key] for key in expected}
+        if got != expected:
+            return {"step": step, "expected": expected, "got": got}
+    return None
+
+
+# --------------------------------------------------------------------------- the child
+
+
+def _data(steps: int) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """Initial parameters (float32) and one batch per step, the same in every framework."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    params = [(rng.normal(size=(_INPUTS, _HIDDEN)) * 0.3).astype(np.float32),
+              np.zeros(_HIDDEN, np.float32),
+              (rng.normal(size=(_HIDDEN, 1)) * 0.3).astype(np.float32),
+              np.zeros(1, np.float32)]
+    target = rng.normal(size=(_INPUTS, 1)).astype(np.float32)
+    batches = []
+    for step in range(steps):
+        x = rng.normal(size=(_BATCH, _INPUTS)).astype(np.float32)
+        y = np.tanh(x @ target)
+        if forced_overflow(step):
+            x[0] = np.inf  # one bad sample: its NaN reaches the loss and every gradient
+        batches.append((x, y))
+    return params, batches
+
+
+def _float16_or_32(forward: Callable[[str], Any]) -> str:
+    """``"float16"`` when the framework computes ``forward`` in float16 on this device,
+    else ``"float32"`` (a CPU build may lack half-precision kernels)."""
+    try:
+        forward("float16")
+        return "float16"
+    except Exception:  # noqa: BLE001 - whatever the framework raises for a missing kernel
+        return "float32"
+
+
+def _changed(before: list[Any], after: list[Any]) -> bool:
+    import numpy as np
+
+    return any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def _train_numpy(steps: int, emit: _Emitter) -> None:
+    import numpy as np
+
+    import unifiedamp as ua
+    from unifiedamp.backends.numpy import SGD
+
+    init, batches = _data(steps)
+    params = [p.copy() for p in init]
+    opt = SGD(params, lr=_LR)
+    scaler = ua.GradScaler(**CONFIG, backend="numpy")
+    emit.header("cpu", "float16")
+    for x, y in batches:
+        w1, b1, w2, b2 = (p.astype(np.float16) for p in params)
+        # NumPy has no autodiff: the MLP's backward pass by hand, in float16, of the
+        # scaled loss (the upstream gradient carries the scale, as autodiff's would).
+        with np.errstate(all="ignore"):
+            h = np.tanh(x.astype(np.float16) @ w1 + b1)
+            out = (h @ w2 + b2).astype(np.float32)
+            loss = float(np.mean((out - y) ** 2))
+            d_out = (2 * (out - y) / len(y) * scaler.get_scale()).astype(np.float16)
+            d_h = (d_out @ w2.T) * (1 - h * h)
+            opt.grads = [x.astype(np.float16).T @ d_h, d_h.sum(0), h.T @ d_out, d_out.sum(0)]
+        before = [p.copy() for p in params]
+        scaler.step(opt)
+        scaler.update()
+        emit(scaler.state, not _changed(before, params), loss)
+
+
+def _train_torch(steps: int, emit: _Emitter) -> None:
+    import torch
+
+    import unifiedamp as ua
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    init, batches = _data(steps)
+    params = [torch.nn.Parameter(torch.tensor(p, device=device)) for p in init]
+    opt = torch.optim.SGD(params, lr=_LR)
+    scaler = ua.GradScaler(**CONFIG, device=device, backend="torch")
+
+    def forward(dtype: str, x: Any) -> Any:
+        dt = getattr(torch, dtype)
+        w1, b1, w2, b2 = (p.to(dt) for p in params)  # float32 parameters, cast for compute
+        return (torch.tanh(x.to(dt) @ w1 + b1) @ w2 + b2).float()
+
+    x0 = torch.tensor(batches[0][0], device=device)
+    dtype = _float16_or_32(lambda dt: forward(dt, x0))
+    emit.header(device, dtype)
+    for x, y in batches:
+        x, y = torch.tensor(x, device=device), torch.tensor(y, device=device)
+        loss = ((forward(dtype, x) - y) ** 2).mean()
+        scaler.scale(loss).backward()
+        before = [p.detach().cpu().numpy().copy() for p in params]
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        emit(scaler.state, not _changed(before, [p.detach().cpu().numpy() for p in params]),
+             loss.item())
+
+
+def _train_paddle(steps: int, emit: _Emitter) -> None:
+    import paddle
+
+    import unifiedamp as ua
+
+    gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+    paddle.set_device("gpu" if gpu else "cpu")
+    init, batches = _data(steps)
+    params = [paddle.create_parameter(list(p.shape), "float32",
+                                      default_initializer=paddle.nn.initializer.Assign(p))
+              for p in init]
+    opt = paddle.optimizer.SGD(learning_rate=_LR, parameters=params)
+    scaler = ua.GradScaler(**CONFIG, backend="paddle")
+
+    def forward(dtype: str, x: Any) -> Any:
+        w1, b1, w2, b2 = (p.astype(dtype) for p in params)
+        return (paddle.tanh(x.astype(dtype) @ w1 + b1) @ w2 + b2).astype("float32")
+
+    dtype = _float16_or_32(lambda dt: forward(dt, paddle.to_tensor(batches[0][0])).numpy())
+    emit.header("gpu" if gpu else "cpu", dtype)
+    for x, y in batches:
+        loss = ((forward(dtype, paddle.to_tensor(x)) - paddle.to_tensor(y)) ** 2).mean()
+        scaler.scale(loss).backward()
+        before = [p.numpy().copy() for p in params]
+        scaler.step(opt)
+        scaler.update()
+        opt.clear_grad()
+        emit(scaler.state, not _changed(before, [p.numpy() for p in params]), float(loss))
+
+
+def _train_keras(steps: int, emit: _Emitter) -> None:
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import keras
+    import tensorflow as tf
+
+    import unifiedamp as ua
+
+    init, batches = _data(steps)
+    # Keras's mixed policy: float32 variables, float16 compute.
+    model = keras.Sequential([keras.Input((_INPUTS,)),
+                              keras.layers.Dense(_HIDDEN, "tanh", dtype="mixed_float16"),
+                              keras.layers.Dense(1, dtype="mixed_float16")])
+    model.set_weights(init)
+    scaler = ua.GradScaler(**CONFIG, backend="keras")
+    opt = scaler.wrap(keras.optimizers.SGD(_LR))
+    opt.build(model.trainable_variables)
+
+    @tf.function
+    def train_step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean((keras.ops.cast(model(x), "float32") - y) ** 2)
+            scaled = opt.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        opt.apply(grads, model.trainable_variables)  # unscales, skips on inf/NaN, updates
+        return loss
+
+    emit.header("gpu" if tf.config.list_physical_devices("GPU") else "cpu",
+                "float16")
+    for x, y in batches:
+        before = model.get_weights()
+        loss = train_step(x, y)
+        emit(scaler.state, not _changed(before, model.get_weights()), float(loss))
+
+
+def _train_jax(steps: int, emit: _Emitter) -> None:
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    import unifiedamp as ua
+    from unifiedamp.backends.jax import step_if_finite
+
+    init, batches = _data(steps)
+    params = [jnp.asarray(p) for p in init]  # on jax's default device: the GPU when there is one
+    tx = optax.sgd(_LR)
+    opt_state = tx.init(params)
+    scaler = ua.GradScaler(**CONFIG, backend="jax")
+
+    def loss_fn(params: list[Any], x: Any, y: Any) -> Any:
+        w1, b1, w2, b2 = (p.astype(jnp.float16) for p in params)
+        out = (jnp.tanh(x.astype(jnp.float16) @ w1 + b1) @ w2 + b2).astype(jnp.float32)
+        return jnp.mean((out - y) ** 2)
+
+    @jax.jit
+    def step(params: Any, opt_state: Any, scaler: Any, x: Any, y: Any) -> Any:
+        grads, loss = jax.grad(lambda p: (scaler.scale(loss_fn(p, x, y)), loss_fn(p, x, y)),
+                               has_aux=True)(params)
+        grads, finite = scaler.unscale(grads)
+
+        def apply(state: Any) -> Any:
+            params, opt_state = state
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        params, opt_state = step_if_finite(finite, apply, (params, opt_state))
+        return params, opt_state, scaler.update(finite), loss
+
+    emit.header(jax.devices()[0].platform, "float16")
+    for x, y in batches:
+        before = params
+        params, opt_state, scaler, loss = step(params, opt_state, scaler, x, y)
+        emit(scaler.state, not _changed(before, params), float(loss))
+
+
+def _train_mlx(steps: int, emit: _Emitter) -> None:
+    import mlx.core as mx
+    import mlx.nn as nn
+    import mlx.optimizers as optim
+
+    import unifiedamp as ua
+
+    init, batches = _data(steps)
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w1, self.b1, self.w2, self.b2 = (mx.array(p) for p in init)
+
+        def __call__(self, x: Any) -> Any:
+            w1, b1, w2, b2 = (p.astype(mx.float16) for p in (self.w1, self.b1, self.w2, self.b2))
+            return (mx.tanh(x.astype(mx.float16) @ w1 + b1) @ w2 + b2).astype(mx.float32)
+
+    model = MLP()
+    opt = optim.SGD(learning_rate=_LR)
+    opt.init(model.trainable_parameters())
+    scaler = ua.GradScaler(**CONFIG, backend="mlx")
+    emit.header(str(mx.default_device()).split("(")[-1].split(",")[0].lower(),
+                "float16")
+    def scaled_loss(model: MLP, x: Any, y: Any, scaler: Any) -> Any:
+        return scaler.scale(mx.mean((model(x) - y) ** 2))
+
+    loss_and_grad = nn.value_and_grad(model, scaled_loss)
+    for x, y in batches:
+        scaled, grads = loss_and_grad(model, mx.array(x), mx.array(y), scaler)
+        grads, finite = scaler.unscale(grads)
+        before = [mx.array(p) for p in (model.w1, model.b1, model.w2, model.b2)]
+        scaler.apply(opt, model, grads, finite)
+        loss = scaled / scaler.get_scale()
+        scaler = scaler.update(finite)
+        after = [model.w1, model.b1, model.w2, model.b2]
+        mx.eval(after, opt.state, loss)
+        emit(scaler.state, not _changed(before, after), loss.item())
+
+
+_TRAINERS = {"numpy": _train_numpy, "torch": _train_torch, "paddle": _train_paddle,
+             "keras": _train_keras, "jax": _train_jax, "mlx": _train_mlx}
+
+
+class _Emitter:
+    """Prints the child's JSON lines: a header, then one line per step, flushed at once so
+    that the parent's progress bar moves."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def _print(self, obj: dict[str, Any]) -> None:
+        print(json.dumps(obj), flush=True)
+
+    def header(self, device: str, dtype: str) -> None:
+        self._print({"device": device, "dtype": dtype})
+
+    def __call__(self, state: spec.ScalerState, skipped: bool, loss: float) -> None:
+        self._print({"step": self.step, "scale": state.scale,
+                     "scale_hex": spec.f32_hex(state.scale),
+                     "growth_tracker": int(state.growth_tracker),
+                     "hysteresis_tracker": int(state.hysteresis_tracker),
+                     "skipped": bool(skipped), "loss": loss if math.isfinite(loss) else None})
+        self.step += 1
+
+
+def _child(name: str, steps: int) -> None:
+    _TRAINERS[name](steps, _Emitter())
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+def _found(name: str) -> bool:
+    """Whether a backend's framework is installed, without importing it."""
+    module = _registry.BUILTIN[name].modules[0]
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ValueError:  # in sys.modules without a __spec__: it is there
+        return True
+
+
+class _Progress:
+    """One line per backend on stderr: redrawn in place on a terminal, printed once when
+    it is finished otherwise (a log file gets no carriage returns)."""
+
+    def __init__(self, name: str, steps: int, stream: Any = None) -> None:
+        self.name, self.steps, self.stream = name, steps, stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.start = time.monotonic()
+
+    def _line(self, done: int, note: str) -> str:
+        filled = 30 * done // self.steps
+        return (f"{self.name:<7} [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.steps} "
+                f"{time.monotonic() - self.start:5.1f} s {note}").rstrip()
+
+    def update(self, done: int, note: str = "") -> None:
+        if self.tty:
+            self.stream.write("\r" + self._line(done, note))
+            self.stream.flush()
+
+    def finish(self, done: int, note: str) -> None:
+        self.stream.write(("\r" if self.tty else "") + self._line(done, note) + "\n")
+        self.stream.flush()
+
+
+def _run_child(name: str, steps: int) -> dict[str, Any]:
+    """Runs one backend's child, drawing its progress; its header, records and status."""
+    progress = _Progress(name, steps)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    cmd = [sys.executable, "-m", "unifiedamp.demo", "_child", name, str(steps)]
+    result: dict[str, Any] = {"status": "ok", "records": []}
+    # stderr to a file, not a pipe: a chatty framework would fill a pipe nobody reads
+    # while stdout is read line by line, and both processes would wait for ever.
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        timed_out = threading.Event()
+        timer = threading.Timer(_CHILD_TIMEOUT_S, lambda: (timed_out.set(), proc.kill()))
+        timer.start()
+        try:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                if not line.startswith("{"):
+                    continue  # a framework printing to stdout
+                row = json.loads(line)
+                if "step" in row:
+                    result["records"].append(row)
+                    progress.update(len(result["records"]))
+                else:
+                    result.update(row)
+            proc.wait()
+        finally:
+            timer.cancel()
+        err.seek(0)
+        lines = err.read().strip().splitlines()
+    result["seconds"] = round(time.monotonic() - progress.start, 1)
+    if proc.returncode != 0:
+        why = f"timed out after {_CHILD_TIMEOUT_S} s" if timed_out.is_set() else "exited with"
+        result.update(status="error", detail=f"child {why} {proc.returncode}: "
+                                             f"{lines[-1] if lines else 'no output'}")
+    done = len(result["records"])
+    progress.finish(done, "" if result["status"] == "ok" else "error")
+    return result
+
+
+def demo_report(names: list[str] | None = None, steps: int = PERIOD) -> dict[str, Any]:
+    """Trains every backend in ``names`` (default: every one installed) for ``steps`` steps,
+    each in its own process, and compares each trajectory with :func:`reference`.
+
+    A backend named in ``names`` that is not installed fails the report; with ``names=None``
+    it is only listed in ``not_run``.
+
+    Example:
+        >>> report = demo_report(["numpy"], steps=12)
+        >>> report["passed"], report["backends"]["numpy"]["matches_spec"]
+        (True, True)
+    """
+    requested = names is not None
+    names = list(BACKENDS) if names is None else list(dict.fromkeys(names))
+    backends: dict[str, Any] = {}
+    for name in names:
+        if not _found(name):
+            backends[name] = {"status": "not installed", "detail": _registry.BUILTIN[name].install}
+            continue
+        result = _run_child(name, steps)
+        records = result["records"]
+        diverged = first_divergence(records, steps)
+        result.update(matches_spec=result["status"] == "ok" and diverged is None,
+                      first_divergence=diverged,
+                      skips=sum(r["skipped"] for r in records),
+                      final_scale=records[-1]["scale"] if records else None)
+        backends[name] = result
+    not_run = [n for n, r in backends.items() if r["status"] == "not installed"]
+    passed = all(r.get("matches_spec", False) for n, r in backends.items() if n not in not_run)
+    return {"config": CONFIG, "overflow_steps": [s for s in range(steps) if forced_overflow(s)],
+            "steps": steps, "passed": passed and not (requested and not_run),
+            "not_run": not_run, "backends": backends}
+
+
+_STYLES = [  # widest first, so that every line of a perfect overlap still shows
+    {"color": "tab:blue", "linewidth": 9, "alpha": 0.35},
+    {"color": "tab:orange", "linewidth": 6.5, "alpha": 0.5},
+    {"color": "tab:green", "linewidth": 4.5, "linestyle": "--"},
+    {"color": "tab:red", "linewidth": 3, "linestyle": "-."},
+    {"color": "tab:purple", "linewidth": 2, "linestyle": ":"},
+    {"color": "tab:brown", "linewidth": 1, "linestyle": "-"},
+]
+_MARKERS = ["o", "s", "D", "^", "v", "x"]
+
+
+def _plot(report: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed, and none is picked up from the environment
+    import matplotlib.pyplot as plt
+
+    fig, (ax, skips) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True,
+                                    gridspec_kw={"height_ratios": [3, 1]})
+    steps = list(range(report["steps"]))
+    for axis in (ax, skips):
+        for step in report["overflow_steps"]:
+            axis.axvspan(step - 0.5, step + 0.5, color="0.9", zorder=0)
+    ran = {n: r for n, r in report["backends"].items() if r.get("records")}
+    for i, (name, result) in enumerate(ran.items()):
+        records, style = result["records"], _STYLES[i % len(_STYLES)]
+        label = f"{name} ({result.get('device', '?')}, {result.get('dtype', '?')})"
+        if not result["matches_spec"]:
+            label += " DIVERGES"
+        ax.step(steps[:len(records)], [r["scale"] for r in records], where="post", label=label,
+                **style)
+        # Skips in a strip of their own, one row per framework: on the scale line the
+        # marks of coinciding frameworks would hide each other.
+        skipped = [r["step"] for r in records if r["skipped"]]
+        skips.scatter(skipped, [i] * len(skipped), marker=_MARKERS[i % len(_MARKERS)],
+                      color=style["color"], s=30)
+    ax.step(steps, [s.scale for s in reference(report["steps"])], where="post", color="black",
+            linewidth=0.8, label="spec reference")
+    ax.set_yscale("log", base=2)
+    ax.set_ylabel("loss scale after the step's update")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    skips.set_yticks(range(len(ran)), list(ran))
+    skips.set_ylim(len(ran) - 0.5, -0.5)
+    skips.set_ylabel("skipped steps")
+    skips.set_xlabel("step (shaded: an inf in the input batch)")
+    config = ", ".join(f"{k}={v:g}" for k, v in CONFIG.items())
+    ax.set_title(f"unifiedamp demo: one config in every framework\n{config}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    rows = [("backend", "device", "dtype", "steps", "skips", "final scale", "time", "matches spec")]
+    for name, r in report["backends"].items():
+        if r["status"] == "not installed":
+            rows.append((name, *["-"] * 6, f"not run (not installed: {r['detail']})"))
+            continue
+        d = r["first_divergence"]
+        match = "yes" if r["matches_spec"] else f"NO, from step {d['step']}" if d else "NO"
+        final = "-" if r["final_scale"] is None else f"{r['final_scale']:g}"
+        rows.append((name, r.get("device", "?"), r.get("dtype", "?"), str(len(r["records"])),
+                     str(r["skips"]), final, f"{r['seconds']} s", match))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for j, row in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
+    for name, r in report["backends"].items():
+        if r["status"] == "error":
+            print(f"\n{name}: {r['detail']}")
+        elif r.get("first_divergence"):
+            d = r["first_divergence"]
+            print(f"\n{name}: diverged at step {d['step']}: expected {d['expected']}, "
+                  f"got {d['got']}")
+
+
+def _steps_arg(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= _MAX_STEPS:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from 1 to {_MAX_STEPS}, got {value!r}")
+    return number
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    out = None if args.out.lower() == "none" else args.out
+    if out is not None and importlib.util.find_spec("matplotlib") is None:
+        print("unifiedamp demo draws its plot with matplotlib: pip install 'unifiedamp[demo]' "
+              "(or pass --out none to skip the plot)", file=sys.stderr)
+        return 2
+    report = demo_report(args.backend, args.steps)
+    if out is not None:
+        _plot(report, out)
+    report["plot"] = out
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_summary(report)
+        print(f"\nplot: {out or 'not drawn (--out none)'}")
+        print(f"result: {'PASS' if report['passed'] else 'FAIL'}")
+    return 0 if report["passed"] else 1
+
+
+def add_parser(sub: Any) -> None:
+    """Adds ``unifiedamp demo`` to the ``unifiedamp`` parser.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_parser(parser.add_subparsers())
+        >>> args = parser.parse_args(["demo", "--backend", "numpy", "--out", "none"])
+        >>> args.backend, args.steps, args.out
+        (['numpy'], 40, 'none')
+    """
+    p = sub.add_parser("demo", help="train one fp16 model in every installed framework and "
+                                    "plot the scale trajectories")
+    p.add_argument("--backend", action="append", choices=BACKENDS,
+                   help="a framework to train in (repeatable; default: every installed one, "
+                        "where one that is not installed does not fail the run; one named "
+                        "here does)")
+    p.add_argument("--steps", type=_steps_arg, default=PERIOD, metavar="N",
+                   help=f"training steps (default {PERIOD}; overflows repeat every {PERIOD})")
+    p.add_argument("--out", default="scale.png", metavar="PNG",
+                   help="where to write the plot (default scale.png; 'none': no plot, and "
+                        "no need for matplotlib)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_demo)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["_child"] or len(sys.argv) != 4:
+        sys.exit("python -m unifiedamp.demo is the demo's child process; run: unifiedamp demo")
+    _child(sys.argv[2], int(sys.argv[3]))

@@ -1,0 +1,108 @@
+"""unifiedamp demo: every framework trains through the scaler and follows the spec's trajectory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from unifiedamp import cli, demo, spec
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def run_demo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "unifiedamp.cli", "demo", *args],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+def test_numpy_torch_and_jax_follow_the_spec_and_the_plot_is_written(tmp_path):
+    png = tmp_path / "scale.png"
+    proc = run_demo("--backend", "numpy", "--backend", "torch", "--backend", "jax",
+                    "--out", str(png), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["passed"] and report["plot"] == str(png) and report["steps"] == 40
+    assert report["overflow_steps"] == list(demo.OVERFLOW_STEPS)
+    expected = demo.reference(40)
+    for name in ("numpy", "torch", "jax"):
+        result = report["backends"][name]
+        assert result["matches_spec"] and result["first_divergence"] is None, name
+        assert result["dtype"] == "float16" and result["skips"] == len(demo.OVERFLOW_STEPS)
+        # Checked here too, not only by the demo's own comparison.
+        assert [r["scale_hex"] for r in result["records"]] == [
+            spec.f32_hex(s.scale) for s in expected]
+        assert [r["step"] for r in result["records"] if r["skipped"]] == list(demo.OVERFLOW_STEPS)
+        # It trains: the loss of the finite steps goes down.
+        losses = [r["loss"] for r in result["records"] if r["loss"] is not None]
+        assert sum(losses[-5:]) < sum(losses[:5]), name
+    data = png.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
+    # The progress bar goes to stderr, one finished line per backend off a terminal.
+    assert "numpy   [" + "#" * 30 + "] 40/40" in proc.stderr
+
+
+def test_the_config_shows_growth_hysteresis_and_backoff():
+    scales = [s.scale for s in demo.reference(demo.PERIOD)]
+    assert scales[3] == 2 * scales[0]                         # growth after 4 finite steps
+    assert scales[9] == scales[8]                             # one overflow: held (hysteresis)
+    assert scales[15] == scales[13] / 2                       # two in a row: a backoff
+    assert max(scales) == demo.CONFIG["max_scale"]            # capped: fp16 never overflows alone
+
+
+def test_the_table_and_a_not_installed_backend(monkeypatch, capsys, tmp_path):
+    # Pretend only numpy is installed: the default run lists the others as not run and
+    # passes; naming one with --backend fails the run.
+    monkeypatch.setattr(demo, "_found", lambda name: name == "numpy")
+    assert cli.main(["demo", "--steps", "12", "--out", "none"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split() == ["backend", "device", "dtype", "steps", "skips", "final", "scale",
+                                "time", "matches", "spec"]
+    assert lines[2].split()[:6] == ["numpy", "cpu", "float16", "12", "1", "4096"]
+    assert lines[2].endswith("yes")
+    assert ("torch    -       -        -      -      -            -      not run (not installed: "
+            "pip install 'unifiedamp[torch]')") in out
+    assert "plot: not drawn (--out none)" in out and lines[-1] == "result: PASS"
+
+    assert cli.main(["demo", "--backend", "numpy", "--backend", "mlx", "--steps", "3",
+                     "--out", "none", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["not_run"] == ["mlx"] and not report["passed"]
+    assert report["backends"]["numpy"]["matches_spec"] and report["plot"] is None
+
+
+def test_usage_errors_exit_2(monkeypatch, capsys):
+    for argv in (["--backend", "nosuch"], ["--steps", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            cli.main(["demo", *argv])
+        assert exc.value.code == 2
+    assert "invalid choice: 'nosuch'" in capsys.readouterr().err
+    real_find_spec = demo.importlib.util.find_spec
+    monkeypatch.setattr(demo.importlib.util, "find_spec",
+                        lambda name: None if name == "matplotlib" else real_find_spec(name))
+    assert cli.main(["demo", "--backend", "numpy"]) == 2
+    assert "pip install 'unifiedamp[demo]'" in capsys.readouterr().err
+
+
+def test_a_diverging_trajectory_is_reported_with_its_step():
+    records = [{"scale_hex": spec.f32_hex(s.scale), "growth_tracker": s.growth_tracker,
+                "hysteresis_tracker": s.hysteresis_tracker, "skipped": demo.forced_overflow(i)}
+               for i, s in enumerate(demo.reference(20))]
+    assert demo.first_divergence(records, 20) is None
+    # A scaler that backs off at the first overflow (hysteresis ignored): scale from step 9.
+    records[9] = {**records[9], "scale_hex": spec.f32_hex(2048.0), "hysteresis_tracker": 0}
+    diverged = demo.first_divergence(records, 20)
+    assert diverged["step"] == 9
+    assert diverged["expected"]["scale_hex"] == "0x45800000"
+    assert diverged["got"]["scale_hex"] == "0x45000000"
+
+
+def test_a_crashing_child_is_reported_not_fatal():
+    result = demo._run_child("nosuch", 3)  # the child has no trainer of that name: KeyError
+    assert result["status"] == "error" and result["records"] == []
+    assert result["detail"] == "child exited with 1: KeyError: 'nosuch'"
