@@ -673,6 +673,30 @@ def test_cuda_scale_lives_on_the_parameters_device():
     assert scaler._scale.device.type == "cuda" and scaler.state.scale == 65536.0
 
 
+@CUDA
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+def test_cuda_tensor_op_rule_runs_as_a_replayed_graph_and_follows_the_spec(fused):
+    """On CUDA the rule torch's kernel cannot run is compiled and replayed as a CUDA graph;
+    it must give the spec's states step by step, across overflows and a config change."""
+    model = mlp("cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused)
+    scaler = ua.GradScaler(1024.0, growth_interval=2, hysteresis=2, min_scale=256.0,
+                           backend="torch", device="cuda")
+    expected = scaler.state
+    for step in range(16):
+        if step == 10:
+            scaler.set_growth_factor(3.0)  # a new config: captured again
+        poisoned = step in (3, 4, 7, 12, 13)
+        scaler.scale(loss_of(model, *batch("cuda", seed=step,
+                                           poison=float("inf") if poisoned else None))).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        expected = spec.update(scaler.config, expected, poisoned)
+        assert scaler.state == expected, f"step {step}: {scaler.state} != {expected}"
+    assert scaler._rule_graph is not None
+
+
 def captured_training_step(model, opt, scaler, x, y):
     """The recipe of docs/backends/torch.md: one whole float16 step, captured as one
     CUDA graph after a warm-up on a side stream; returns the graph."""
