@@ -508,3 +508,89 @@ def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_as_if_never_
     assert after[0][0] == 9
     assert seen == reference[:10]
     assert after == reference[8:]  # scale, trackers and weights, step by step
+
+
+# ================================================================ Keras .keras files
+
+KERAS_MAKER = r'''
+import json, sys
+import numpy as np
+import keras
+import unifiedamp as ua
+folder = sys.argv[1]
+x = (np.arange(24, dtype=np.float32).reshape(6, 4) - 11) / 16
+x[4, 1] = np.inf  # the last batch of two overflows
+y = np.ones((6, 1), np.float32)
+
+def model():
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    m.set_weights([np.full((4, 1), 0.1, np.float32), np.zeros(1, np.float32)])
+    return m
+
+# unifiedamp's wrapper, hysteresis 2: the inf leaves a hysteresis tracker of 1
+ours = model()
+scaler = ua.GradScaler(1024.0, growth_interval=2, hysteresis=2, backend="keras")
+ours.compile(optimizer=scaler.wrap(keras.optimizers.SGD(0.01)), loss="mse")
+ours.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+ours.save(folder + "/ours.keras")
+# Keras's own LossScaleOptimizer, saved before any step (its variables not built yet)
+native = model()
+native.compile(optimizer=keras.optimizers.LossScaleOptimizer(
+    keras.optimizers.SGD(0.01), initial_scale=1024.0, dynamic_growth_steps=3), loss="mse")
+native.save(folder + "/native.keras")
+plain = model()
+plain.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+plain.save(folder + "/plain.keras")
+print(json.dumps(ua.backends.keras.KerasGradScaler.of(ours.optimizer).state_dict()))
+'''
+
+KERAS_READER = r'''
+import json, sys
+import keras
+m = keras.models.load_model(sys.argv[1])
+opt = m.optimizer
+print(json.dumps([type(opt).__name__, float(opt.dynamic_scale.numpy()),
+                  int(opt.step_counter.numpy()), int(opt.dynamic_growth_steps)]))
+'''
+
+
+def test_a_keras_file_is_read_and_written_through_its_loss_scale_optimizer(tmp_path,
+                                                                           monkeypatch):
+    pytest.importorskip("tensorflow")
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+    expected = json.loads(_run(KERAS_MAKER, tmp_path).strip().splitlines()[-1])
+    # F F (a growth to 2048) then I: hysteresis 2 keeps the scale and counts the inf
+    assert (expected["scale"], expected["hysteresis_tracker"]) == (2048.0, 1)
+
+    # read: unifiedamp's wrapper gives its exact state and its own config
+    report = port_state_file(tmp_path / "ours.keras", tmp_path / "ours.json", to="canonical")
+    assert report["from"] == "keras"
+    saved = load_file(tmp_path / "ours.json")
+    for k in ("scale", "growth_tracker", "hysteresis_tracker", "config"):
+        assert saved[k] == expected[k], k
+    assert saved["config"] == ScalerConfig(1024.0, growth_interval=2, hysteresis=2).to_dict()
+
+    # write: a torch-native state into Keras's own LossScaleOptimizer (never built before)
+    torch_sd = {"scale": 256.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                "growth_interval": 3, "_growth_tracker": 2}
+    save_file({"step": 5, "scaler": torch_sd}, tmp_path / "t.json")
+    report = port_state_file(tmp_path / "t.json", tmp_path / "native.keras", to="keras")
+    assert report["whole"] and report["key"] == "scaler"
+    assert os.path.exists(tmp_path / "native.keras")
+    got = json.loads(_run(KERAS_READER, tmp_path / "native.keras").strip().splitlines()[-1])
+    assert got == ["LossScaleOptimizer", 256.0, 2, 3]
+
+    # bad input: no loss-scale optimizer, a missing destination, a non-keras form
+    plain = (tmp_path / "plain.keras").read_bytes()
+    with pytest.raises(ValueError, match="not a keras.optimizers.LossScaleOptimizer"):
+        port_state_file(tmp_path / "plain.keras", to="keras", in_place=True)
+    with pytest.raises(ValueError, match="not a keras.optimizers.LossScaleOptimizer"):
+        port_state_file(tmp_path / "t.json", tmp_path / "plain.keras", to="keras")
+    with pytest.raises(ValueError, match="needs that file to exist already"):
+        port_state_file(tmp_path / "t.json", tmp_path / "new.keras", to="keras")
+    with pytest.raises(ValueError, match="pass to='keras'"):
+        port_state_file(tmp_path / "t.json", tmp_path / "native.keras", to="canonical")
+    assert (tmp_path / "plain.keras").read_bytes() == plain
+    assert not (tmp_path / "new.keras").exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]

@@ -18,12 +18,13 @@ Five forms of one scaler state, each the dict a framework's checkpoint holds:
 rules, and nothing is dropped silently: a form that cannot carry the config raises
 and names what would be lost. :func:`port_state_file` does it inside a checkpoint
 file (``torch.save`` files and Lightning ``.ckpt``, Paddle ``.pdparams``/``.pdopt``,
-JSON, flax msgpack, NumPy ``.npz``), rewriting the scaler's entry and keeping the
-rest; :func:`save_file` writes atomically (temp file + ``os.replace``), so a process
-killed mid-write leaves the previous checkpoint whole.
+JSON, flax msgpack, NumPy ``.npz``, Keras ``.keras`` models), rewriting the scaler's
+entry and keeping the rest; :func:`save_file` writes atomically (temp file +
+``os.replace``), so a process killed mid-write leaves the previous checkpoint whole.
 
 No framework is imported at module import: each file type imports its framework
-when it reads or writes one (tensorflow is never needed).
+when it reads or writes one; a ``.keras`` file is loaded in a child process (Keras
+with its own ``KERAS_BACKEND``), so tensorflow never shares a process with paddle.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ LIGHTNING_KEYS = ("MixedPrecision", "FSDPPrecision")
 _TORCH_EXT = (".pt", ".pth", ".ckpt", ".bin", ".tar")
 _PADDLE_EXT = (".pdparams", ".pdopt", ".pdckpt")
 _FILE_TYPES = {**{e: "torch" for e in _TORCH_EXT}, **{e: "paddle" for e in _PADDLE_EXT},
-               ".json": "json", ".msgpack": "msgpack", ".npz": "npz"}
+               ".json": "json", ".msgpack": "msgpack", ".npz": "npz", ".keras": "keras"}
 
 
 def _closest(value: Any, choices: tuple[str, ...]) -> str:
@@ -304,7 +305,7 @@ def file_type(path: str | os.PathLike) -> str:
     if ext not in _FILE_TYPES:
         raise ValueError(f"unknown checkpoint type {ext or '(no extension)'!r} of {path}: "
                          f"known extensions are {sorted(_FILE_TYPES)} (torch.save, "
-                         "paddle.save, JSON, flax msgpack, numpy .npz)")
+                         "paddle.save, JSON, flax msgpack, numpy .npz, Keras model.save)")
     return _FILE_TYPES[ext]
 
 
@@ -322,6 +323,8 @@ def load_file(path: str | os.PathLike, trusted: bool = False) -> Any:
         {'scale': 8.0}
     """
     kind = file_type(path)
+    if kind == "keras":
+        return _load_keras(path)
     if kind == "json":
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -374,6 +377,10 @@ def save_file(obj: Any, path: str | os.PathLike) -> None:
         1
     """
     kind = file_type(path)
+    if kind == "keras":
+        raise ValueError(f"{path}: a .keras file is a whole Keras model: write a scaler state "
+                         "into one with port_state_file(src, dst.keras, to='keras'), which "
+                         "loads the model, assigns its optimizer's variables and saves it")
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.splitext(path)[1])
     # mkstemp makes the file private (0600): give it the mode an ordinary open() would.
@@ -483,6 +490,8 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
     replaced, so a Lightning ``.ckpt`` written with unifiedamp's scaler resumes with
     ``torch.amp.GradScaler`` (``to="torch"``) and back (``to="canonical"``); into
     another type, ``dst`` holds the converted state alone. ``dst=None`` writes nothing.
+    A ``.keras`` ``src`` gives its loss-scale optimizer's state and config; a ``.keras``
+    ``dst`` (``to="keras"``; it must exist) gets the state in its optimizer's variables.
 
     Returns:
         A summary: ``src``, ``dst``, ``key``, ``from``, ``to``, ``whole`` (whether the
@@ -502,10 +511,25 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
         if dst is not None and os.path.abspath(dst) != os.path.abspath(src):
             raise ValueError(f"in_place=True writes {src} itself; dst={dst!r} says another file")
         dst = src
+    if dst is not None and file_type(dst) == "keras" and to != "keras":
+        raise ValueError(f"{dst} is a Keras model: the state goes into its optimizer's "
+                         f"variables, the keras form; pass to='keras', not {to!r}; nothing "
+                         "was written")
     container = load_file(src, trusted=trusted)
+    if file_type(src) == "keras":
+        # The optimizer's own config, unless the caller gives one.
+        if config is None:
+            config = ScalerConfig(**container["scaler_config"])
+        container = {k: v for k, v in container.items() if k != "scaler_config"}
     found_key, state = _find(container, key, src)
     cfg, st, form = read_state(state, config)
     converted = convert_state(state, to, config)
+    if dst is not None and file_type(dst) == "keras":
+        # The model and optimizer of dst (src itself in place) are the target.
+        _save_keras(converted, cfg, dst, dst)
+        return {"src": os.fspath(src), "dst": os.fspath(dst), "key": found_key,
+                "from": form, "to": to, "whole": True, "config": cfg.to_dict(),
+                "state": st._asdict(), "state_dict": converted}
     whole = dst is not None and file_type(dst) == file_type(src) and found_key is not None
     if dst is not None:
         stored = _storable(converted, file_type(dst))
@@ -514,6 +538,117 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
     return {"src": os.fspath(src), "dst": None if dst is None else os.fspath(dst),
             "key": found_key, "from": form, "to": to, "whole": whole,
             "config": cfg.to_dict(), "state": st._asdict(), "state_dict": converted}
+
+
+# ------------------------------------------------------------------ .keras files
+
+# Runs in a child process (tensorflow and paddle in one process segfault; no framework is
+# imported here): loads a .keras model with unifiedamp's classes registered and reads, or
+# writes, its loss-scale optimizer's variables. Prints one line: _KERAS_MARK + JSON.
+_KERAS_CHILD = r'''
+import json, sys
+mode, path = sys.argv[1], sys.argv[2]
+MARK = "@@unifiedamp-keras@@"
+def done(**out):
+    print(MARK + json.dumps(out), flush=True)
+    sys.exit(0)
+import keras
+import unifiedamp.backends.keras as uak  # registers SpecLossScaleOptimizer
+from unifiedamp import port_state
+model = keras.models.load_model(path)
+opt = getattr(model, "optimizer", None)
+if not isinstance(opt, keras.optimizers.LossScaleOptimizer):
+    done(error=f"{path}: the model's optimizer is {type(opt).__name__}, not a "
+               "keras.optimizers.LossScaleOptimizer (nor unifiedamp's SpecLossScaleOptimizer, "
+               "ua.GradScaler(..., backend='keras').wrap(opt)): there is no loss-scale state "
+               "in it; nothing was written")
+ours = isinstance(opt, uak.SpecLossScaleOptimizer)
+if ours:
+    config = opt.scaler_config.to_dict()
+else:  # Keras's own: growth 2, backoff 0.5, hysteresis 1 hard-coded
+    config = port_state._native_defaults("keras").to_dict() | {
+        "init_scale": float(opt.initial_scale), "growth_interval": int(opt.dynamic_growth_steps)}
+if not opt.built:
+    opt.build(model.trainable_variables)
+cls = type(opt).__name__
+if mode == "read":
+    out = {"dynamic_scale": float(keras.ops.convert_to_numpy(opt.dynamic_scale)),
+           "step_counter": int(keras.ops.convert_to_numpy(opt.step_counter))}
+    if ours:
+        out["hysteresis_counter"] = int(keras.ops.convert_to_numpy(opt.hysteresis_counter))
+    done(state=out, scaler_config=config, optimizer=cls)
+state, source, tmp = json.loads(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
+rule = ("growth_factor", "backoff_factor", "growth_interval", "hysteresis", "min_scale",
+        "max_scale", "dynamic", "enabled")
+differ = [f"{k}={source[k]!r} (the optimizer's: {config[k]!r})" for k in rule
+          if source[k] != config[k]]
+if differ:
+    done(error=f"the state follows {', '.join(differ)}, but {path}'s {cls} was built with "
+               "another rule: pass config= (CLI: --config) with the optimizer's parameters "
+               "if that is meant; nothing was written")
+if state.get("hysteresis_counter", 0) and not ours:
+    done(error=f"hysteresis_counter={state['hysteresis_counter']}: Keras's own "
+               f"LossScaleOptimizer in {path} has no hysteresis; nothing was written")
+opt.dynamic_scale.assign(keras.ops.convert_to_tensor(state["dynamic_scale"], "float32"))
+opt.step_counter.assign(keras.ops.cast(state["step_counter"], opt.step_counter.dtype))
+if ours:
+    opt.hysteresis_counter.assign(keras.ops.cast(state.get("hysteresis_counter", 0),
+                                                 opt.hysteresis_counter.dtype))
+model.save(tmp)
+done(optimizer=cls)
+'''
+_KERAS_MARK = "@@unifiedamp-keras@@"
+
+
+def _keras_child(*args: str) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _KERAS_CHILD, *args], capture_output=True,
+                          text=True, env=dict(os.environ))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_KERAS_MARK)]
+    if proc.returncode != 0 or not lines:
+        raise ValueError(f"{args[1]}: loading it with keras.models.load_model failed "
+                         f"(exit {proc.returncode}): {proc.stderr.strip()[-1500:]}")
+    out = json.loads(lines[-1][len(_KERAS_MARK):])
+    if "error" in out:
+        raise ValueError(out["error"])
+    return out
+
+
+def _load_keras(path: Any) -> dict[str, Any]:
+    # The keras form of the model's loss-scale optimizer, and its canonical config.
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    out = _keras_child("read", os.fspath(path))
+    return {**out["state"], "scaler_config": out["scaler_config"]}
+
+
+def _save_keras(state: dict[str, Any], config: ScalerConfig, path: Any,
+                model_from: Any) -> None:
+    """Assigns the keras-form ``state`` to the optimizer of the model in ``model_from`` and
+    saves the model to ``path`` atomically (temp file + ``os.replace``)."""
+    if not os.path.exists(model_from):
+        raise ValueError(f"{model_from} does not exist: writing a scaler state into a .keras "
+                         "file needs that file to exist already, its model and loss-scale "
+                         "optimizer are the target (save it with model.save first); nothing "
+                         "was written")
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".keras")
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    try:
+        plain = {k: _number(state, k) for k in ("dynamic_scale", "step_counter",
+                                                "hysteresis_counter") if k in state}
+        _keras_child("write", os.fspath(model_from), json.dumps(plain, default=_plain),
+                     json.dumps(config.to_dict()), tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 # ------------------------------------------------------------------ command line
@@ -561,7 +696,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "port-state", help="convert a scaler state inside a checkpoint file to another form",
         description="Finds the scaler state in a checkpoint (torch.save / Lightning .ckpt, "
-                    "paddle .pdparams/.pdopt, .json, flax .msgpack, .npz) and converts it "
+                    "paddle .pdparams/.pdopt, .json, flax .msgpack, .npz, Keras .keras) and "
+                    "converts it "
                     "to another framework's form.")
     p.add_argument("input", help="the checkpoint file")
     p.add_argument("--to", required=True, choices=FORMS, help="the form to write")
