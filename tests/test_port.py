@@ -11,6 +11,7 @@ see tests/conftest.py); FSDP's ShardedGradScaler needs a process group, so it ru
 from __future__ import annotations
 
 import json
+import pathlib
 import textwrap
 import warnings
 from types import SimpleNamespace
@@ -236,23 +237,16 @@ def test_torch_cuda_amp_defaults_and_no_device():
 
 
 SHARDED = """
-import json, os, torch, torch.distributed as dist
+import json, os, sys
+sys.path.insert(0, {tests!r})
+import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from test_port import torch_run
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
 dist.init_process_group("gloo", rank=0, world_size=1)
 args, kinds = json.loads({payload!r})
 native = ShardedGradScaler(*args)
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-scales = []
-for kind in kinds:
-    x = torch.ones(2, 4)
-    if kind == "I":
-        x[0, 0] = float("inf")
-    native.scale(model(x).sum()).backward()
-    native.step(opt); native.update(); opt.zero_grad()
-    scales.append(native.get_scale())
+scales, _, _ = torch_run(native, kinds)
 print(json.dumps([native._backoff_factor, native._growth_factor, scales]))
 dist.destroy_process_group()
 """
@@ -264,7 +258,8 @@ def test_sharded_grad_scaler_takes_backoff_before_growth(run_python):
     args = ["cpu", 1024.0, 0.25, 3.0, 3]  # backoff 0.25, growth 3.0 in FSDP's order
     config, _ = config_from_call("torch.distributed.fsdp.ShardedGradScaler", tuple(args))
     assert (config.backoff_factor, config.growth_factor) == (0.25, 3.0)
-    proc = run_python(SHARDED.format(payload=json.dumps([args, KINDS])))
+    proc = run_python(SHARDED.format(tests=str(pathlib.Path(__file__).parent),
+                                     payload=json.dumps([args, KINDS])))
     assert proc.returncode == 0, proc.stderr[-3000:]
     backoff, growth, scales = json.loads(proc.stdout.strip().splitlines()[-1])
     assert (backoff, growth) == (0.25, 3.0)
