@@ -697,8 +697,7 @@ def add_parser(sub: Any) -> None:
         "port-state", help="convert a scaler state inside a checkpoint file to another form",
         description="Finds the scaler state in a checkpoint (torch.save / Lightning .ckpt, "
                     "paddle .pdparams/.pdopt, .json, flax .msgpack, .npz, Keras .keras) and "
-                    "converts it "
-                    "to another framework's form.")
+                    "converts it to another framework's form.")
     p.add_argument("input", help="the checkpoint file")
     p.add_argument("--to", required=True, choices=FORMS, help="the form to write")
     p.add_argument("-o", "--output", help="where to write (the same file: in place); "
