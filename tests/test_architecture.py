@@ -1,6 +1,6 @@
 """The package's shape: imports run one way, with no cycle, and every module has a layer.
 
-spec <- registry <- facade <- backends <- port <- conformance <- cli. Imports inside
+spec <- registry <- facade <- backends <- callbacks <- port <- conformance <- cli. Imports inside
 functions count too: a lazy import still ties two modules together.
 """
 
@@ -18,10 +18,12 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 #: "spec" layer also holds the framework-free helpers every layer may use.
 LAYERS = [
     ("spec", ["unifiedamp.spec", "unifiedamp.spec.*", "unifiedamp._tree",
-              "unifiedamp._isolation"]),
+              "unifiedamp._isolation", "unifiedamp.diagnostics"]),
     ("registry", ["unifiedamp._registry"]),
     ("facade", ["unifiedamp", "unifiedamp._scaler", "unifiedamp._monitor"]),
     ("backends", ["unifiedamp.backends", "unifiedamp.backends.*"]),
+    # Loggers for trainers (Lightning, Keras): they read a backend's scaler.
+    ("callbacks", ["unifiedamp.callbacks", "unifiedamp.callbacks.*"]),
     # Porting reads native scalers and builds any backend's scaler.
     ("port", ["unifiedamp.port", "unifiedamp.port_*"]),
     ("conformance", ["unifiedamp.conformance", "unifiedamp.conformance.*"]),

@@ -7,6 +7,10 @@ import warnings
 
 from unifiedamp.spec import FLOAT32_MIN_NORMAL, f32_hex
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 
 class ScaleCollapseWarning(RuntimeWarning):
     """The loss scale collapsed: training is stepping on nothing but non-finite gradients."""
@@ -55,17 +59,22 @@ class CollapseMonitor:
         self.consecutive_skips = 0
         self._reported = False
 
-    def observe(self, step: int, scale: float, skipped: bool) -> None:
+    def observe(self, step: int, scale: float, skipped: bool,
+                detail: Callable[[], str] | None = None) -> None:
         """Records one update: ``step`` counts updates from 1, ``scale`` is the new scale."""
-        self.report(step, scale, self.consecutive_skips + 1 if skipped else 0)
+        self.report(step, scale, self.consecutive_skips + 1 if skipped else 0, detail)
 
     def clear(self) -> None:
         """Ends an episode: the scale is normal and the last step was not skipped."""
         self.consecutive_skips = 0
         self._reported = False
 
-    def report(self, step: int, scale: float, consecutive_skips: int) -> None:
-        """Checks a state read at ``step``: the scale and the skips in a row up to it."""
+    def report(self, step: int, scale: float, consecutive_skips: int,
+               detail: Callable[[], str] | None = None) -> None:
+        """Checks a state read at ``step``: the scale and the skips in a row up to it.
+
+        ``detail`` is called only when a collapse is reported: its text (the last
+        overflow report, from the backend) ends the message."""
         self.consecutive_skips = consecutive_skips
         reasons = []
         limit = self.max_consecutive_skips
@@ -90,6 +99,9 @@ class CollapseMonitor:
             f"{'; and '.join(reasons)}. (on_collapse='raise' stops training instead; "
             "max_consecutive_skips=None watches only the scale.)"
         )
+        extra = detail() if detail is not None else ""
+        if extra:
+            message += " " + extra
         if self.on_collapse == "raise":
             raise ScaleCollapseError(message)
         warnings.warn(message, ScaleCollapseWarning, stacklevel=4)

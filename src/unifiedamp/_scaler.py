@@ -188,6 +188,28 @@ class GradScaler(metaclass=_FacadeMeta):
         """Functional: a new scaler holding a state dict's config and state."""
         raise NotImplementedError(self._other_style("restore"))
 
+    # ------------------------------------------------------------ diagnostics
+
+    def watch(self, model: Any) -> None:
+        """Names the parameters in :meth:`overflow_report`: a model (``named_parameters()``)
+        or an iterable of ``(name, parameter)`` pairs; without it, optimizer indices."""
+        raise NotImplementedError(self._no_diagnostics("watch"))
+
+    def overflow_report(self) -> Any:
+        """After a skipped step, a :class:`unifiedamp.diagnostics.OverflowReport` naming the
+        gradients that held inf/NaN; None when the last update skipped nothing."""
+        raise NotImplementedError(self._no_diagnostics("overflow_report"))
+
+    def history(self) -> Any:
+        """The last updates' scales and skips, a :class:`unifiedamp.diagnostics.ScaleHistory`
+        (built with ``history=N``)."""
+        raise NotImplementedError(self._no_diagnostics("history"))
+
+    def _no_diagnostics(self, verb: str) -> str:
+        return (f"the {self.backend!r} backend has no {verb}(): the functional backends "
+                "return per-gradient counts from the jitted step instead "
+                "(overflow_counts / overflow_report in its module, docs/diagnostics.md)")
+
     def _other_style(self, verb: str) -> str:
         return (f"the {self.backend!r} backend has no {verb}(): imperative backends use "
                 "scale/unscale_/step/update() and load_state_dict(d), functional ones "

@@ -1,0 +1,291 @@
+"""Why a step was skipped, and what the scale did: framework-free report and history types.
+
+Every backend fills these: the imperative scalers (torch, numpy, paddle, keras) from
+``scaler.overflow_report()`` and ``scaler.history()``, the functional ones (jax, mlx)
+from arrays their jitted steps return (``docs/diagnostics.md``). Nothing here imports
+a framework; NumPy is imported where an array is counted, matplotlib only to plot.
+
+Example:
+    >>> import numpy as np
+    >>> from unifiedamp.diagnostics import OverflowReport, count_overflow
+    >>> grads = {"fc1.weight": np.ones(3, np.float32),
+    ...          "fc2.weight": np.array([1.0, np.inf, np.nan], np.float32)}
+    >>> report = OverflowReport(step=7, scale=65536.0, checked=2, loss_finite=True,
+    ...     overflows=[o for n, g in grads.items() if (o := count_overflow(n, g))])
+    >>> report.names
+    ['fc2.weight']
+    >>> print(report)  # doctest: +NORMALIZE_WHITESPACE
+    Step 7 was skipped at scale 65536: 1 of 2 gradients held inf/NaN.
+      fc2.weight (3,): 1 inf, 1 NaN, largest finite |g| 1
+    The loss was finite before scaling: the scaled gradients overflowed float16 and
+    the scaler backs off, as designed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from typing import Any
+
+__all__ = ["GradientOverflow", "OverflowReport", "ScaleHistory", "count_overflow",
+           "plot_history", "FIXES"]
+
+#: The usual fixes when the model, not the scale, makes the gradients non-finite.
+FIXES = ("lower the learning rate, train in bfloat16 (no loss scaling needed), or clip "
+         "the gradients after unscaling them (scaler.unscale_(optimizer), then "
+         "clip_grad_norm_)")
+
+
+class GradientOverflow:
+    """One gradient that held inf or NaN.
+
+    Attributes:
+        name: The parameter's name (from ``scaler.watch(model)``, a tree path, or
+            ``param_groups[g][i]``).
+        shape: The gradient's shape.
+        inf: How many elements were +inf or -inf.
+        nan: How many were NaN.
+        max_finite: The largest finite magnitude among the others (0.0 if none).
+    """
+
+    __slots__ = ("name", "shape", "inf", "nan", "max_finite")
+
+    def __init__(self, name: str, shape: Sequence[int], inf: int, nan: int, max_finite: float):
+        self.name = str(name)
+        self.shape = tuple(int(n) for n in shape)
+        self.inf = int(inf)
+        self.nan = int(nan)
+        self.max_finite = float(max_finite)
+
+    def __repr__(self) -> str:
+        return (f"GradientOverflow({self.name!r}, shape={self.shape}, inf={self.inf}, "
+                f"nan={self.nan}, max_finite={self.max_finite!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GradientOverflow) and self.to_dict() == other.to_dict()
+
+    def __str__(self) -> str:
+        shape = "(" + ", ".join(map(str, self.shape)) + ("," if len(self.shape) == 1 else "") + ")"
+        return (f"{self.name} {shape}: {self.inf} inf, {self.nan} NaN, "
+                f"largest finite |g| {self.max_finite:.6g}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "inf": self.inf,
+                "nan": self.nan, "max_finite": self.max_finite}
+
+
+def count_overflow(name: str, grad: Any) -> GradientOverflow | None:
+    """The :class:`GradientOverflow` of one host array (NumPy, or anything ``np.asarray``
+    reads), or None when every element is finite.
+
+    Example:
+        >>> import numpy as np
+        >>> count_overflow("w", np.array([-np.inf, 2.0, -3.0], np.float32))
+        GradientOverflow('w', shape=(3,), inf=1, nan=0, max_finite=3.0)
+        >>> count_overflow("b", np.zeros(2)) is None
+        True
+    """
+    import numpy as np
+
+    g = np.asarray(grad)
+    finite = np.isfinite(g)
+    if finite.all():
+        return None
+    nan = int(np.isnan(g).sum())
+    magnitudes = np.abs(g[finite])
+    largest = float(magnitudes.max()) if magnitudes.size else 0.0
+    return GradientOverflow(name, g.shape, g.size - int(finite.sum()) - nan, nan, largest)
+
+
+class OverflowReport:
+    """Which gradients held inf/NaN at a skipped step, and whether the loss did.
+
+    Attributes:
+        step: The update (counted from 1) whose gradients overflowed.
+        scale: The scale the loss had been multiplied by.
+        overflows: The gradients that held inf or NaN, in parameter order.
+        checked: How many gradients were looked at.
+        loss_finite: Whether the loss was finite before scaling (None: not known).
+        note: Anything the backend adds (why the gradients were not available...).
+    """
+
+    def __init__(self, step: int, scale: float, overflows: Iterable[GradientOverflow],
+                 checked: int, loss_finite: bool | None = None, note: str = ""):
+        self.step = int(step)
+        self.scale = float(scale)
+        self.overflows = tuple(overflows)
+        self.checked = int(checked)
+        self.loss_finite = None if loss_finite is None else bool(loss_finite)
+        self.note = str(note)
+
+    @property
+    def names(self) -> list[str]:
+        """The names of the gradients that held inf or NaN."""
+        return [o.name for o in self.overflows]
+
+    def cause(self) -> str:
+        """One sentence: the model's fault or the scale's, with what to do."""
+        if self.loss_finite is False:
+            return ("The loss itself was inf/NaN before scaling: the model, not the scale, "
+                    f"is the problem; {FIXES}.")
+        if self.loss_finite is True:
+            return ("The loss was finite before scaling: the scaled gradients overflowed "
+                    "float16 and the scaler backs off, as designed.")
+        return ""
+
+    def summary(self, limit: int = 3) -> str:
+        """One line: the first ``limit`` gradients, and the loss."""
+        names = ", ".join(f"{o.name} ({o.inf} inf, {o.nan} NaN)" for o in self.overflows[:limit])
+        more = len(self.overflows) - limit
+        names += f" and {more} more" if more > 0 else ""
+        loss = {None: "", True: "; the loss was finite",
+                False: "; the loss itself was inf/NaN before scaling"}[self.loss_finite]
+        return f"step {self.step} at scale {self.scale:g}: {names or 'no gradient named'}{loss}"
+
+    def __str__(self) -> str:
+        lines = [f"Step {self.step} was skipped at scale {self.scale:g}: "
+                 f"{len(self.overflows)} of {self.checked} gradients held inf/NaN."]
+        lines += [f"  {o}" for o in self.overflows]
+        if self.note:
+            lines.append(self.note)
+        if self.cause():
+            lines.append(self.cause())
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"OverflowReport(step={self.step}, scale={self.scale!r}, names={self.names}, "
+                f"checked={self.checked}, loss_finite={self.loss_finite})")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OverflowReport) and self.to_dict() == other.to_dict()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (``from_dict`` reads it back)."""
+        return {"step": self.step, "scale": self.scale, "checked": self.checked,
+                "loss_finite": self.loss_finite, "note": self.note,
+                "overflows": [o.to_dict() for o in self.overflows]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> OverflowReport:
+        return cls(d["step"], d["scale"], [GradientOverflow(**o) for o in d["overflows"]],
+                   d["checked"], d.get("loss_finite"), d.get("note", ""))
+
+
+class ScaleHistory:
+    """The scale at each recorded update, and whether that update skipped its step.
+
+    Backends keep the last N records in a ring on the device (no host read per step)
+    and build this from it: :meth:`from_ring`.
+
+    Example:
+        >>> # a ring of 3 slots after 4 records: record 4 overwrote record 1 in slot 0
+        >>> h = ScaleHistory.from_ring([4, 2, 3], [8.0, 32.0, 16.0], [0, 1, 1], count=4)
+        >>> h.as_list()
+        [(2, 32.0, True), (3, 16.0, True), (4, 8.0, False)]
+        >>> ScaleHistory.from_json(h.to_json()).as_list() == h.as_list()
+        True
+    """
+
+    def __init__(self, iterations: Iterable[int], scales: Iterable[float],
+                 skipped: Iterable[bool]):
+        self.iterations = [int(i) for i in iterations]
+        self.scales = [float(s) for s in scales]
+        self.skipped = [bool(s) for s in skipped]
+        if not len(self.iterations) == len(self.scales) == len(self.skipped):
+            raise ValueError(f"iterations, scales and skipped differ in length: "
+                             f"{len(self.iterations)}, {len(self.scales)}, {len(self.skipped)}")
+
+    @classmethod
+    def from_ring(cls, iterations: Sequence[Any], scales: Sequence[Any], skipped: Sequence[Any],
+                  count: int) -> ScaleHistory:
+        """Unrolls a ring of N slots where record k (from 0) went to slot k % N and
+        ``count`` records were written: the last min(count, N), oldest first."""
+        size = len(scales)
+        count = int(count)
+        order = (range(count) if count <= size
+                 else [(count + i) % size for i in range(size)])
+        return cls([iterations[i] for i in order], [scales[i] for i in order],
+                   [skipped[i] for i in order])
+
+    def __len__(self) -> int:
+        return len(self.iterations)
+
+    def __repr__(self) -> str:
+        return (f"ScaleHistory({len(self)} updates, {sum(self.skipped)} skipped, "
+                f"last scale {self.scales[-1] if self.scales else None!r})")
+
+    def as_list(self) -> list[tuple[int, float, bool]]:
+        """``[(iteration, scale, skipped), ...]``, oldest first."""
+        return list(zip(self.iterations, self.scales, self.skipped, strict=True))
+
+    def as_arrays(self) -> dict[str, Any]:
+        """NumPy arrays: ``iteration`` (int64), ``scale`` (float32), ``skipped`` (bool)."""
+        import numpy as np
+
+        return {"iteration": np.asarray(self.iterations, np.int64),
+                "scale": np.asarray(self.scales, np.float32),
+                "skipped": np.asarray(self.skipped, bool)}
+
+    def to_json(self, path: str | os.PathLike[str] | None = None) -> str:
+        """The history as JSON (what ``unifiedamp plot`` reads); written to ``path`` if given."""
+        text = json.dumps({"iteration": self.iterations, "scale": self.scales,
+                           "skipped": self.skipped})
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | os.PathLike[str]) -> ScaleHistory:
+        """Reads :meth:`to_json`'s output: a JSON string or a file's path."""
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            with open(text_or_path, encoding="utf-8") as f:
+                text = f.read()
+        try:
+            d = json.loads(text)
+            return cls(d["iteration"], d["scale"], d["skipped"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"not a scale history (a JSON object with 'iteration', 'scale' "
+                             f"and 'skipped' lists, as ScaleHistory.to_json writes): {exc}"
+                             ) from None
+
+
+def plot_history(history: ScaleHistory, output: str | os.PathLike[str],
+                 title: str | None = None) -> None:
+    """Draws the scale on a log axis with skipped steps marked, into ``output`` (PNG, SVG...).
+
+    Needs matplotlib (``pip install 'unifiedamp[demo]'``).
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("plotting needs matplotlib: pip install 'unifiedamp[demo]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not len(history):
+        raise ValueError("the history is empty: no update was recorded")
+    fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
+    ax.step(history.iterations, history.scales, where="post", color="tab:blue", label="scale")
+    skips = [(i, s) for i, s, k in history.as_list() if k]
+    if skips:
+        ax.scatter(*zip(*skips, strict=True), marker="x", color="tab:red", zorder=3,
+                   label=f"skipped ({len(skips)})")
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("update")
+    ax.set_ylabel("loss scale")
+    finite = [s for s in history.scales if math.isfinite(s) and s > 0]
+    if finite and min(finite) == max(finite):  # a flat line still gets an axis
+        ax.set_ylim(min(finite) / 2, max(finite) * 2)
+    ax.set_title(title or f"loss scale over {len(history)} updates")
+    ax.legend(loc="best")
+    ax.grid(True, which="major", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(output)
+    plt.close(fig)
