@@ -1,5 +1,5 @@
-"""The ``unifiedamp`` command: ``backends``, ``spec``, ``conformance``, ``port`` and
-``port-state``.
+"""The ``unifiedamp`` command: ``backends``, ``spec``, ``conformance``, ``port``,
+``port-state``, ``demo`` and ``plot``.
 
 Anything that imports a framework runs in a subprocess of its own, one per
 backend (``conformance`` runs the shipped pytest suite there), so that
@@ -308,6 +308,32 @@ def _examples_arg(value: str) -> int:
     return number
 
 
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from unifiedamp.diagnostics import ScaleHistory, plot_history
+
+    try:
+        history = ScaleHistory.from_json(args.history)
+    except OSError as exc:
+        print(f"unifiedamp plot: cannot read {args.history!r}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"unifiedamp plot: {args.history!r} is {exc}", file=sys.stderr)
+        return 2
+    if not len(history):
+        print(f"unifiedamp plot: {args.history!r} holds no update", file=sys.stderr)
+        return 2
+    if importlib.util.find_spec("matplotlib") is None:
+        print("unifiedamp plot draws with matplotlib: pip install 'unifiedamp[demo]'",
+              file=sys.stderr)
+        return 2
+    plot_history(history, args.output, title=args.title)
+    print(f"wrote {args.output}: {len(history)} updates (from {history.iterations[0]} to "
+          f"{history.iterations[-1]}), {sum(history.skipped)} skipped, scale "
+          f"{min(history.scales):g} to {max(history.scales):g}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="unifiedamp", description="One dynamic loss scaler for every framework.")
@@ -328,6 +354,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="hypothesis examples per property, at least 1 (default 200)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_conformance)
+    p = sub.add_parser("plot", help="draw a scale history (scaler.history().to_json(PATH)) on "
+                                    "a log axis with skipped steps marked")
+    p.add_argument("history", metavar="HISTORY.json",
+                   help="a file written by ScaleHistory.to_json (unifiedamp.diagnostics)")
+    p.add_argument("-o", "--output", default="scale.png", metavar="IMAGE",
+                   help="where to write the plot (default scale.png; the suffix picks the "
+                        "format: .png, .svg, .pdf)")
+    p.add_argument("--title", default=None, help="the plot's title")
+    p.set_defaults(func=_cmd_plot)
     # Each porting command lives with its code and adds its own subcommand.
     from unifiedamp import demo, port_source, port_state
 

@@ -244,7 +244,7 @@ class ScaleHistory:
     def from_json(cls, text_or_path: str | os.PathLike[str]) -> ScaleHistory:
         """Reads :meth:`to_json`'s output: a JSON string or a file's path."""
         text = str(text_or_path)
-        if not text.lstrip().startswith("{"):
+        if not text.lstrip().startswith(("{", "[")):
             with open(text_or_path, encoding="utf-8") as f:
                 text = f.read()
         try:
@@ -278,6 +278,7 @@ def plot_history(history: ScaleHistory, output: str | os.PathLike[str],
         ax.scatter(*zip(*skips, strict=True), marker="x", color="tab:red", zorder=3,
                    label=f"skipped ({len(skips)})")
     ax.set_yscale("log", base=2)
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("update")
     ax.set_ylabel("loss scale")
     finite = [s for s in history.scales if math.isfinite(s) and s > 0]
