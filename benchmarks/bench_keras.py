@@ -21,8 +21,9 @@ scale 1024, growth interval 2000 for (b)-(d). Two paths per Keras backend:
 Keras picks its backend from KERAS_BACKEND when it is first imported, so each
 backend runs in a child process (this script with --keras-backend X under
 KERAS_BACKEND=X), which prints its figures as JSON; the parent prints one table.
-Within a child the cases run interleaved in a rotating order; medians, the ratios
-c/b (target <= 1.03) and c/a, d/a (target <= 1.10) are printed, ratios only ever
+Within a child the cases run interleaved in a rotating order; medians and the ratios
+c/b (target <= 1.03) and c/a, d/a (target <= 1.10), each the median over rounds of that
+round's ratio (drift between rounds cancels), are printed, ratios only ever
 between runs of one process. After the runs, (b)-(d) must still hold scale 1024
 with every step counted (no step skipped). --policy mixed_float16 gives every
 Dense layer that policy (the model's own policy stays float32, so model.compile
@@ -58,17 +59,18 @@ MARK = "BENCH_KERAS_JSON "
 TARGETS = {"c/b": 1.03, "c/a": 1.10, "d/a": 1.10}
 
 
-def medians(cases: dict[str, Callable[[], list[float]]], repeats: int) -> dict[str, float]:
-    """Median seconds per step of interleaved runs, in a rotating order so that drift and
-    position hit every case alike; each run returns its per-step times; one warm-up each."""
+def rounds(cases: dict[str, Callable[[], list[float]]], repeats: int) -> dict[str, list[float]]:
+    """Per round, each case's median seconds per step: interleaved runs in a rotating order
+    so that drift and position hit every case alike; each run returns its per-step times;
+    one warm-up each."""
     for fn in cases.values():
         fn()
     names = list(cases)
-    times: dict[str, list[float]] = {name: [] for name in names}
+    per_round: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].extend(cases[name]())
-    return {name: statistics.median(t) for name, t in times.items()}
+            per_round[name].append(statistics.median(cases[name]()))
+    return per_round
 
 
 # ------------------------------------------------------------ the child: one Keras backend
@@ -255,8 +257,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         return loop_step(keras, model, opt)(batches, args.epochs)
 
     t0, load = time.perf_counter(), os.getloadavg()[0]
-    med = {"fit": medians({v: fit_case(v) for v in VARIANTS}, args.repeats),
-           "loop": medians({v: loop_case(v) for v in VARIANTS}, args.repeats)}
+    per_round = {"fit": rounds({v: fit_case(v) for v in VARIANTS}, args.repeats),
+                 "loop": rounds({v: loop_case(v) for v in VARIANTS}, args.repeats)}
     states = {path: {v: check_state(v, opt) for v, opt in opts[path].items()} for path in PATHS}
     if args.policy == "float32":
         bad = [f"{path} {v}: {s}" for path in PATHS for v, s in states[path].items()
@@ -277,7 +279,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         version = f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
     n_params = sum(int(np.prod(v.shape)) for v in make_model(keras, "float32").trainable_variables)
     return {"backend": backend, "keras": keras.__version__, "version": version,
-            "fit_jit_compile": all(jit), "params": n_params, "medians": med, "states": states,
+            "fit_jit_compile": all(jit), "params": n_params, "rounds": per_round, "states": states,
             "seconds": time.perf_counter() - t0, "load": [load, os.getloadavg()[0]]}
 
 
@@ -298,9 +300,18 @@ def run_child(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     return json.loads(lines[-1][len(MARK):])
 
 
-def ratios(med: dict[str, float]) -> dict[str, float]:
-    return {"b/a": med[B] / med[A], "c/b": med[C] / med[B], "c/a": med[C] / med[A],
-            "d/b": med[D] / med[B], "d/a": med[D] / med[A]}
+def ratios(per_round: dict[str, list[float]]) -> dict[str, float]:
+    """The median over rounds of each round's ratio: a round's cases ran back to back, so
+    drift between rounds (other load, clock) cancels in the ratio."""
+    def ratio(x: str, y: str) -> float:
+        return statistics.median(p / q for p, q in zip(per_round[x], per_round[y], strict=True))
+
+    return {"b/a": ratio(B, A), "c/b": ratio(C, B), "c/a": ratio(C, A), "d/b": ratio(D, B),
+            "d/a": ratio(D, A)}
+
+
+def medians(per_round: dict[str, list[float]]) -> dict[str, float]:
+    return {name: statistics.median(times) for name, times in per_round.items()}
 
 
 def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -313,8 +324,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     missed = []
     for r in results:
         for path in PATHS:
-            med = r["medians"][path]
-            rat = ratios(med)
+            med, rat = medians(r["rounds"][path]), ratios(r["rounds"][path])
             jit = f", jit_compile={r['fit_jit_compile']}" if path == "fit" else ""
             print(f"{r['backend']} {path}{jit}")
             for v in VARIANTS:
@@ -338,10 +348,11 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         print("|---|---|---|---:|---:|---:|")
         for r in results:
             for path in PATHS:
-                med = r["medians"][path]
+                med, rat = medians(r["rounds"][path]), ratios(r["rounds"][path])
                 for v in VARIANTS:
-                    native = "" if v == A else f"{med[v] / med[B]:.3f}"
-                    plain = "" if v == A else f"{med[v] / med[A]:.3f}"
+                    key = v[0]
+                    native = {A: "", B: "1.000"}.get(v, f"{rat.get(key + '/b', 0):.3f}")
+                    plain = "" if v == A else f"{rat[key + '/a']:.3f}"
                     print(f"| {r['backend']} | {path} | {v} | {med[v] * 1e3:.2f} | "
                           f"{native} | {plain} |")
 
