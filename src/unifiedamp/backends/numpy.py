@@ -9,11 +9,19 @@ optimizer is any object with:
 - ``step()``: applies ``grads`` to ``params``.
 
 :class:`SGD` below is such an optimizer, in a few lines.
+
+After a skipped step, ``scaler.overflow_report()`` names the gradients that held
+inf/NaN: by the names given to ``scaler.watch(...)`` (matched to
+``optimizer.params`` by identity), else ``params[i]``, the index in
+``optimizer.params`` (``optimizers[k].params[i]`` when several optimizers were
+checked in that iteration, ``k`` counting them in the order they were unscaled).
 """
 
 from __future__ import annotations
 
 import enum
+import numbers
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -22,6 +30,7 @@ from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import GradScaler, NoInfChecksError, new_scale_value
 from unifiedamp._tree import tree_map
+from unifiedamp.diagnostics import OverflowReport, ScaleHistory, count_overflow
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __all__ = ["NumpyGradScaler", "SGD"]
@@ -77,6 +86,53 @@ def _as_float_array(x: Any, what: str) -> np.ndarray:
     return a
 
 
+def _diagnostics_options(diagnose: Any, history: Any) -> int:
+    """Validates ``diagnose`` and ``history``; returns the ring size."""
+    if not isinstance(diagnose, bool):
+        raise ValueError(f"diagnose must be True or False, got {diagnose!r}: diagnose=True keeps "
+                         "the overflow report of each skipped step (computed only then)")
+    if (not isinstance(history, numbers.Integral) or isinstance(history, bool)
+            or history < 0):
+        raise ValueError(f"history must be an int >= 0 (how many updates to keep; 0 keeps "
+                         f"none), got {history!r}: pass e.g. history=1000")
+    return int(history)
+
+
+def _watched_pairs(model: Any) -> list[tuple[str, np.ndarray]]:
+    """``(name, array)`` pairs from a model (``named_parameters()``), a dict or an iterable
+    of pairs, every one checked before any is kept."""
+    items = model.named_parameters() if hasattr(model, "named_parameters") else model
+    if isinstance(items, Mapping):
+        items = items.items()
+    try:
+        items = list(items)
+    except TypeError:
+        raise TypeError(f"watch() takes an object with named_parameters(), a dict name -> array "
+                        f"or an iterable of (name, array) pairs, got {type(model).__name__}"
+                        ) from None
+    pairs = []
+    for k, item in enumerate(items):
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], np.ndarray)):
+            raise TypeError(f"watch(): item {k} must be a (name, numpy array) pair with a str "
+                            f"name, got {item!r:.80}")
+        pairs.append(item)
+    return pairs
+
+
+class _LastUpdate:
+    """A skipped update, kept until the next one for ``overflow_report()``."""
+
+    def __init__(self, step: int, scale: float, optimizers: list[Any], loss: Any,
+                 functional_only: bool):
+        self.step = step
+        self.scale = scale
+        self.optimizers = optimizers
+        self.loss = loss
+        self.functional_only = functional_only
+        self.report: OverflowReport | None = None
+
+
 class NumpyGradScaler(GradScaler):
     """A dynamic loss scaler for NumPy training loops, with ``torch.amp.GradScaler``'s verbs.
 
@@ -89,6 +145,11 @@ class NumpyGradScaler(GradScaler):
             warn once (``None``: only warn when the scale drops below float32's
             smallest normal number).
         on_collapse: ``"warn"`` or ``"raise"`` when the scale collapses.
+        diagnose: Compute the :meth:`overflow_report` of every skipped update when it
+            happens (its gradients are still there), so that it survives ``zero_grad()``.
+            Non-skipped updates cost nothing either way.
+        history: Keep the last ``history`` updates' ``(iteration, scale, skipped)`` in a
+            ring, read by :meth:`history` (0: none).
         **kwargs: The other config parameters, by canonical name or alias.
 
     Attributes:
@@ -120,10 +181,14 @@ class NumpyGradScaler(GradScaler):
         *args: Any,
         max_consecutive_skips: int | None = 100,
         on_collapse: str = "warn",
+        diagnose: bool = False,
+        history: int = 0,
         **kwargs: Any,
     ):
+        ring = _diagnostics_options(diagnose, history)
         self._config = spec.config_from_args(
-            args, kwargs, extra_names=("max_consecutive_skips", "on_collapse", "backend")
+            args, kwargs, extra_names=("max_consecutive_skips", "on_collapse", "backend",
+                                       "diagnose", "history")
         )
         self._monitor = CollapseMonitor(max_consecutive_skips, on_collapse)
         self._state = ScalerState.initial(self._config)
@@ -133,6 +198,15 @@ class NumpyGradScaler(GradScaler):
         self._found_inf: dict[int, bool] = {}
         self._functional_found_inf: list[bool] = []
         self._updates = 0
+        # Diagnostics: what overflow_report() needs, kept only until the next update.
+        self._diagnose = diagnose
+        self._watched: dict[int, tuple[str, np.ndarray]] = {}  # id(param) -> (name, param)
+        self._checked: dict[int, Any] = {}  # id -> optimizer unscaled this iteration
+        self._last_output: Any = None  # what scale() was given, when one array or float
+        self._last: _LastUpdate | None = None  # the last update, if it skipped
+        self._ring = (np.zeros(ring, np.int64), np.zeros(ring, np.float32),
+                      np.zeros(ring, bool))
+        self._ring_count = 0
         self.last_step_skipped = False
         self.num_steps = 0
         self.num_skipped_steps = 0
@@ -233,7 +307,11 @@ class NumpyGradScaler(GradScaler):
                 out = (a * factor).astype(a.dtype, copy=False)
             return out if isinstance(x, np.ndarray) else out[()]
 
-        return tree_map(scale_one, outputs)
+        scaled = tree_map(scale_one, outputs)
+        # For overflow_report().loss_finite, read only after a skipped update.
+        single = isinstance(outputs, (np.ndarray, np.generic, float))
+        self._last_output = outputs if single else None
+        return scaled
 
     def _inv_scale(self) -> np.float32:
         # The reciprocal in float64, rounded once: what torch does, so that
@@ -321,6 +399,7 @@ class NumpyGradScaler(GradScaler):
                 np.multiply(g, inv, out=g, casting="same_kind")
         if grads:
             self._found_inf[id(optimizer)] = found_inf
+        self._checked[id(optimizer)] = optimizer
         self._stages[id(optimizer)] = _Stage.UNSCALED
 
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -352,7 +431,9 @@ class NumpyGradScaler(GradScaler):
         """Adapts the scale from every check since the last update, per the spec.
 
         ``new_scale`` (a float or a one-element array, finite and > 0) sets the
-        scale instead, leaving the trackers as they are, as torch does.
+        scale instead, leaving the trackers as they are, as torch does; such a
+        manual set is not counted as an update: it is not recorded in
+        :meth:`history` and leaves :meth:`overflow_report` as it was.
         """
         if not self._config.enabled:
             return
@@ -363,15 +444,163 @@ class NumpyGradScaler(GradScaler):
             if not checks:
                 raise NoInfChecksError("No inf checks were recorded prior to update.")
             found_inf = any(checks)
+            scale = self._state.scale
             self._state = self._next_state(found_inf)
             self._updates += 1
+            self._record(scale, found_inf)
+            self._last = None
+            if found_inf:
+                self._last = _LastUpdate(self._updates, scale, list(self._checked.values()),
+                                         self._last_output,
+                                         not any(self._found_inf.values()))
+                if self._diagnose:
+                    self._last.report = self._compute_report(self._last, at_update=True)
         self._stages.clear()
         self._found_inf.clear()
         self._functional_found_inf.clear()
+        self._checked.clear()
+        self._last_output = None
         if new_scale is None:
-            self._monitor.observe(self._updates, self._state.scale, found_inf)
+            self._monitor.observe(self._updates, self._state.scale, found_inf,
+                                  detail=self._collapse_detail if found_inf else None)
+
+    # ------------------------------------------------------------ diagnostics
+
+    def watch(self, model: Any) -> None:
+        """Names the parameters in :meth:`overflow_report`.
+
+        ``model`` is an object with ``named_parameters()``, a dict ``name -> array`` or an
+        iterable of ``(name, array)`` pairs; the arrays are matched to the optimizer's
+        ``params`` by identity (the same array objects, not copies or views). Calls add
+        up (a later name for the same array wins); every pair is checked before any is
+        kept. A copy of the scaler (``copy.deepcopy``) forgets the names: watch again.
+        Unwatched parameters are named ``params[i]``.
+
+        Example:
+            >>> import numpy as np
+            >>> w, b = np.ones(2, np.float32), np.zeros(1, np.float32)
+            >>> scaler, opt = NumpyGradScaler(8.0), SGD([w, b])
+            >>> scaler.watch({"w": w, "b": b})
+            >>> opt.grads = [np.array([np.inf, 8], np.float32), np.zeros(1, np.float32)]
+            >>> scaler.step(opt); scaler.update()
+            >>> scaler.overflow_report().names
+            ['w']
+        """
+        pairs = _watched_pairs(model)
+        self._watched.update((id(array), (name, array)) for name, array in pairs)
+
+    def overflow_report(self) -> OverflowReport | None:
+        """Which gradients held inf/NaN at the last update, if it skipped; else None.
+
+        With ``diagnose=True`` the report was computed during that ``update()``. Without,
+        it is computed now (once, then kept), from the gradients of the optimizers checked
+        in that iteration as they are now: after ``zero_grad()`` they are gone, and the
+        report lists none and says so. ``max_finite`` is of the unscaled gradient.
+        ``loss_finite`` is whether the one array (or float) given to ``scale()`` that
+        iteration was finite (None when ``scale()`` got a container or was not called).
+
+        Example:
+            >>> import numpy as np
+            >>> scaler, opt = NumpyGradScaler(4.0), SGD([np.ones(3, np.float32)])
+            >>> loss = scaler.scale(np.float32(0.5))
+            >>> opt.grads = [np.array([8.0, np.nan, -np.inf], np.float32)]
+            >>> scaler.step(opt); scaler.update()
+            >>> print(scaler.overflow_report())  # doctest: +NORMALIZE_WHITESPACE
+            Step 1 was skipped at scale 4: 1 of 1 gradients held inf/NaN.
+              params[0] (3,): 1 inf, 1 NaN, largest finite |g| 2
+            The loss was finite before scaling: the scaled gradients overflowed float16 and
+            the scaler backs off, as designed.
+        """
+        if self._last is None:
+            return None
+        if self._last.report is None:
+            self._last.report = self._compute_report(self._last, at_update=False)
+        return self._last.report
+
+    def history(self) -> ScaleHistory:
+        """The last ``history`` updates (oldest first): iteration (counted from 1), the scale
+        that iteration used (before the update changed it), and whether it skipped.
+
+        Raises:
+            ValueError: The scaler was built with ``history=0`` (the default).
+
+        Example:
+            >>> import numpy as np
+            >>> scaler, opt = NumpyGradScaler(4.0, history=2), SGD([np.ones(1, np.float32)])
+            >>> for g in (1.0, np.inf, 1.0):
+            ...     opt.grads = [np.array([g], np.float32)]
+            ...     scaler.step(opt); scaler.update()
+            >>> scaler.history().as_list()
+            [(2, 4.0, True), (3, 2.0, False)]
+        """
+        iterations, scales, skipped = self._ring
+        if not len(scales):
+            raise ValueError("this scaler keeps no history: build it with history=N (e.g. "
+                             "history=1000) to keep the last N updates")
+        return ScaleHistory.from_ring(iterations, scales, skipped, self._ring_count)
+
+    def _record(self, scale: float, skipped: bool) -> None:
+        iterations, scales, flags = self._ring
+        if len(scales):
+            slot = self._ring_count % len(scales)
+            iterations[slot], scales[slot], flags[slot] = self._updates, scale, skipped
+            self._ring_count += 1
+
+    def _collapse_detail(self) -> str:
+        # Called by the monitor inside update(), only when it reports a collapse:
+        # the gradients of the skipped update are still there.
+        report = self.overflow_report()
+        if report is None:
+            return ""
+        return f"Last overflow: {report.summary()}. {report.cause()}".rstrip()
+
+    def _compute_report(self, last: _LastUpdate, at_update: bool) -> OverflowReport:
+        watched = self._watched
+        prefix = len(last.optimizers) > 1
+        overflows = []
+        checked = 0
+        for k, optimizer in enumerate(last.optimizers):
+            for i, (param, grad) in enumerate(zip(optimizer.params, optimizer.grads,
+                                                  strict=False)):
+                if grad is None:
+                    continue
+                checked += 1
+                entry = watched.get(id(param))
+                if entry is not None and entry[1] is param:
+                    name = entry[0]
+                else:
+                    name = f"optimizers[{k}].params[{i}]" if prefix else f"params[{i}]"
+                # One pass over a finite gradient; only a non-finite one is counted.
+                overflow = count_overflow(name, grad)
+                if overflow is not None:
+                    overflows.append(overflow)
+        loss_finite = (None if last.loss is None
+                       else bool(np.isfinite(np.asarray(last.loss)).all()))
+        note = _report_note(last, bool(overflows), checked, at_update)
+        return OverflowReport(last.step, last.scale, overflows, checked, loss_finite, note)
 
     def _next_state(self, found_inf: bool) -> ScalerState:
         # The one place the rule is applied, so that a variant (or a deliberately
         # broken scaler in the conformance meta-tests) changes only this.
         return spec.update(self._config, self._state, found_inf)
+
+
+def _report_note(last: _LastUpdate, named: bool, checked: int, at_update: bool) -> str:
+    """What the report's list alone does not say: why it names no gradient, or why it
+    names them all."""
+    if spec.unscale_overflows(last.scale):
+        return (f"The scale {last.scale:g} is so small that 1/scale overflows float32: every "
+                "check finds inf and every unscaled gradient is inf/NaN, whatever the "
+                "gradients were (set min_scale to keep a floor).")
+    if named:
+        return ""
+    if last.functional_only:
+        return ("The inf/NaN was found by the functional unscale(grads), whose arrays the "
+                "report does not see.")
+    if at_update:
+        return ""
+    if not checked:
+        return ("The gradients were cleared (zero_grad) before overflow_report() was called: "
+                "build the scaler with diagnose=True to keep the report of each skipped step.")
+    return ("No gradient holds inf/NaN any more: they changed after the skipped update. Build "
+            "the scaler with diagnose=True to keep the report of each skipped step.")

@@ -16,13 +16,24 @@ subclass keeps its class, names and verbs and replaces its behaviour:
   scale is a float32 value, the trackers are ints): ``step()`` must read the
   flag on the host anyway to decide whether to call ``optimizer.step()``, as
   Paddle's optimizers do, so keeping the rule there costs no extra sync.
+
+After a skipped step, ``scaler.overflow_report()`` names the gradients that held
+inf/NaN: by ``scaler.watch(model)``'s names (``model.named_parameters()``, matched
+by identity), else ``param_groups[g][i]``: ``g`` the group, ``i`` the index in it,
+in the order of ``optimizer._param_groups`` (an optimizer built from a plain list
+of parameters has one group, ``param_groups[0][i]``); ``optimizers[k].`` is put in
+front when several optimizers were checked in that iteration (``k`` in the order
+they were unscaled). ``history=N`` keeps the last N updates in tensors on the
+scaler's place, written with device ops.
 """
 
 from __future__ import annotations
 
 import functools
+import numbers
 import warnings
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -40,12 +51,13 @@ from unifiedamp._scaler import (
     new_scale_value,
 )
 from unifiedamp._tree import leaves, tree_map
+from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __all__ = ["PaddleGradScaler", "paddle_expressible"]
 
 _EXTRA_NAMES = ("device", "process_group", "distributed", "max_consecutive_skips",
-                "on_collapse", "backend")
+                "on_collapse", "backend", "diagnose", "history")
 
 # Paddle's CPU kernel check_finite_and_unscale_ takes float32 and float64
 # gradients only (3.3.1), and for float64 it divides by a float64 scale, not by
@@ -91,14 +103,103 @@ def _place(device: Any) -> Any:
 
 
 def _params_of(optimizer: Any) -> list[Any]:
+    return [param for _, param in _indexed_params_of(optimizer)]
+
+
+def _indexed_params_of(optimizer: Any) -> list[tuple[str, Any]]:
+    """``(param_groups[g][i], parameter)`` for every parameter, in the optimizer's order."""
     groups = getattr(optimizer, "_param_groups", None)
     if groups is None:
         raise TypeError(f"optimizer must be a paddle.optimizer.Optimizer, got "
                         f"{type(optimizer).__name__}")
     params = []
-    for group in groups:
-        params.extend(group["params"] if isinstance(group, dict) else [group])
+    for g, group in enumerate(groups):
+        if isinstance(group, dict):
+            params.extend((f"param_groups[{g}][{i}]", p) for i, p in enumerate(group["params"]))
+        else:  # built from a list of parameters: one group
+            params.append((f"param_groups[0][{len(params)}]", group))
     return params
+
+
+def _dense(grad: Any) -> Any:
+    # A sparse gradient (Embedding(sparse=True)) is SelectedRows, which the dense
+    # kernels misread (garbage dimensions, paddle 3.3.1); its values tensor shares
+    # the gradient's storage.
+    return grad._get_tensor_from_selected_rows() if grad.is_selected_rows() else grad
+
+
+def _diagnostics_options(diagnose: Any, history: Any) -> int:
+    """Validates ``diagnose`` and ``history``; returns the ring size."""
+    if not isinstance(diagnose, bool):
+        raise ValueError(f"diagnose must be True or False, got {diagnose!r}: diagnose=True keeps "
+                         "the overflow report of each skipped step (computed only then)")
+    if (not isinstance(history, numbers.Integral) or isinstance(history, bool)
+            or history < 0):
+        raise ValueError(f"history must be an int >= 0 (how many updates to keep; 0 keeps "
+                         f"none), got {history!r}: pass e.g. history=1000")
+    return int(history)
+
+
+def _watched_pairs(model: Any) -> list[tuple[str, Any]]:
+    """``(name, parameter)`` pairs from a model (``named_parameters()``), a dict or an
+    iterable of pairs, every one checked before any is kept."""
+    items = model.named_parameters() if hasattr(model, "named_parameters") else model
+    if isinstance(items, Mapping):
+        items = items.items()
+    try:
+        items = list(items)
+    except TypeError:
+        raise TypeError(f"watch() takes a paddle.nn.Layer (named_parameters()), a dict name -> "
+                        f"parameter or an iterable of (name, parameter) pairs, got "
+                        f"{type(model).__name__}") from None
+    for k, item in enumerate(items):
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], paddle.Tensor)):
+            raise TypeError(f"watch(): item {k} must be a (name, paddle.Tensor) pair with a str "
+                            f"name, got {item!r:.80}")
+    return items
+
+
+def _wide(tensor: Any) -> Any:
+    # Paddle's CPU kernels lack float16/bfloat16 for abs and friends (3.3.1).
+    if tensor.dtype in (paddle.float32, paddle.float64):
+        return tensor
+    return tensor.astype(paddle.float32)
+
+
+def _nonfinite(grads: list[Any]) -> list[bool]:
+    """Which gradients hold inf/NaN: one finite check each, one host read for all."""
+    if not grads:
+        return []
+    flags = paddle.stack([paddle.isfinite(_wide(g)).all() for g in grads])
+    return [not bool(f) for f in flags.numpy()]
+
+
+def _counts(grad: Any) -> tuple[tuple[int, ...], int, int, float]:
+    """``(shape, inf, nan, largest finite |g|)`` of a gradient, in one host read."""
+    g = _wide(grad)
+    finite = paddle.isfinite(g)
+    largest = paddle.where(finite, g.abs(), paddle.zeros_like(g)).max()
+    inf, nan, largest = paddle.stack([
+        paddle.isinf(g).sum().astype(paddle.float64), paddle.isnan(g).sum().astype(paddle.float64),
+        largest.astype(paddle.float64)]).numpy().tolist()
+    return tuple(grad.shape), int(inf), int(nan), largest
+
+
+class _LastUpdate:
+    """A skipped update, kept until the next one for ``overflow_report()``."""
+
+    def __init__(self, step: int, scale: float, optimizers: list[Any], loss: Any,
+                 functional_only: bool, distributed: bool,
+                 prechecked: dict[int, dict[int, tuple[Any, ...]]]):
+        self.step = step
+        self.scale = scale
+        self.optimizers = optimizers
+        self.loss = loss
+        self.functional_only = functional_only
+        self.distributed = distributed
+        self.prechecked = prechecked
+        self.report: OverflowReport | None = None
 
 
 class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
@@ -122,6 +223,13 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         max_consecutive_skips: Warn once after this many skipped iterations in a
             row (``None``: only when the scale drops below float32's smallest normal).
         on_collapse: ``"warn"`` or ``"raise"``.
+        diagnose: Compute the :meth:`overflow_report` of every skipped update when it
+            happens, so that it survives ``clear_grad()``. Free on GPU. On a CPU place it
+            adds one finite check of the float32 gradients per ``unscale_``: Paddle's
+            CPU kernel multiplies the gradients by 0 when it finds inf/NaN (an inf
+            becomes NaN), so their counts are taken before it runs.
+        history: Keep the last ``history`` updates' ``(iteration, scale, skipped)`` in a
+            ring, read by :meth:`history` (0: none).
         **kwargs: The other config parameters, by canonical name or alias (Paddle's
             ``init_loss_scaling``, ``incr_ratio``, ``decr_ratio``, ``incr_every_n_steps``,
             ``decr_every_n_nan_or_inf``, ``enable``, ``use_dynamic_loss_scaling``).
@@ -156,8 +264,11 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         distributed: bool | None = None,
         max_consecutive_skips: int | None = 100,
         on_collapse: str = "warn",
+        diagnose: bool = False,
+        history: int = 0,
         **kwargs: Any,
     ):
+        ring = _diagnostics_options(diagnose, history)
         if args and isinstance(args[0], bool):
             raise TypeError(
                 f"the first positional argument is init_scale (the spec's order), got "
@@ -187,6 +298,18 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         self._scale_called = False
         self._bf16_warned = False
         self._updates = 0
+        # Diagnostics: what overflow_report() needs, kept only until the next update.
+        self._diagnose = diagnose
+        self._watched: dict[int, tuple[str, Any]] = {}  # id(param) -> (name, param)
+        self._checked: dict[int, Any] = {}  # id -> optimizer unscaled this iteration
+        # id(optimizer) -> {parameter index: counts} taken before the CPU kernel ran
+        self._prechecked: dict[int, dict[int, tuple[Any, ...]]] = {}
+        self._last_output: Any = None  # the tensor given to scale(), when one
+        self._last: _LastUpdate | None = None  # the last update, if it skipped
+        self._ring_iterations = np.zeros(ring, np.int64)  # the host counts updates
+        self._ring_scales = paddle.to_tensor(np.zeros(ring, np.float32), place=place)
+        self._ring_skipped = paddle.to_tensor(np.zeros(ring, bool), place=place)
+        self._ring_count = 0
         self.last_step_skipped = False
         self.num_steps = 0
         self.num_skipped_steps = 0
@@ -206,15 +329,33 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         d["_factors"] = {}
         d["_optimizer_states"] = None
         d["_functional_found_inf"] = []
+        # Diagnostics: the ring goes as arrays, the last report as a report; watch()
+        # names, optimizers and gradients do not (a copy forgets watch()).
+        d["_ring_scales"] = self._ring_scales.numpy()
+        d["_ring_skipped"] = self._ring_skipped.numpy()
+        d["_watched"], d["_checked"], d["_prechecked"], d["_last_output"] = {}, {}, {}, None
+        if self._last is not None:  # the copy gets the report, read from the gradients now
+            last = _LastUpdate(self._last.step, self._last.scale, [], None,
+                               self._last.functional_only, self._last.distributed, {})
+            last.report = self.overflow_report()
+            d["_last"] = last
         return d
 
     def __setstate__(self, d: dict[str, Any]) -> None:
+        # A scaler pickled before the diagnostics existed has none of them.
+        self.__dict__.update({"_diagnose": False, "_watched": {}, "_checked": {},
+                              "_prechecked": {}, "_last_output": None, "_last": None,
+                              "_ring_iterations": np.zeros(0, np.int64), "_ring_count": 0,
+                              "_ring_scales": np.zeros(0, np.float32),
+                              "_ring_skipped": np.zeros(0, bool)})
         self.__dict__.update(d)
         place = d["_place"]
         self._place = _place(place[len("Place("):-1] if place.startswith("Place(") else place)
         self._scale = paddle.to_tensor(np.array([self._state.scale], np.float32),
                                        place=self._place)
         self._optimizer_states = defaultdict(_refresh_optimizer_state)
+        self._ring_scales = paddle.to_tensor(self._ring_scales, place=self._place)
+        self._ring_skipped = paddle.to_tensor(self._ring_skipped, place=self._place)
 
     def _sync_paddle_attributes(self) -> None:
         # Paddle's own attribute names, for code and tools that read them.
@@ -394,7 +535,10 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         self._scale_called = True
         if not self._bf16_warned:
             self._warn_if_bf16(var)
-        return tree_map(self._scale_one, var)
+        scaled = tree_map(self._scale_one, var)
+        # For overflow_report().loss_finite, read only after a skipped update.
+        self._last_output = var if isinstance(var, paddle.Tensor) else None
+        return scaled
 
     def _scale_one(self, tensor: Any) -> Any:
         if not isinstance(tensor, paddle.Tensor):
@@ -462,12 +606,14 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
                 "unscale_() has already been called on this optimizer since the last update().")
         if state["state"] is OptimizerState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        grads = [p.grad for p in _params_of(optimizer) if p.grad is not None]
-        # A sparse gradient (Embedding(sparse=True)) is SelectedRows, which the dense
-        # kernel misreads (garbage dimensions, paddle 3.3.1); its values tensor shares
-        # the gradient's storage, so unscaling it in place unscales the gradient.
-        grads = [g._get_tensor_from_selected_rows() if g.is_selected_rows() else g
-                 for g in grads]
+        # A sparse gradient's values tensor shares its storage (_dense), so unscaling
+        # it in place unscales the gradient.
+        indexed = [(k, _dense(p.grad)) for k, p in enumerate(_params_of(optimizer))
+                   if p.grad is not None]
+        grads = [g for _, g in indexed]
+        if self._diagnose:
+            self._prechecked[id(optimizer)] = self._precheck(indexed)
+        self._checked[id(optimizer)] = optimizer
         found = self._check_and_unscale(grads) if grads else None
         if self._across_ranks():
             found = self._agree_across_ranks(found)
@@ -565,10 +711,13 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         """Adapts the scale from every check since the last update, per the spec.
 
         ``new_scale`` (a float, a 1-element array or tensor; finite and > 0) sets the
-        scale instead, leaving the trackers, as torch does.
+        scale instead, leaving the trackers, as torch does; such a manual set is not
+        counted as an update: it is not recorded in :meth:`history` and leaves
+        :meth:`overflow_report` as it was.
         """
         if not self._config.enabled:
             return
+        found_inf = False
         if new_scale is not None:
             if isinstance(new_scale, paddle.Tensor):
                 if new_scale.size != 1 or not paddle.is_floating_point(new_scale):
@@ -577,21 +726,189 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
                 new_scale = float(new_scale.item())
             self._set_state(self._state._replace(scale=new_scale_value(new_scale)))
         else:
-            checks = [s["found_inf"] for s in self._optimizer_states.values() if "found_inf" in s]
-            checks += self._functional_found_inf
+            optimizer_checks = [s["found_inf"] for s in self._optimizer_states.values()
+                                if "found_inf" in s]
+            checks = optimizer_checks + self._functional_found_inf
             if not checks:
                 raise NoInfChecksError("No inf checks were recorded prior to update.")
             found_inf = any(bool(flag) for flag in checks)
             self._cache_found_inf = found_inf
+            scale = self._state.scale
             self._set_state(spec.update(self._config, self._state, found_inf))
             self._updates += 1
-            self._monitor.observe(self._updates, self._state.scale, found_inf)
+            self._record(scale, found_inf)
+            self._last = None
+            if found_inf:
+                self._last = _LastUpdate(
+                    self._updates, scale, list(self._checked.values()), self._last_output,
+                    not any(bool(flag) for flag in optimizer_checks), self._across_ranks(),
+                    self._prechecked)
+                if self._diagnose:
+                    self._last.report = self._compute_report(self._last, at_update=True)
         self._optimizer_states = defaultdict(_refresh_optimizer_state)
         self._functional_found_inf = []
+        self._checked, self._prechecked, self._last_output = {}, {}, None
+        if new_scale is None:
+            # After the update is applied: on_collapse="raise" leaves a consistent scaler.
+            self._monitor.observe(self._updates, self._state.scale, found_inf,
+                                  detail=self._collapse_detail if found_inf else None)
 
     def _update(self) -> None:
         # The name paddle.amp.GradScaler's own code calls after a step.
         self.update()
+
+    # ------------------------------------------------------------ diagnostics
+
+    def watch(self, model: Any) -> None:
+        """Names the parameters in :meth:`overflow_report`.
+
+        ``model`` is a ``paddle.nn.Layer`` (its ``named_parameters()``), a dict ``name ->
+        parameter`` or an iterable of ``(name, parameter)`` pairs, matched to the
+        optimizer's parameters by identity. Calls add up (a later name for the same
+        parameter wins); every pair is checked before any is kept. A copy of the scaler
+        (``copy.deepcopy``, pickle) forgets the names: watch again. Unwatched parameters
+        are named ``param_groups[g][i]``.
+
+        Example:
+            >>> import paddle
+            >>> model = paddle.nn.Linear(2, 1)
+            >>> opt = paddle.optimizer.SGD(parameters=model.parameters())
+            >>> scaler = PaddleGradScaler(8.0)
+            >>> scaler.watch(model)
+            >>> x = paddle.to_tensor([[float("inf"), 1.0]])  # d(out)/d(weight) = x
+            >>> scaler.scale(model(x).sum()).backward()
+            >>> scaler.step(opt); scaler.update()
+            >>> scaler.overflow_report().names
+            ['weight']
+        """
+        pairs = _watched_pairs(model)
+        self._watched.update((id(param), (name, param)) for name, param in pairs)
+
+    def overflow_report(self) -> OverflowReport | None:
+        """Which gradients held inf/NaN at the last update, if it skipped; else None.
+
+        With ``diagnose=True`` the report was computed during that ``update()``. Without,
+        it is computed now (once, then kept) from the gradients of the optimizers checked
+        in that iteration as they are now: ``clear_grad()`` zeroes or removes them, and
+        the report then lists none and says so; on a CPU place Paddle's kernel has already
+        multiplied a checked float32 gradient by 0 (an inf reads as NaN, the largest finite
+        value as 0: the names are right, and the note says so). ``max_finite`` is of the
+        unscaled gradient. ``loss_finite`` is whether the one tensor given to ``scale()``
+        that iteration was finite (None when it got a container).
+
+        Example:
+            >>> import paddle
+            >>> model = paddle.nn.Linear(2, 1)
+            >>> opt = paddle.optimizer.SGD(parameters=model.parameters())
+            >>> scaler = PaddleGradScaler(8.0, diagnose=True)
+            >>> x = paddle.to_tensor([[float("nan"), 1.0]])  # d(out)/d(weight) = x
+            >>> scaler.scale(model(x).sum()).backward()
+            >>> scaler.step(opt); scaler.update(); opt.clear_grad()
+            >>> print(scaler.overflow_report())  # doctest: +NORMALIZE_WHITESPACE
+            Step 1 was skipped at scale 8: 1 of 2 gradients held inf/NaN.
+              param_groups[0][0] (2, 1): 0 inf, 1 NaN, largest finite |g| 1
+            The loss itself was inf/NaN before scaling: the model, not the scale, is the
+            problem; lower the learning rate, train in bfloat16 (no loss scaling needed), or
+            clip the gradients after unscaling them (scaler.unscale_(optimizer), then
+            clip_grad_norm_).
+        """
+        if self._last is None:
+            return None
+        if self._last.report is None:
+            self._last.report = self._compute_report(self._last, at_update=False)
+        return self._last.report
+
+    def history(self) -> ScaleHistory:
+        """The last ``history`` updates (oldest first): iteration (counted from 1), the scale
+        that iteration used (before the update changed it), and whether it skipped.
+
+        The ring lives on the scaler's place, written by device ops at each update;
+        this reads it.
+
+        Raises:
+            ValueError: The scaler was built with ``history=0`` (the default).
+
+        Example:
+            >>> import paddle
+            >>> model = paddle.nn.Linear(2, 1)
+            >>> opt = paddle.optimizer.SGD(parameters=model.parameters())
+            >>> scaler = PaddleGradScaler(8.0, history=2)
+            >>> for poison in (1.0, float("inf"), 1.0):
+            ...     scaler.scale(model(paddle.full([1, 2], poison)).sum()).backward()
+            ...     scaler.step(opt); scaler.update(); opt.clear_grad()
+            >>> scaler.history().as_list()
+            [(2, 8.0, True), (3, 4.0, False)]
+        """
+        if not len(self._ring_iterations):
+            raise ValueError("this scaler keeps no history: build it with history=N (e.g. "
+                             "history=1000) to keep the last N updates")
+        return ScaleHistory.from_ring(self._ring_iterations, self._ring_scales.numpy(),
+                                      self._ring_skipped.numpy(), self._ring_count)
+
+    def _record(self, scale: float, skipped: bool) -> None:
+        size = len(self._ring_iterations)
+        if size:
+            # set_value ops on the scaler's place: values from the host, no read back.
+            slot = self._ring_count % size
+            self._ring_iterations[slot] = self._updates
+            self._ring_scales[slot] = scale
+            self._ring_skipped[slot] = skipped
+            self._ring_count += 1
+
+    def _precheck(self, indexed: list[tuple[int, Any]]) -> dict[int, tuple[Any, ...]]:
+        """The counts of the float32 gradients on a CPU place that hold inf/NaN, taken
+        before Paddle's CPU kernel multiplies them by 0 (parameter index -> counts); on
+        other places the kernel leaves them readable and this checks nothing."""
+        cpu = [(k, g) for k, g in indexed
+               if g.dtype in _KERNEL_DTYPES and g.place.is_cpu_place()]
+        bad = _nonfinite([g for _, g in cpu])
+        # Counted as the kernel would have stored them: unscaled.
+        return {k: _counts(self._multiply(g, reciprocal=True))
+                for (k, g), b in zip(cpu, bad, strict=True) if b}
+
+    def _collapse_detail(self) -> str:
+        # Called by the monitor inside update(), only when it reports a collapse:
+        # the gradients of the skipped update are still there.
+        report = self.overflow_report()
+        if report is None:
+            return ""
+        return f"Last overflow: {report.summary()}. {report.cause()}".rstrip()
+
+    def _compute_report(self, last: _LastUpdate, at_update: bool) -> OverflowReport:
+        watched = self._watched
+        prefix = len(last.optimizers) > 1
+        found: dict[int, GradientOverflow] = {}  # position among the checked -> overflow
+        todo = []  # (position, name, gradient) to check now
+        zeroed = False  # a CPU float32 gradient, multiplied by 0 by the kernel
+        position = 0
+        for k, optimizer in enumerate(last.optimizers):
+            prechecked = last.prechecked.get(id(optimizer))
+            for index, (fallback, param) in enumerate(_indexed_params_of(optimizer)):
+                if param.grad is None:
+                    continue
+                entry = watched.get(id(param))
+                if entry is not None and entry[1] is param:
+                    name = entry[0]
+                else:
+                    name = f"optimizers[{k}].{fallback}" if prefix else fallback
+                grad = _dense(param.grad)
+                if (prechecked is not None and grad.dtype in _KERNEL_DTYPES
+                        and grad.place.is_cpu_place()):
+                    if index in prechecked:
+                        found[position] = GradientOverflow(name, *prechecked[index])
+                else:
+                    todo.append((position, name, grad))
+                position += 1
+        for (pos, name, grad), bad in zip(todo, _nonfinite([g for _, _, g in todo]),
+                                          strict=True):
+            if bad:
+                found[pos] = GradientOverflow(name, *_counts(grad))
+                zeroed = zeroed or (grad.dtype in _KERNEL_DTYPES and grad.place.is_cpu_place())
+        overflows = [found[pos] for pos in sorted(found)]
+        loss_finite = (None if last.loss is None
+                       else bool(paddle.isfinite(_wide(last.loss)).all()))
+        note = _report_note(last, bool(overflows), position, at_update, zeroed)
+        return OverflowReport(last.step, last.scale, overflows, position, loss_finite, note)
 
     # ------------------------------------------------------------ tooling
 
@@ -600,3 +917,32 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         """``cpu`` and every GPU Paddle sees."""
         count = paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
         return ["cpu"] + [f"gpu:{i}" for i in range(count)]
+
+
+def _report_note(last: _LastUpdate, named: bool, checked: int, at_update: bool,
+                 zeroed: bool) -> str:
+    """What the report's list alone does not say: why it names no gradient, why it
+    names them all, or why its counts are not the gradients'."""
+    if spec.unscale_overflows(last.scale):
+        return (f"The scale {last.scale:g} is so small that 1/scale overflows float32: every "
+                "check finds inf and every unscaled gradient is inf/NaN, whatever the "
+                "gradients were (set min_scale to keep a floor).")
+    if zeroed:
+        return ("Paddle's CPU kernel multiplied these float32 gradients by 0 when it found "
+                "inf/NaN, so an inf reads as NaN and the largest finite value as 0: the names "
+                "are right; build the scaler with diagnose=True for the counts.")
+    if named:
+        return ""
+    if last.functional_only:
+        return ("The inf/NaN was found by the functional unscale(grads), whose tensors the "
+                "report does not see.")
+    if last.distributed:
+        return ("found_inf is agreed across ranks: another rank's gradients held the inf/NaN.")
+    if at_update:
+        return ""
+    if not checked:
+        return ("The gradients were cleared (clear_grad) before overflow_report() was called: "
+                "build the scaler with diagnose=True to keep the report of each skipped step.")
+    return ("No gradient holds inf/NaN any more: they changed after the skipped update "
+            "(clear_grad() zeroes them). Build the scaler with diagnose=True to keep the "
+            "report of each skipped step.")

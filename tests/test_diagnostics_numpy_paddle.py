@@ -1,0 +1,614 @@
+"""Diagnostics of the NumPy and Paddle scalers: overflow_report(), watch(), history() and
+the collapse warning's detail (docs/diagnostics.md).
+
+Each test injects inf/NaN into one named parameter's gradient of a real training step
+(hand-written backprop for NumPy, Paddle's autodiff for Paddle) and checks the report
+against NumPy on the same gradient. paddle is imported only inside the Paddle tests
+(``framework("paddle")`` orders them before tensorflow's: importing paddle after
+tensorflow segfaults, tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+
+import unifiedamp as ua
+from unifiedamp import spec
+from unifiedamp.backends.numpy import SGD, NumpyGradScaler
+from unifiedamp.diagnostics import FIXES, count_overflow
+
+INF, NAN = float("inf"), float("nan")
+on_paddle = pytest.mark.framework("paddle")
+
+
+def expected_overflow(grad: np.ndarray) -> tuple[int, int, float]:
+    """(inf, nan, largest finite |g|) by plain NumPy, independently of count_overflow."""
+    finite = np.isfinite(grad)
+    largest = float(np.abs(grad[finite]).max()) if finite.any() else 0.0
+    return int(np.isinf(grad).sum()), int(np.isnan(grad).sum()), largest
+
+
+def batch(seed=1, poison=None, n_in=4, n_out=3):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((6, n_in)).astype(np.float32)
+    y = rng.standard_normal((6, n_out)).astype(np.float32)
+    if poison is not None:  # in the target: relu would drop a NaN input (paddle's does)
+        y[0, 0] = poison
+    return x, y
+
+
+# ------------------------------------------------------------ NumPy: a tiny MLP, by hand
+
+
+class NumpyMLP:
+    """relu(x @ fc1.weight + fc1.bias) @ fc2.weight, with its backprop written out."""
+
+    def __init__(self, seed=0):
+        rng = np.random.default_rng(seed)
+        self.w1 = (rng.standard_normal((4, 8)) * 0.5).astype(np.float32)
+        self.b1 = np.zeros(8, np.float32)
+        self.w2 = (rng.standard_normal((8, 3)) * 0.5).astype(np.float32)
+
+    def named_parameters(self):
+        return iter([("fc1.weight", self.w1), ("fc1.bias", self.b1), ("fc2.weight", self.w2)])
+
+    def params(self):
+        return [self.w1, self.b1, self.w2]
+
+    def loss_and_grads(self, x, y, scale):
+        """mean((out - y)^2) and the gradients of ``loss * scale`` (float32)."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            pre = x @ self.w1 + self.b1
+            h = np.maximum(pre, 0)
+            out = h @ self.w2
+            loss = np.float32(np.mean((out - y) ** 2))
+            d_out = (np.float32(2 * scale / out.size) * (out - y)).astype(np.float32)
+            d_h = (d_out @ self.w2.T) * (pre > 0)
+            return loss, [x.T @ d_h, d_h.sum(0), h.T @ d_out]
+
+
+NUMPY_INDEX = {"fc1.weight": 0, "fc1.bias": 1, "fc2.weight": 2}
+
+
+def numpy_iteration(scaler, model, opt, seed=1, poison_input=None, inject=None):
+    """One step: scale(loss), backprop of the scaled loss, an optional injection
+    ``(name, index, value)`` into that gradient, step, update. Returns the scaled
+    gradients as step() saw them."""
+    loss, grads = model.loss_and_grads(*batch(seed, poison_input), scaler.get_scale())
+    scaler.scale(loss)
+    if inject is not None:
+        name, index, value = inject
+        grads[NUMPY_INDEX[name]][index] = value
+    opt.grads = grads
+    seen = [g.copy() for g in grads]
+    scaler.step(opt)
+    scaler.update()
+    return seen
+
+
+def numpy_setup(**options):
+    model = NumpyMLP()
+    opt = SGD(model.params(), lr=0.05, momentum=0.9)
+    return ua.GradScaler(1024.0, backend="numpy", **options), model, opt
+
+
+@pytest.mark.parametrize("value", [INF, -INF, NAN])
+@pytest.mark.parametrize("diagnose", [True, False])
+def test_numpy_report_names_exactly_the_poisoned_parameter(value, diagnose):
+    scaler, model, opt = numpy_setup(diagnose=diagnose)
+    scaler.watch(model)
+    numpy_iteration(scaler, model, opt)
+    assert scaler.overflow_report() is None  # a step that was not skipped
+    seen = numpy_iteration(scaler, model, opt, inject=("fc2.weight", (0, 1), value))
+    assert scaler.last_step_skipped
+    report = scaler.overflow_report()
+    assert report.names == ["fc2.weight"]
+    (overflow,) = report.overflows
+    unscaled = seen[2] * np.float32(1 / 1024.0)  # what unscale_ left in opt.grads
+    assert (overflow.inf, overflow.nan, overflow.max_finite) == expected_overflow(unscaled)
+    assert (overflow.inf, overflow.nan) == ((0, 1) if np.isnan(value) else (1, 0))
+    assert overflow.max_finite > 0 and overflow.shape == (8, 3)
+    assert (report.step, report.scale, report.checked) == (2, 1024.0, 3)
+    assert report.loss_finite is True and report.note == ""
+    assert scaler.overflow_report() is report  # computed once, kept
+    numpy_iteration(scaler, model, opt, seed=2)
+    assert scaler.overflow_report() is None  # the last update did not skip
+
+
+def test_numpy_unwatched_names_are_optimizer_indices_and_watch_takes_pairs_and_dicts():
+    scaler, model, opt = numpy_setup()
+    numpy_iteration(scaler, model, opt, inject=("fc1.bias", 3, NAN))
+    assert scaler.overflow_report().names == ["params[1]"]
+    for how in (lambda m: list(m.named_parameters()), lambda m: dict(m.named_parameters()),
+                lambda m: m):
+        scaler, model, opt = numpy_setup()
+        scaler.watch(how(model))
+        numpy_iteration(scaler, model, opt, inject=("fc1.bias", 3, NAN))
+        assert scaler.overflow_report().names == ["fc1.bias"]
+    # by identity: a copy of an array is not the optimizer's parameter
+    scaler, model, opt = numpy_setup()
+    scaler.watch({"fc1.bias": model.b1.copy(), "fc2.weight": model.w2})
+    numpy_iteration(scaler, model, opt, inject=("fc1.bias", 3, NAN))
+    numpy_iteration(scaler, model, opt, inject=("fc2.weight", 0, INF))
+    assert scaler.overflow_report().names == ["fc2.weight"]
+    numpy_iteration(scaler, model, opt, inject=("fc1.bias", 0, INF))
+    assert scaler.overflow_report().names == ["params[1]"]
+
+
+def test_numpy_several_poisoned_parameters_are_listed_in_parameter_order():
+    scaler, model, opt = numpy_setup()
+    scaler.watch(model)
+    loss, grads = model.loss_and_grads(*batch(), scaler.get_scale())
+    grads[2][1, 1] = NAN
+    grads[0][0] = INF  # a whole row of fc1.weight
+    opt.grads = grads
+    scaler.step(opt)
+    scaler.update()
+    report = scaler.overflow_report()
+    assert report.names == ["fc1.weight", "fc2.weight"]
+    assert [(o.inf, o.nan) for o in report.overflows] == [(8, 0), (0, 1)]
+    assert report.loss_finite is None  # scale() was not called this iteration
+
+
+def test_numpy_report_after_zero_grad_is_kept_with_diagnose_and_gone_without():
+    for diagnose in (True, False):
+        scaler, model, opt = numpy_setup(diagnose=diagnose)
+        scaler.watch(model)
+        numpy_iteration(scaler, model, opt, inject=("fc2.weight", (2, 0), INF))
+        opt.zero_grad()
+        report = scaler.overflow_report()
+        if diagnose:
+            assert report.names == ["fc2.weight"] and report.checked == 3
+        else:
+            assert report.names == [] and report.checked == 0
+            assert "zero_grad" in report.note and "diagnose=True" in report.note
+            assert report.step == 1 and report.scale == 1024.0
+
+
+def test_numpy_report_without_diagnose_reads_the_gradients_when_asked():
+    scaler, model, opt = numpy_setup()
+    numpy_iteration(scaler, model, opt, inject=("fc2.weight", (2, 0), INF))
+    opt.grads[2][2, 0] = 0.0  # changed after the update, before the report was asked for
+    report = scaler.overflow_report()
+    assert report.names == [] and "diagnose=True" in report.note
+
+
+def test_numpy_non_finite_loss_is_reported_and_ends_the_collapse_warning():
+    scaler, model, opt = numpy_setup(max_consecutive_skips=2)
+    scaler.watch(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one skip is no collapse
+        numpy_iteration(scaler, model, opt, poison_input=NAN)
+    report = scaler.overflow_report()
+    assert report.loss_finite is False
+    assert report.names == ["fc1.weight", "fc1.bias", "fc2.weight"]
+    assert "the model, not the scale, is the problem" in str(report)
+    with pytest.warns(ua.ScaleCollapseWarning) as record:
+        numpy_iteration(scaler, model, opt, poison_input=NAN)
+    (warning,) = record
+    message = str(warning.message)
+    assert message.endswith(f"Last overflow: {scaler.overflow_report().summary()}. "
+                            f"{scaler.overflow_report().cause()}")
+    assert "Last overflow: step 2 at scale 512: fc1.weight (0 inf, " in message
+    assert "the loss itself was inf/NaN before scaling" in message and FIXES in message
+
+
+def test_numpy_collapse_warning_names_the_gradient_when_the_loss_was_finite():
+    scaler, model, opt = numpy_setup(max_consecutive_skips=2, on_collapse="raise")
+    numpy_iteration(scaler, model, opt, inject=("fc1.bias", 0, INF))
+    with pytest.raises(ua.ScaleCollapseError,
+                       match=r"Last overflow: step 2 at scale 512: params\[1\] \(1 inf, 0 NaN\); "
+                             r"the loss was finite\. The loss was finite before scaling"):
+        numpy_iteration(scaler, model, opt, inject=("fc1.bias", 0, INF))
+    # raised after the update was applied: the next iteration runs
+    numpy_iteration(scaler, model, opt)
+    assert scaler.get_scale() == 256.0 and not scaler.last_step_skipped
+
+
+SCHEDULE = [None, ("fc2.weight", (0, 1), INF), None, None, ("fc1.bias", 2, NAN),
+            ("fc1.weight", (3, 3), -INF), None, None, None, ("fc2.weight", (7, 2), NAN),
+            None, None, None]
+
+
+def numpy_run(**options):
+    scaler, model, opt = numpy_setup(growth_interval=2, hysteresis=2, **options)
+    if options.get("diagnose"):
+        scaler.watch(model)
+    scales = []
+    for step, inject in enumerate(SCHEDULE):
+        numpy_iteration(scaler, model, opt, seed=step, inject=inject)
+        if options:  # asking for the report changes nothing either
+            scaler.overflow_report()
+        scales.append(scaler.get_scale())
+        opt.zero_grad()
+    return scaler, scales, [p.copy() for p in model.params()] + [v.copy() for v in opt.velocity]
+
+
+def test_numpy_diagnose_and_history_change_no_scale_and_no_weight():
+    _, scales, weights = numpy_run()
+    _, scales_on, weights_on = numpy_run(diagnose=True, history=4)
+    assert scales == scales_on and len(set(scales)) > 2
+    for a, b in zip(weights, weights_on, strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def reference_history(config, skips):
+    """[(iteration, scale used, skipped)] by unifiedamp.spec, one update at a time."""
+    state, out = spec.ScalerState.initial(config), []
+    for i, skipped in enumerate(skips, start=1):
+        out.append((i, state.scale, skipped))
+        state = spec.update(config, state, skipped)
+    return out
+
+
+def test_numpy_history_wraps_around_like_the_spec_step_by_step():
+    scaler, model, opt = numpy_setup(growth_interval=2, hysteresis=2, history=5)
+    assert scaler.history().as_list() == []
+    skips = [inject is not None for inject in SCHEDULE]
+    reference = reference_history(scaler.config, skips)
+    for step, inject in enumerate(SCHEDULE):
+        numpy_iteration(scaler, model, opt, seed=step, inject=inject)
+        assert scaler.history().as_list() == reference[max(0, step - 4):step + 1], step
+    arrays = scaler.history().as_arrays()
+    assert arrays["iteration"].tolist() == [9, 10, 11, 12, 13]
+    # a manual set is not an update: not recorded, and the report is unchanged
+    before = scaler.overflow_report()
+    scaler.update(3.0)
+    assert scaler.history().as_list() == reference[-5:]
+    assert scaler.overflow_report() is before
+    numpy_iteration(scaler, model, opt)
+    assert scaler.history().as_list()[-1] == (14, 3.0, False)
+
+
+def test_numpy_history_zero_raises_and_disabled_records_nothing():
+    scaler, _, _ = numpy_setup()
+    with pytest.raises(ValueError, match=r"history=N"):
+        scaler.history()
+    scaler = ua.GradScaler(enabled=False, history=3, backend="numpy")
+    model = NumpyMLP()
+    opt = SGD(model.params())
+    numpy_iteration(scaler, model, opt, inject=("fc1.bias", 0, INF))
+    assert scaler.history().as_list() == [] and scaler.overflow_report() is None
+
+
+def test_numpy_several_optimizers_are_told_apart():
+    model = NumpyMLP()
+    first, second = SGD([model.w1, model.b1]), SGD([model.w2])
+    scaler = ua.GradScaler(1024.0, backend="numpy")
+    _, grads = model.loss_and_grads(*batch(), 1024.0)
+    grads[2][0, 0] = INF
+    first.grads, second.grads = grads[:2], grads[2:]
+    scaler.step(first)
+    scaler.step(second)
+    scaler.update()
+    report = scaler.overflow_report()
+    assert report.names == ["optimizers[1].params[0]"] and report.checked == 3
+
+
+BAD_DIAGNOSE = [1, 0, "yes", None, np.bool_(True)]
+BAD_HISTORY = [-1, 1.5, True, "10", None]
+
+
+@pytest.mark.parametrize("options", [{"diagnose": v} for v in BAD_DIAGNOSE]
+                         + [{"history": v} for v in BAD_HISTORY], ids=repr)
+def test_numpy_bad_options_are_refused_before_anything_is_built(options):
+    (name, value), = options.items()
+    # checked first: an invalid init_scale is not what the message is about
+    with pytest.raises(ValueError, match=f"{name} must be .*got {value!r:.5}") as info:
+        NumpyGradScaler(-1.0, **options)
+    assert ("history=1000" if name == "history" else "diagnose=True") in str(info.value)
+
+
+def test_numpy_bad_watch_changes_nothing():
+    scaler, model, opt = numpy_setup()
+    scaler.watch({"fc1.bias": model.b1})
+    for bad in (42, [("fc2.weight", model.w2), ("oops", [1.0])], [(1, model.w2)],
+                {"fc2.weight": model.w2, "x": "not an array"}):
+        with pytest.raises(TypeError, match="watch"):
+            scaler.watch(bad)
+    numpy_iteration(scaler, model, opt, inject=("fc2.weight", 0, INF))
+    assert scaler.overflow_report().names == ["params[2]"]  # no pair of a bad call was kept
+    numpy_iteration(scaler, model, opt, inject=("fc1.bias", 0, INF))
+    assert scaler.overflow_report().names == ["fc1.bias"]
+
+
+def test_numpy_tiny_scale_note():
+    scaler = ua.GradScaler(1e-45, backend="numpy", max_consecutive_skips=None)
+    opt = SGD([np.ones(2, np.float32)])
+    opt.grads = [np.ones(2, np.float32)]
+    with pytest.warns(ua.ScaleCollapseWarning):
+        scaler.step(opt)
+        scaler.update()
+    report = scaler.overflow_report()
+    assert report.names == ["params[0]"] and "1/scale overflows float32" in report.note
+
+
+# ------------------------------------------------------------ Paddle: real autodiff
+
+
+def paddle_model(seed=0):
+    import paddle
+
+    class Net(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = paddle.nn.Linear(4, 8)
+            self.fc2 = paddle.nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.fc2(paddle.nn.functional.relu(self.fc1(x)))
+
+    paddle.seed(seed)
+    return Net()
+
+
+def paddle_opt(kind, model):
+    import paddle
+
+    if kind == "sgd":
+        return paddle.optimizer.SGD(learning_rate=0.05, parameters=model.parameters())
+    return paddle.optimizer.Adam(learning_rate=1e-2, parameters=model.parameters())
+
+
+def paddle_iteration(scaler, model, opt, seed=1, poison_input=None, inject=None, clear=True):
+    """scale(loss).backward(), an optional injection ``(name, index, value)`` into that
+    parameter's gradient, step, update, clear_grad. Returns the injected gradient as
+    step() saw it (scaled), or None."""
+    import paddle
+
+    x, y = (paddle.to_tensor(a) for a in batch(seed, poison_input))
+    scaler.scale(paddle.nn.functional.mse_loss(model(x), y)).backward()
+    seen = None
+    if inject is not None:
+        name, index, value = inject
+        param = dict(model.named_parameters())[name]
+        seen = param.grad.numpy()
+        seen[index] = value
+        param.grad.set_value(seen)
+    scaler.step(opt)
+    scaler.update()
+    if clear:
+        opt.clear_grad()
+    return seen
+
+
+def paddle_setup(kind="sgd", **options):
+    pytest.importorskip("paddle")
+    model = paddle_model()
+    return ua.GradScaler(1024.0, backend="paddle", **options), model, paddle_opt(kind, model)
+
+
+@on_paddle
+@pytest.mark.parametrize("value", [INF, NAN])
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_paddle_report_names_exactly_the_poisoned_parameter(kind, value):
+    scaler, model, opt = paddle_setup(kind, diagnose=True)
+    scaler.watch(model)
+    paddle_iteration(scaler, model, opt)
+    assert scaler.overflow_report() is None
+    seen = paddle_iteration(scaler, model, opt, inject=("fc2.weight", (0, 1), value))
+    assert scaler.last_step_skipped
+    report = scaler.overflow_report()  # after clear_grad: computed at update()
+    assert report.names == ["fc2.weight"]
+    (overflow,) = report.overflows
+    unscaled = seen * np.float32(1 / 1024.0)
+    assert (overflow.inf, overflow.nan, overflow.max_finite) == expected_overflow(unscaled)
+    assert (overflow.inf, overflow.nan) == ((1, 0) if value == INF else (0, 1))
+    assert overflow.max_finite > 0 and overflow.shape == (8, 3)
+    assert (report.step, report.scale, report.checked, report.loss_finite) == (2, 1024.0, 4, True)
+    assert scaler.overflow_report() is report
+    paddle_iteration(scaler, model, opt, seed=2)
+    assert scaler.overflow_report() is None
+
+
+@on_paddle
+def test_paddle_report_without_diagnose_reads_what_the_cpu_kernel_left():
+    # Paddle's CPU kernel multiplies the gradients by 0 once it finds inf/NaN: asked
+    # before clear_grad, the report names the right parameter from what is left,
+    # says so, and matches NumPy on the gradient as stored.
+    scaler, model, opt = paddle_setup("adam")
+    scaler.watch(model)
+    paddle_iteration(scaler, model, opt, inject=("fc2.weight", (0, 1), INF), clear=False)
+    report = scaler.overflow_report()
+    assert report.names == ["fc2.weight"]
+    stored = model.fc2.weight.grad.numpy()
+    assert report.overflows[0] == count_overflow("fc2.weight", stored)
+    assert (report.overflows[0].inf, report.overflows[0].nan) == (0, 1)
+    assert "CPU kernel" in report.note and "diagnose=True" in report.note
+    # asked after clear_grad (which zeroes the gradients): nothing left to name
+    scaler, model, opt = paddle_setup("adam")
+    paddle_iteration(scaler, model, opt, inject=("fc2.weight", (0, 1), INF))
+    report = scaler.overflow_report()
+    assert report.names == [] and report.checked == 4 and "diagnose=True" in report.note
+    # clear_grad(set_to_zero=False) removes them
+    scaler, model, opt = paddle_setup("sgd")
+    paddle_iteration(scaler, model, opt, inject=("fc2.weight", (0, 1), INF), clear=False)
+    opt.clear_grad(set_to_zero=False)
+    report = scaler.overflow_report()
+    assert report.names == [] and report.checked == 0 and "cleared" in report.note
+
+
+@on_paddle
+def test_paddle_float64_gradients_are_reported_exactly_without_diagnose():
+    # float64 gradients go through the elementwise path, which leaves them readable.
+    import paddle
+
+    pytest.importorskip("paddle")
+    paddle.set_default_dtype("float64")
+    try:
+        model = paddle_model()
+        opt = paddle_opt("sgd", model)
+        scaler = ua.GradScaler(1024.0, backend="paddle")
+        x, y = (paddle.to_tensor(a.astype(np.float64)) for a in batch())
+        scaler.scale(paddle.nn.functional.mse_loss(model(x), y)).backward()
+    finally:
+        paddle.set_default_dtype("float32")
+    seen = model.fc1.bias.grad.numpy()
+    seen[5] = -INF
+    model.fc1.bias.grad.set_value(seen)
+    scaler.step(opt)
+    scaler.update()
+    (overflow,) = scaler.overflow_report().overflows
+    assert overflow.name == "param_groups[0][1]" and overflow.shape == (8,)
+    assert (overflow.inf, overflow.nan, overflow.max_finite) == expected_overflow(
+        seen * np.float64(np.float32(1 / 1024.0)))
+
+
+@on_paddle
+def test_paddle_unwatched_names_follow_the_param_groups():
+    import paddle
+
+    scaler, model, opt = paddle_setup(diagnose=True)
+    paddle_iteration(scaler, model, opt, inject=("fc2.bias", 2, NAN))
+    assert scaler.overflow_report().names == ["param_groups[0][3]"]
+    grouped = paddle.optimizer.SGD(learning_rate=0.1, parameters=[
+        {"params": [model.fc1.weight, model.fc1.bias]},
+        {"params": [model.fc2.weight, model.fc2.bias], "learning_rate": 0.5}])
+    scaler = ua.GradScaler(1024.0, backend="paddle", diagnose=True)
+    paddle_iteration(scaler, model, grouped, inject=("fc2.bias", 2, NAN))
+    assert scaler.overflow_report().names == ["param_groups[1][1]"]
+    # named by identity, pairs or a dict
+    for watched in (list(model.named_parameters()), {"last bias": model.fc2.bias}):
+        scaler = ua.GradScaler(1024.0, backend="paddle", diagnose=True)
+        scaler.watch(watched)
+        paddle_iteration(scaler, model, grouped, inject=("fc2.bias", 2, NAN))
+        assert scaler.overflow_report().names == [
+            "fc2.bias" if isinstance(watched, list) else "last bias"]
+
+
+@on_paddle
+def test_paddle_several_optimizers_are_told_apart():
+    import paddle
+
+    scaler, model, _ = paddle_setup(diagnose=True)
+    first = paddle.optimizer.SGD(parameters=model.fc1.parameters())
+    second = paddle.optimizer.Adam(parameters=model.fc2.parameters())
+    x, y = (paddle.to_tensor(a) for a in batch())
+    scaler.scale(paddle.nn.functional.mse_loss(model(x), y)).backward()
+    grad = model.fc1.weight.grad.numpy()
+    grad[1, 1] = INF
+    model.fc1.weight.grad.set_value(grad)
+    scaler.step(first)
+    scaler.step(second)
+    scaler.update()
+    report = scaler.overflow_report()
+    assert report.names == ["optimizers[0].param_groups[0][0]"] and report.checked == 4
+
+
+@on_paddle
+def test_paddle_non_finite_loss_is_reported_and_ends_the_collapse_warning():
+    scaler, model, opt = paddle_setup(max_consecutive_skips=2)
+    scaler.watch(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ua.ScaleCollapseWarning)
+        paddle_iteration(scaler, model, opt, poison_input=NAN)
+    report = scaler.overflow_report()  # after clear_grad: the loss is still known
+    assert report.loss_finite is False
+    with pytest.warns(ua.ScaleCollapseWarning) as record:
+        paddle_iteration(scaler, model, opt, poison_input=NAN)
+    message = str(record[0].message)
+    report = scaler.overflow_report()
+    assert message.endswith(f"Last overflow: {report.summary()}. {report.cause()}")
+    assert "Last overflow: step 2 at scale 512: fc1.weight (" in message
+    assert "the loss itself was inf/NaN before scaling" in message and FIXES in message
+
+
+@on_paddle
+def test_paddle_collapse_warning_with_a_finite_loss_names_the_gradient():
+    scaler, model, opt = paddle_setup(max_consecutive_skips=2, on_collapse="raise",
+                                      diagnose=True)
+    scaler.watch(model)
+    paddle_iteration(scaler, model, opt, inject=("fc1.bias", 0, INF))
+    with pytest.raises(ua.ScaleCollapseError, match=r"Last overflow: step 2 at scale 512: "
+                       r"fc1\.bias \(1 inf, 0 NaN\); the loss was finite\. The loss was finite"):
+        paddle_iteration(scaler, model, opt, inject=("fc1.bias", 0, INF), clear=False)
+    opt.clear_grad()
+    paddle_iteration(scaler, model, opt)  # raised after the update: the next one runs
+    assert scaler.get_scale() == 256.0 and not scaler.last_step_skipped
+
+
+PADDLE_SCHEDULE = [None, ("fc2.weight", (0, 1), INF), None, None, ("fc1.bias", 2, NAN),
+                   ("fc1.weight", (3, 3), -INF), None, None, None, ("fc2.bias", 1, NAN),
+                   None, None, None]
+
+
+def paddle_run(**options):
+    scaler, model, opt = paddle_setup("adam", growth_interval=2, hysteresis=2, **options)
+    scaler.watch(model)
+    scales, histories = [], []
+    for step, inject in enumerate(PADDLE_SCHEDULE):
+        paddle_iteration(scaler, model, opt, seed=step, inject=inject)
+        scaler.overflow_report()  # asking changes nothing
+        scales.append(scaler.get_scale())
+        if options.get("history"):
+            histories.append(scaler.history().as_list())
+    weights = [p.numpy().copy() for p in model.parameters()]
+    return scaler, scales, weights, histories
+
+
+@on_paddle
+def test_paddle_diagnose_and_history_change_no_scale_and_no_weight_and_history_is_the_spec():
+    _, scales, weights, _ = paddle_run()
+    scaler, scales_on, weights_on, histories = paddle_run(diagnose=True, history=5)
+    assert scales == scales_on and len(set(scales)) > 2
+    for a, b in zip(weights, weights_on, strict=True):
+        assert a.tobytes() == b.tobytes()
+    reference = reference_history(scaler.config, [i is not None for i in PADDLE_SCHEDULE])
+    for step, history in enumerate(histories):
+        assert history == reference[max(0, step - 4):step + 1], step
+    # the ring survives a copy, and the copy's is its own
+    for clone in (copy.deepcopy(scaler), pickle.loads(pickle.dumps(scaler))):
+        assert clone.history().as_list() == reference[-5:]
+        assert clone.overflow_report() is None
+        clone.update(1.0)
+    scaler.update(3.0)  # a manual set is not recorded
+    assert scaler.history().as_list() == reference[-5:]
+
+
+@on_paddle
+def test_paddle_report_survives_a_copy_and_the_copy_forgets_watch():
+    scaler, model, opt = paddle_setup(diagnose=True)
+    scaler.watch(model)
+    paddle_iteration(scaler, model, opt, inject=("fc2.weight", 0, INF))
+    report = scaler.overflow_report()
+    clone = pickle.loads(pickle.dumps(scaler))
+    assert clone.overflow_report() == report
+    paddle_iteration(clone, model, opt, inject=("fc2.weight", 0, INF))
+    assert clone.overflow_report().names == ["param_groups[0][2]"]
+
+
+@on_paddle
+def test_paddle_history_zero_raises():
+    scaler, _, _ = paddle_setup()
+    with pytest.raises(ValueError, match=r"history=N"):
+        scaler.history()
+
+
+@on_paddle
+@pytest.mark.parametrize("options", [{"diagnose": v} for v in BAD_DIAGNOSE]
+                         + [{"history": v} for v in BAD_HISTORY], ids=repr)
+def test_paddle_bad_options_are_refused_before_anything_is_built(options):
+    pytest.importorskip("paddle")
+    (name, value), = options.items()
+    # checked first: neither the bad device nor the bad init_scale is reached
+    with pytest.raises(ValueError, match=f"{name} must be .*got {value!r:.5}"):
+        ua.GradScaler(-1.0, device="nowhere", backend="paddle", **options)
+
+
+@on_paddle
+def test_paddle_bad_watch_changes_nothing():
+    scaler, model, opt = paddle_setup(diagnose=True)
+    scaler.watch({"b1": model.fc1.bias})
+    for bad in (42, [("fc2.weight", model.fc2.weight), ("x", np.ones(2))],
+                [(0, model.fc2.weight)]):
+        with pytest.raises(TypeError, match="watch"):
+            scaler.watch(bad)
+    paddle_iteration(scaler, model, opt, inject=("fc2.weight", 0, INF))
+    assert scaler.overflow_report().names == ["param_groups[0][2]"]
+    paddle_iteration(scaler, model, opt, inject=("fc1.bias", 0, INF))
+    assert scaler.overflow_report().names == ["b1"]
