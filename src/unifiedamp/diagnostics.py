@@ -37,8 +37,8 @@ __all__ = ["GradientOverflow", "OverflowReport", "ScaleHistory", "count_overflow
 
 #: The usual fixes when the model, not the scale, makes the gradients non-finite.
 FIXES = ("lower the learning rate, train in bfloat16 (no loss scaling needed), or clip "
-         "the gradients after unscaling them (scaler.unscale_(optimizer), then "
-         "clip_grad_norm_)")
+         "the gradients after unscaling them (torch/paddle: scaler.unscale_(optimizer), then "
+         "clip the norm; optax: clip_by_global_norm inside loss_scaled)")
 
 
 class GradientOverflow:

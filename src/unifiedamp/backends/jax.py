@@ -26,13 +26,17 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from unifiedamp import diagnostics
 from unifiedamp._registry import MissingBackendError
-from unifiedamp.backends._functional import LEAVES, FunctionalGradScaler
+from unifiedamp.backends import _functional
+from unifiedamp.backends._functional import LEAVES, FunctionalGradScaler, LeafCounts
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, f32_bits
 
-__all__ = ["JaxGradScaler", "LossScaledAccumulateState", "LossScaledState",
-           "LossScaledTransformation", "all_finite", "find_scaler", "loss_scaled",
-           "loss_scaled_accumulate", "replace_scaler", "step_if_finite", "where_finite"]
+__all__ = ["JaxGradScaler", "LeafCounts", "LossScaledAccumulateState", "LossScaledState",
+           "LossScaledTransformation", "all_finite", "check_collapse", "collapse_message",
+           "find_scaler", "history_init", "history_record", "loss_scaled",
+           "loss_scaled_accumulate", "overflow_counts", "overflow_report", "replace_scaler",
+           "scale_history", "step_if_finite", "where_finite"]
 
 _EXP_MASK = 0x7F800000
 _MIN_NORMAL_BITS = 0x00800000  # bits of 2**-126, float32's smallest normal number
@@ -283,6 +287,25 @@ class JaxGradScaler(FunctionalGradScaler):
 
     def _is_finite(self, bits: jax.Array) -> jax.Array:
         return (bits & _EXP_MASK) != _EXP_MASK
+
+    @classmethod
+    def _overflow_reductions(cls, grad: jax.Array) -> tuple[jax.Array, ...]:
+        # One variadic reduce: XLA fuses it with its inputs into one pass over the gradient
+        # (XLA's CPU, jax 0.10.2: 2.3 ms on 9.4M float32, where three reductions took
+        # 67 ms, each writing its input to memory first). float16/bfloat16 magnitudes are
+        # compared in float32 (exact); float64 ones in float64, rounded at the end.
+        magnitude = jnp.abs(grad)
+        if jnp.dtype(magnitude.dtype).itemsize < 4:
+            magnitude = magnitude.astype(jnp.float32)
+        zero = jnp.zeros((), magnitude.dtype)
+        operands = (jnp.isinf(grad).astype(jnp.int32), jnp.isnan(grad).astype(jnp.int32),
+                    jnp.where(jnp.isfinite(grad), magnitude, zero))
+
+        def combine(a: tuple[jax.Array, ...], b: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            return a[0] + b[0], a[1] + b[1], jnp.maximum(a[2], b[2])
+
+        return tuple(lax.reduce(operands, (jnp.int32(0), jnp.int32(0), zero), combine,
+                                tuple(range(grad.ndim))))
 
     # ------------------------------------------------------------ the verbs
 
@@ -623,3 +646,241 @@ def replace_scaler(opt_state: Any, scaler: JaxGradScaler) -> Any:
     find_scaler(opt_state)  # the same error when there is none
     is_scaler = lambda x: isinstance(x, JaxGradScaler)  # noqa: E731
     return jax.tree.map(lambda x: scaler if is_scaler(x) else x, opt_state, is_leaf=is_scaler)
+
+
+# ---------------------------------------------------------------- diagnostics
+
+
+def overflow_counts(grads: Any, when: Any = None) -> Any:
+    """Per-gradient inf/NaN counts, traceable: the gradients' tree with a :class:`LeafCounts`
+    ``(inf, nan, max_finite, shape)`` of arrays where each gradient was.
+
+    ``inf`` and ``nan`` are int32 0-d counts (exact up to 2**31 - 1 elements a leaf),
+    ``max_finite`` the float32 largest finite magnitude, ``shape`` the gradient's shape as
+    an int32 array (a constant). Return the tree from the jitted step and read it outside
+    with :func:`overflow_report`, which names the leaves by key path.
+
+    Cost: one pass over each gradient (a variadic reduce XLA fuses with its inputs;
+    leaves that are not floats count nothing): measured 2.3 ms on 9.4M float32 in 4 leaves
+    (1.9 ms in float16) on a shared 2-core CPU (jax 0.10.2), where :func:`all_finite`
+    took 6.2 ms. To pay it only on skipped steps, pass ``when=~finite``: the counts are
+    then computed under a ``lax.cond`` (zeros, with the shapes, where ``when`` is false:
+    0.2 ms there), i.e. ``lax.cond(~finite, lambda: overflow_counts(grads), lambda:
+    <zeros>)``. On a GPU, XLA may read a ``lax.cond``'s predicate on the host (see
+    ``docs/backends/jax.md``): there counting on every step may be the cheaper form.
+
+    Args:
+        grads: A tree of gradient arrays (dicts, lists, Flax NNX state, optax trees...).
+        when: None (always count), or a Python bool / 0-d bool array: count where true.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> from unifiedamp.backends.jax import JaxGradScaler, overflow_counts, overflow_report
+        >>> def loss_fn(p, x):                 # float16 compute, float32 parameters
+        ...     h = x.astype(jnp.float16) @ p["dense1"]["kernel"].astype(jnp.float16)
+        ...     return jnp.sum(h @ p["dense2"]["kernel"].astype(jnp.float16)).astype(jnp.float32)
+        >>> @jax.jit
+        ... def step(params, scaler, x):
+        ...     def scaled(p):                 # the unscaled loss as aux, for the report
+        ...         loss = loss_fn(p, x)
+        ...         return scaler.scale(loss), loss
+        ...     (_, loss), grads = jax.value_and_grad(scaled, has_aux=True)(params)
+        ...     grads, finite = scaler.unscale(grads)
+        ...     counts = overflow_counts(grads, when=~finite)    # a lax.cond: free when finite
+        ...     return scaler.update(finite), counts, loss, scaler.loss_scale
+        >>> params = {"dense1": {"kernel": jnp.ones((2, 3))}, "dense2": {"kernel": jnp.ones(3)}}
+        >>> scaler = JaxGradScaler(2.0**15)
+        >>> scaler, counts, loss, scale = step(params, scaler, jnp.array([[1.0, 2.0]]))
+        >>> print(overflow_report(counts, step=1, scale=scale, loss=loss))
+        Step 1 was skipped at scale 32768: 2 of 2 gradients held inf/NaN.
+          dense1.kernel (2, 3): 3 inf, 0 NaN, largest finite |g| 1
+          dense2.kernel (3,): 3 inf, 0 NaN, largest finite |g| 0
+        The loss was finite before scaling: the scaled gradients overflowed float16 and
+        the scaler backs off, as designed.
+    """
+    def count() -> Any:
+        return jax.tree.map(lambda g: _functional.leaf_counts(JaxGradScaler, jnp.asarray(g)),
+                            grads)
+
+    if when is None:
+        return count()
+
+    def zeros() -> Any:
+        return jax.tree.map(lambda g: LeafCounts(
+            jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32),
+            jnp.asarray(jnp.shape(g), jnp.int32)), grads)
+
+    if isinstance(when, bool):
+        return count() if when else zeros()
+    dtype = getattr(when, "dtype", None)
+    if dtype is None or jnp.dtype(dtype) != jnp.bool_ or jnp.shape(when) != ():
+        raise TypeError(f"overflow_counts(grads, when=...) takes None, a bool or a 0-d bool "
+                        f"array (e.g. ~finite), got {when!r}")
+    return _cond_varying(when, count, zeros)
+
+
+def _path_name(path: Any) -> str:
+    """A key path as a dotted name: ``params.dense1.kernel``, ``layers.0.bias``. A Flax NNX
+    Variable's ``.value`` at the end is left out (``dense1.kernel``, not
+    ``dense1.kernel.value``)."""
+    keys = list(path)
+    if keys and isinstance(keys[-1], jax.tree_util.GetAttrKey) and keys[-1].name == "value":
+        keys.pop()
+    parts = []
+    for key in keys:
+        if isinstance(key, jax.tree_util.DictKey):
+            parts.append(str(key.key))
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            parts.append(str(key.idx))
+        elif isinstance(key, jax.tree_util.GetAttrKey):
+            parts.append(key.name)
+        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
+            parts.append(str(key.key))
+        else:
+            parts.append(str(key))
+    return ".".join(parts) or "grads"
+
+
+def overflow_report(counts: Any, *, step: Any = None, scale: Any = None, loss: Any = None,
+                    history: Any = None) -> diagnostics.OverflowReport | None:
+    """The :class:`~unifiedamp.diagnostics.OverflowReport` of :func:`overflow_counts`'s tree,
+    outside ``jit`` (it reads the device once); None when no gradient held inf/NaN.
+
+    Gradients are named by key path, dotted (``params.dense1.kernel``, ``layers.0.bias``;
+    a Flax NNX state's ``.value`` left out), in tree order; ``checked`` is the number of
+    leaves.
+
+    Args:
+        counts: What :func:`overflow_counts` returned from the step.
+        step: The update's number (from 1). Default: the last record of ``history``, else 0
+            (unknown).
+        scale: The scale the loss was multiplied by (the scaler's before ``update``):
+            return ``scaler.loss_scale`` from the step, or pass ``history``. Default: the
+            last record of ``history``, else NaN (unknown).
+        loss: The unscaled loss (an array or a number) returned from the step, or a bool
+            (``jnp.isfinite(loss)``): sets ``loss_finite``; None leaves it unknown.
+        history: A :func:`history_init` ring that recorded this step last (see above).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> grads = {"b": jnp.zeros(2), "w": jnp.array([[1.0, -jnp.inf], [jnp.nan, -4.0]])}
+        >>> report = overflow_report(overflow_counts(grads), step=3, scale=1024.0, loss=2.5)
+        >>> report.names, report.overflows[0], report.checked, report.loss_finite
+        (['w'], GradientOverflow('w', shape=(2, 2), inf=1, nan=1, max_finite=4.0), 2, True)
+        >>> overflow_report(overflow_counts({"w": jnp.ones(3)})) is None
+        True
+    """
+    pairs = jax.tree_util.tree_flatten_with_path(
+        counts, is_leaf=lambda x: isinstance(x, LeafCounts))[0]
+    named = [(_path_name(path), record) for path, record in pairs]
+    if loss is not None and not isinstance(loss, bool):
+        loss = jnp.asarray(loss)
+    return _functional.build_report(named, jax.device_get, step=step, scale=scale,
+                                    loss_finite=_functional.loss_is_finite(jnp, loss),
+                                    history=history)
+
+
+def history_init(size: int) -> dict[str, jax.Array]:
+    """An empty ring of the last ``size`` updates, to keep in the train state: a dict of
+    ``iteration`` (int32), ``scale`` (float32), ``skipped`` (bool), each ``(size,)``, and
+    ``count`` (int32 0-d, records written). A pytree of its own buffers: donate it.
+
+    Raises:
+        TypeError: ``size`` is not an int (a bool neither).
+        ValueError: ``size`` is below 1.
+
+    Example:
+        >>> sorted((k, v.shape, str(v.dtype)) for k, v in history_init(4).items())
+        [('count', (), 'int32'), ('iteration', (4,), 'int32'), ('scale', (4,), 'float32'),
+         ('skipped', (4,), 'bool')]
+    """
+    return _functional.history_init(JaxGradScaler, size)
+
+
+def _set_slot(ring: jax.Array, slot: jax.Array, value: jax.Array) -> jax.Array:
+    return lax.dynamic_update_index_in_dim(ring, jnp.asarray(value, ring.dtype), slot, 0)
+
+
+def history_record(history: dict[str, jax.Array], scaler: JaxGradScaler,
+                   finite: Any) -> dict[str, jax.Array]:
+    """``history`` with this update recorded, traceable (a ``dynamic_update_slice`` per
+    array, no host transfer): iteration ``count + 1``, the scale of ``scaler`` *before*
+    ``scaler.update(finite)`` (the scale this step's loss was multiplied by; 1.0 when
+    disabled) and whether the step was skipped (``not finite``), in slot ``count % size``.
+
+    Call it with the scaler the step started with, next to ``update``::
+
+        history = history_record(history, scaler, finite)
+        scaler = scaler.update(finite)
+
+    Example:
+        >>> import jax, unifiedamp as ua
+        >>> @jax.jit
+        ... def step(scaler, history, finite):
+        ...     return scaler.update(finite), history_record(history, scaler, finite)
+        >>> scaler, history = ua.GradScaler(8.0, growth_interval=1, backend="jax"), history_init(2)
+        >>> for finite in [True, False, True]:
+        ...     scaler, history = step(scaler, history, finite)
+        >>> scale_history(history).as_list()     # the last 2 of 3: iterations 2 and 3
+        [(2, 16.0, True), (3, 8.0, False)]
+    """
+    return _functional.history_record(JaxGradScaler, _set_slot, history, scaler, finite)
+
+
+def scale_history(history: dict[str, jax.Array]) -> diagnostics.ScaleHistory:
+    """The ring as a :class:`~unifiedamp.diagnostics.ScaleHistory`, oldest record first
+    (reads the device: call it outside ``jit``, when you log or plot).
+
+    Example:
+        >>> scale_history(history_init(3)).as_list()
+        []
+    """
+    return _functional.scale_history(jax.device_get, history)
+
+
+def collapse_message(scaler: JaxGradScaler, report: diagnostics.OverflowReport | None = None,
+                     *, step: Any = None, max_consecutive_skips: int | None = 100) -> str | None:
+    """The collapse warning's text for this scaler, or None: the imperative backends'
+    message (same rule, same words), read from ``consecutive_skips`` and the scale.
+
+    A collapse is ``max_consecutive_skips`` skipped steps in a row (None: not checked) or a
+    scale below float32's smallest normal number. ``report`` (:func:`overflow_report` of
+    the last skipped step) ends the message with ``"Last overflow: "``, its summary and
+    whether the loss itself was inf/NaN (then the fixes: lower learning rate, bfloat16,
+    clipping). ``step`` names the step (default ``report.step``). Reads the device: call it
+    outside ``jit``, e.g. where you log. :func:`check_collapse` warns with it.
+
+    Example:
+        >>> scaler = JaxGradScaler(8.0).update(False).update(False)
+        >>> print(collapse_message(scaler, step=2, max_consecutive_skips=2))
+        Loss scale collapsed at step 2: scale 2.0 (0x40000000); the gradients were inf/NaN at
+        each of the last 2 steps, ...
+        >>> collapse_message(scaler.update(True), max_consecutive_skips=2) is None
+        True
+    """
+    return _functional.collapse_message(JaxGradScaler, scaler, report, step=step,
+                                        max_consecutive_skips=max_consecutive_skips)
+
+
+def check_collapse(scaler: JaxGradScaler, report: diagnostics.OverflowReport | None = None,
+                   *, step: Any = None, max_consecutive_skips: int | None = 100,
+                   on_collapse: str = "warn") -> str | None:
+    """Warns :class:`unifiedamp.ScaleCollapseWarning` (or raises
+    :class:`unifiedamp.ScaleCollapseError` with ``on_collapse="raise"``) with
+    :func:`collapse_message` when the scale collapsed; returns the message, or None.
+
+    Stateless: it warns at every call that finds a collapse, so call it where you log
+    (every N steps), with the scaler the step returned.
+
+    Example:
+        >>> import warnings
+        >>> scaler = JaxGradScaler(8.0).update(False).update(False)
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     _ = check_collapse(scaler, max_consecutive_skips=2)
+        >>> caught[0].category.__name__, str(caught[0].message)[:22]
+        ('ScaleCollapseWarning', 'Loss scale collapsed: ')
+    """
+    return _functional.check_collapse(JaxGradScaler, scaler, report, step=step,
+                                      max_consecutive_skips=max_consecutive_skips,
+                                      on_collapse=on_collapse, stacklevel=3)
