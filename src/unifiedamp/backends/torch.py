@@ -8,12 +8,20 @@ scale's device. Either way ``unscale_`` and ``update`` never wait for the
 device; the plain (non-fused) ``step`` reads one flag to decide whether to
 call ``optimizer.step()``, as torch's does, and fused optimizers get
 ``grad_scale``/``found_inf`` and skip on the device with no read at all.
+
+Diagnostics (``docs/diagnostics.md``): ``overflow_report()`` names the gradients that
+held inf/NaN at a skipped step and is computed only after a skip; ``history=N`` keeps
+the last N (iteration, scale, skipped) records in a ring on the scale's device, one
+small op per update; ``diagnose=True`` computes the report inside a skipped ``update()``
+(plain optimizers: free on other steps; fused ones: one read of found_inf per update).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -32,12 +40,13 @@ from unifiedamp._scaler import (
     new_scale_value,
 )
 from unifiedamp._tree import leaves, tree_map
+from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __all__ = ["ScaleNotCalledError", "TorchGradScaler"]
 
 _EXTRA_NAMES = ("device", "process_group", "distributed", "max_consecutive_skips",
-                "on_collapse", "backend")
+                "on_collapse", "backend", "diagnose", "history")
 
 
 def torch_expressible(config: ScalerConfig) -> bool:
@@ -224,6 +233,103 @@ def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
     return torch.device("cpu")
 
 
+def _check_diagnostic_options(diagnose: Any, history: Any) -> None:
+    """Refuses a ``diagnose`` that is not a bool and a ``history`` that is not an int >= 0.
+
+    Example:
+        >>> _check_diagnostic_options(True, 1024)
+        >>> _check_diagnostic_options(False, -1)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: history must be an int >= 0 (...), got -1: pass e.g. history=1024
+    """
+    if not isinstance(diagnose, bool):
+        raise TypeError(f"diagnose must be True or False, got {diagnose!r}: pass diagnose=True "
+                        "to build the overflow report inside a skipped update()")
+    is_int = isinstance(history, numbers.Integral) and not isinstance(history, bool)
+    if not is_int or history < 0:
+        raise (ValueError if is_int else TypeError)(
+            f"history must be an int >= 0 (the number of updates the ring keeps; 0 keeps "
+            f"none), got {history!r}: pass e.g. history=1024")
+
+
+def _scale_before_skip(config: ScalerConfig, after: float, hysteresis_after: int
+                       ) -> tuple[float, bool]:
+    """The scale a skipped update started from, from the state it left: ``(scale, exact)``.
+
+    After an inf the spec multiplies the scale by ``f32(backoff_factor)`` when the
+    hysteresis tracker reaches ``hysteresis`` (the tracker is then 0; it is >= 1 when it
+    held) and clamps at ``min_scale``. The product is inverted in float32; it is exact
+    when one float32 maps to ``after`` (always for a power-of-two backoff such as 0.5),
+    and not at the ``min_scale`` clamp. Used when no history ring holds the value and
+    ``diagnose`` did not read it before the update.
+
+    Example:
+        >>> _scale_before_skip(ScalerConfig(), 32768.0, 0)
+        (65536.0, True)
+        >>> _scale_before_skip(ScalerConfig(hysteresis=2), 1024.0, 1)  # held: no backoff
+        (1024.0, True)
+    """
+    if not config.dynamic or (config.hysteresis > 1 and hysteresis_after != 0):
+        return after, True
+    backoff = spec.f32(config.backoff_factor)
+    guess = np.float32(spec.f32(after / backoff))
+    if config.min_scale is not None and after == spec.f32(config.min_scale):
+        return float(guess), False  # anything from min_scale to min_scale / backoff
+    nearby = [guess]
+    for direction in (-np.inf, np.inf):
+        x = guess
+        for _ in range(2):
+            x = np.nextafter(x, np.float32(direction))
+            nearby.append(x)
+    # A float32 product of float32 values, rounded once: as the update computes it.
+    sources = {float(x) for x in nearby if spec.f32(float(x) * backoff) == after}
+    return (sources.pop(), True) if len(sources) == 1 else (float(guess), False)
+
+
+def _count_overflows(named_grads: list[tuple[str, torch.Tensor]]) -> list[GradientOverflow]:
+    """The :class:`GradientOverflow` of each gradient that holds inf or NaN, in order.
+
+    One pass over every gradient finds the candidates, a reduction that is inf or NaN
+    whenever an element is: on CUDA the infinity norm (one multi-tensor kernel), on
+    other devices the sum (measured on a CPU: about 60x faster than torch's infinity
+    norm there; a finite sum can overflow too, and such a gradient is dropped once
+    counted). Only the candidates are then counted.
+
+    Example:
+        >>> g = torch.tensor([1.0, float("inf"), -3.0, float("nan")])
+        >>> big = torch.full((2,), 3e38)  # its sum overflows; no element does
+        >>> _count_overflows([("w", g), ("b", torch.ones(2)), ("big", big)])
+        [GradientOverflow('w', shape=(4,), inf=1, nan=1, max_finite=3.0)]
+    """
+    by_device: dict[torch.device, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+    for index, (_, grad) in enumerate(named_grads):
+        grad = grad.detach()
+        if grad.is_sparse:
+            grad = grad.coalesce().values()
+        if grad.numel():  # the infinity norm of an empty tensor is an error; it is finite
+            by_device[grad.device].append((index, grad))
+    candidates: list[tuple[int, torch.Tensor]] = []
+    for device, items in by_device.items():
+        tensors = [g for _, g in items]
+        reduced = (torch._foreach_norm(tensors, math.inf) if device.type == "cuda"
+                   else [g.sum() for g in tensors])
+        finite = torch.stack([r.isfinite().all() for r in reduced]).tolist()
+        candidates += [item for item, ok in zip(items, finite, strict=True) if not ok]
+    overflows = []
+    for index, grad in sorted(candidates, key=lambda item: item[0]):
+        # count_nonzero, not a bool sum (which runs in int64: ~20x slower on a CPU).
+        magnitude = grad.abs()
+        inf = torch.count_nonzero(magnitude == math.inf).double()
+        nan = torch.count_nonzero(magnitude.isnan()).double()
+        largest = magnitude.nan_to_num_(0.0, 0.0, 0.0).amax().double()  # in the copy
+        inf, nan, largest = torch.stack([inf, nan, largest]).tolist()
+        if inf or nan:
+            name, stored = named_grads[index]
+            overflows.append(GradientOverflow(name, stored.shape, int(inf), int(nan), largest))
+    return overflows
+
+
 class TorchGradScaler(torch.amp.GradScaler, GradScaler):
     """``torch.amp.GradScaler`` with the unifiedamp spec, config, state and reporting.
 
@@ -245,6 +351,15 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         max_consecutive_skips: Warn once after this many skipped iterations in a
             row (``None``: only when the scale drops below float32's smallest normal).
         on_collapse: ``"warn"`` or ``"raise"``.
+        diagnose: Build the :meth:`overflow_report` inside ``update()`` when it skips,
+            while the gradients are still there (it survives ``zero_grad()``). Free on
+            the other steps with plain optimizers (``step()`` has read found_inf
+            already); with a fused optimizer ``update()`` reads found_inf once (the one
+            host sync it adds). Default False: the report is built when asked, from
+            the gradients as they are then.
+        history: Keep the last ``history`` updates' (iteration, scale, skipped) in a
+            ring on the scale's device, read by :meth:`history` (default 0: none). One
+            small op per update, no host sync.
         **kwargs: The other config parameters (canonical names or aliases).
 
     Attributes:
@@ -274,8 +389,11 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         distributed: bool | None = None,
         max_consecutive_skips: int | None = 100,
         on_collapse: str = "warn",
+        diagnose: bool = False,
+        history: int = 0,
         **kwargs: Any,
     ):
+        _check_diagnostic_options(diagnose, history)
         args, device = _split_device(args, device)
         config = spec.config_from_args(args, kwargs, extra_names=_EXTRA_NAMES)
         monitor = CollapseMonitor(max_consecutive_skips, on_collapse)
@@ -332,6 +450,11 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         # here device= creates it at once, so a flag tells whether scale() ran.
         self._scale_called = False
         self.num_steps = 0
+        self._diagnose = diagnose
+        self._history_size = int(history)
+        self._reset_diagnostics()
+        # Parameter names from watch(): id -> (weak reference, name), matched by identity.
+        self._names: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
         if explicit is not None and config.enabled:
             try:
                 self._lazy_init_scale_growth_tracker(explicit)
@@ -345,6 +468,31 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.state}, {self._config})"
+
+    def _reset_diagnostics(self) -> None:
+        """Empties what the diagnostics keep (a new scaler, or a pickled copy's)."""
+        self.__dict__.update(self._fresh_diagnostics())
+
+    def _fresh_diagnostics(self) -> dict[str, Any]:
+        return {
+            # The history ring: [N, 2] float32 (scale, skipped) on the scale's device, made
+            # with the scale; a view per slot, so that a record is one op (a stack into it).
+            # Record k (from 0) is update _ring_base + k + 1: every update writes one.
+            "_ring": None, "_ring_slots": (), "_ring_count": 0, "_ring_base": 0,
+            # Host references only (no device work): the optimizers checked since the
+            # last update, id -> (weak reference, whether unscale_ ran on it), and the
+            # last single-tensor input of scale().
+            "_checking": {}, "_scaled_input": None,
+            # The last update(), for overflow_report(): its number, its found_inf (a bool
+            # when a plain step() read it, else the device flag; None: no update yet or
+            # a manual update(new_scale)), what it checked, the config it ran, and how
+            # many load_state_dict() calls had been made (one since: the scale is not
+            # what the update left).
+            "_diag_step": 0, "_diag_found": None, "_diag_checked": {}, "_diag_input": None,
+            "_diag_functional": 0, "_diag_config": self._config, "_diag_loads": 0,
+            "_loads": 0, "_diag_report": None, "_diag_report_ready": False,
+            "_last_skip_report": None,
+        }
 
     def _sync_torch_attributes(self) -> None:
         self._rule_graph: tuple[Any, torch.Tensor] | None = None  # holds the old config
@@ -372,6 +520,11 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._skipped_on_device = torch.zeros((), dtype=torch.float32, device=dev)
         self._hysteresis_may_be_set = self._init_hysteresis_tracker > 0
         self._device = dev.type
+        if self._history_size:
+            self._ring = torch.zeros((self._history_size, 2), dtype=torch.float32, device=dev)
+            self._ring_slots = self._ring.unbind(0)
+            self._ring_count = 0
+            self._ring_base = self._updates
 
     def _ensure_scale(self, optimizer: torch.optim.Optimizer) -> None:
         if self._scale is None:
@@ -509,6 +662,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._clamp_tracker = True
         self._hysteresis_may_be_set = state.hysteresis_tracker > 0
         self._scale_known(state.scale)
+        self._loads += 1
 
     def __getstate__(self) -> dict[str, Any]:
         d = super().__getstate__()
@@ -521,6 +675,9 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         for name in ("_hysteresis_tracker", "_consecutive_skips", "_skipped_on_device",
                      "_process_group", "_constants", "_rule_graph"):
             d[name] = None
+        # History and reports are not state (weak references do not pickle either):
+        # the copy starts them afresh.
+        d.update(self._fresh_diagnostics(), _names={})
         return d
 
     # ------------------------------------------------------------ skipped-step reporting
@@ -550,6 +707,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             self._scale_called = True
         if not self._bf16_warned:
             self._warn_if_bf16(outputs)
+        # A reference (no op): overflow_report() checks it for inf/NaN after a skip.
+        self._scaled_input = outputs if isinstance(outputs, torch.Tensor) else None
         # torch's scale() takes a tensor or an iterable of them; dicts (named
         # losses) and nesting are mapped here too.
         return tree_map(self._scale_one, outputs)
@@ -600,6 +759,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                 "unscaled float16 gradients flush small values to zero, which is what loss "
                 "scaling exists to prevent. (Fused optimizers take float16 gradients.)"
             ) from None
+        self._checking[id(optimizer)] = (weakref.ref(optimizer), True)
         self._finish_check(optimizer)
 
     def _require_scale_called(self, verb: str) -> None:
@@ -638,6 +798,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         # The fused path's check: no unscaling (the fused kernel does it).
         self._ensure_scale(optimizer)
         super()._check_inf_per_device(optimizer)
+        self._checking[id(optimizer)] = (weakref.ref(optimizer), False)
         self._finish_check(optimizer)
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
 
@@ -734,7 +895,13 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         ``new_scale`` sets the scale instead, leaving the trackers, as torch does:
         a Python or NumPy number, or a 1-element NumPy array (checked: finite and
         > 0 in float32), or a 1-element floating-point tensor (not checked: that
-        would wait for the device).
+        would wait for the device). Such a manual update is not counted as an update:
+        it is not recorded in :meth:`history`, and :meth:`overflow_report` returns
+        None after it (it did not skip).
+
+        With ``history=N`` it writes one record into the ring (one op); with
+        ``diagnose=True`` it builds the overflow report when the update skips (and,
+        after a fused optimizer's step, reads found_inf to know whether it did).
 
         Example:
             >>> import numpy as np
@@ -754,6 +921,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                 "scaler.update()")
         if new_scale is not None:
             self._set_scale(new_scale)
+            self._diag_found = None  # not a skip; overflow_report() is None after it
         else:
             found_infs = [found.to(scale.device, non_blocking=True)
                           for state in self._per_optimizer_states.values()
@@ -771,13 +939,21 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                 found = torch.stack(found_infs).sum().clamp_(max=1.0)
             else:
                 found = found_infs[0]  # 0.0 or 1.0
+            # Both before the update changes the scale in place.
+            if self._ring is not None:
+                self._record(scale, found)
+            # Not inside a traced graph: a replay would not run this Python.
+            diagnosed = self._diagnose and not _traced(scale.device)
+            report = self._diagnose_now(scale, found, host_found) if diagnosed else None
             self._apply_update(scale, growth, found)
             self._updates += 1
+            self._remember_update(found, host_found, report, diagnosed)
             self._watch_collapse(found, host_found)
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
         self._functional_found_inf = []
         self._host_reads = 0
         self._host_found = False
+        self._checking = {}
 
     def _set_scale(self, new_scale: Any) -> None:
         # One message shape with the numpy backend's, whatever the type.
@@ -860,9 +1036,223 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             skips = (int(self._consecutive_skips.item()) if self._skips_on_device
                      else self._host_skips)
             if scale < spec.FLOAT32_MIN_NORMAL or (limit is not None and skips >= limit):
-                self._monitor.report(self._updates, scale, skips)
+                self._monitor.report(self._updates, scale, skips, detail=self._collapse_detail)
             else:
                 self._monitor.clear()
+
+    # ------------------------------------------------------------ diagnostics
+
+    def watch(self, model: Any) -> None:
+        """Names the parameters in :meth:`overflow_report`.
+
+        ``model`` is anything with ``named_parameters()`` (a ``torch.nn.Module``, a
+        Lightning module, DDP) or an iterable of ``(name, parameter)`` pairs. Names
+        are matched to the optimizer's parameters by identity (weakly held: watching
+        keeps nothing alive); a later call adds names, renaming a parameter seen
+        again. Parameters without a name are reported as ``param_groups[g][i]``
+        (``optimizers[k].param_groups[g][i]`` when several optimizers were checked).
+
+        Example:
+            >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+            >>> scaler = TorchGradScaler(device="cpu")
+            >>> scaler.watch(model)
+            >>> scaler.watch([("head", torch.nn.Parameter(torch.zeros(1)))])
+        """
+        pairs = model.named_parameters() if hasattr(model, "named_parameters") else model
+        try:
+            pairs = list(pairs)
+        except TypeError:
+            raise TypeError(f"watch() takes a model with named_parameters() or an iterable of "
+                            f"(name, parameter) pairs, got {type(model).__name__}: pass the "
+                            "model, or dict(model.named_parameters()).items()") from None
+        for pair in pairs:
+            if not (isinstance(pair, tuple) and len(pair) == 2
+                    and isinstance(pair[1], torch.Tensor)):
+                raise TypeError(f"watch() takes (name, parameter) pairs, got {pair!r:.100}: "
+                                "pass model.named_parameters() or the model itself")
+        self._names = {key: entry for key, entry in self._names.items()
+                       if entry[0]() is not None}
+        for name, param in pairs:
+            self._names[id(param)] = (weakref.ref(param), str(name))
+
+    def overflow_report(self) -> OverflowReport | None:
+        """Which gradients held inf/NaN at the last update, if it skipped; else None.
+
+        None also before any update, after a manual ``update(new_scale)`` and on a
+        disabled scaler. The report lists, in parameter order, the gradients of the
+        optimizers checked in that iteration that held inf or NaN, each with its inf
+        and NaN counts and its largest finite magnitude (of the gradient as stored:
+        unscaled after ``unscale_``/``step``; a fused optimizer's gradients are still
+        multiplied by the scale, as its kernel skips everything), and whether the last
+        single tensor given to :meth:`scale` was finite (None when it was a list or
+        dict). Built from the gradients as they are when first asked (``diagnose=True``:
+        inside the skipped ``update()``), then kept until the next update. It reads
+        the device; it never changes a step, the scale or found_inf.
+
+        Example:
+            >>> model = torch.nn.Linear(2, 1)
+            >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            >>> scaler = TorchGradScaler(1024.0, device="cpu")
+            >>> scaler.watch(model)
+            >>> scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+            >>> model.bias.grad[0] = float("inf")  # an overflow, injected
+            >>> scaler.step(opt); scaler.update()
+            >>> report = scaler.overflow_report()
+            >>> report.names, report.step, report.scale, report.loss_finite
+            (['bias'], 1, 1024.0, True)
+        """
+        if not self._enabled or self._diag_found is None:
+            return None
+        if not self._diag_report_ready:
+            found = self._diag_found
+            skipped = found if isinstance(found, bool) else bool(found.item())
+            report = self._build_report(self._scale_of_last_update(), self._diag_step,
+                                        self._diag_checked, self._diag_input,
+                                        self._diag_functional, now=False) if skipped else None
+            self._keep_report(report)
+        return self._diag_report
+
+    def history(self) -> ScaleHistory:
+        """The last ``history`` updates: ``(iteration, scale, skipped)``, oldest first.
+
+        ``iteration`` counts updates from 1; ``scale`` is the scale that iteration's
+        loss was multiplied by (before the update changed it); ``skipped`` whether its
+        step was skipped. A manual ``update(new_scale)`` is not recorded. The records
+        live on the scale's device, written without a host sync; the host counts the
+        updates. (Updates replayed from a CUDA graph are not kept faithfully: a replay
+        rewrites the slot its capture wrote, and the host does not see it.) Reads the
+        device once.
+
+        Raises:
+            ValueError: The scaler was built with ``history=0``.
+
+        Example:
+            >>> model = torch.nn.Linear(2, 1)
+            >>> opt = torch.optim.SGD(model.parameters(), lr=0.0)
+            >>> scaler = TorchGradScaler(1024.0, growth_interval=1, device="cpu", history=2)
+            >>> for x in (1.0, 1.0, float("inf")):  # the third overflows
+            ...     scaler.scale(model(torch.full((1, 2), x)).sum()).backward()
+            ...     scaler.step(opt); scaler.update(); opt.zero_grad()
+            >>> scaler.history().as_list()
+            [(2, 2048.0, False), (3, 4096.0, True)]
+        """
+        if not self._history_size:
+            raise ValueError("this scaler keeps no history (history=0): build it with "
+                             "history=N, e.g. TorchGradScaler(..., history=1024), to keep the "
+                             "last N updates")
+        if self._ring is None or not self._ring_count:
+            return ScaleHistory([], [], [])
+        records = self._ring.tolist()  # the one read
+        size, count = self._history_size, self._ring_count
+        # Slot s holds the last record k < count with k % size == s.
+        last = [count - 1 - (count - 1 - s) % size for s in range(size)]
+        return ScaleHistory.from_ring([self._ring_base + k + 1 for k in last],
+                                      [r[0] for r in records], [r[1] > 0 for r in records],
+                                      count)
+
+    def _record(self, scale: torch.Tensor, found: torch.Tensor) -> None:
+        # One op into the slot's view (found is float32 0.0/1.0 on the scale's device).
+        # A traced update indexes the ring instead: one graph for every slot, where a
+        # view per slot would be a guard, and a recompilation, per slot.
+        slot = self._ring_count % self._history_size
+        out = self._ring[slot] if torch.compiler.is_compiling() else self._ring_slots[slot]
+        torch.stack((scale, found), out=out)
+        self._ring_count += 1
+
+    def _diagnose_now(self, scale: torch.Tensor, found: torch.Tensor,
+                      host_found: bool | None) -> OverflowReport | None:
+        """diagnose=True: the report of this update if it skips, built before the update
+        changes the scale. A plain step() has read found_inf already; otherwise this is
+        the one read."""
+        skipped = host_found if host_found is not None else bool(found.item())
+        if not skipped:
+            return None
+        return self._build_report(float(scale.item()), self._updates + 1, self._checking,
+                                  self._scaled_input, len(self._functional_found_inf),
+                                  now=True)
+
+    def _remember_update(self, found: torch.Tensor, host_found: bool | None,
+                         report: OverflowReport | None, diagnosed: bool) -> None:
+        # Host assignments only: what overflow_report() needs later.
+        self._diag_step = self._updates
+        self._diag_found = host_found if host_found is not None else found
+        self._diag_checked = self._checking
+        self._diag_input = self._scaled_input
+        self._diag_functional = len(self._functional_found_inf)
+        self._diag_config = self._config
+        self._diag_loads = self._loads
+        self._diag_report_ready = False
+        if diagnosed:
+            self._keep_report(report)
+
+    def _keep_report(self, report: OverflowReport | None) -> None:
+        self._diag_report = report
+        self._diag_report_ready = True
+        if report is not None:
+            self._last_skip_report = report
+
+    def _scale_of_last_update(self) -> tuple[float, str]:
+        """The scale the last (skipped) update started from, and a note when inexact."""
+        if self._ring is not None and self._ring_count:
+            return float(self._ring[(self._ring_count - 1) % self._history_size, 0]), ""
+        if self._diag_loads != self._loads:
+            return math.nan, "The scale was loaded since the update, so its scale is unknown."
+        scale, exact = _scale_before_skip(self._diag_config, float(self._scale.item()),
+                                          int(self._hysteresis_tracker.item()))
+        return scale, "" if exact else (
+            "The scale is inferred from the backed-off one and may be off by a rounding "
+            "(or the min_scale clamp): history=N or diagnose=True keep the exact value.")
+
+    def _build_report(self, scale: float | tuple[float, str], step: int,
+                      checked: dict[int, tuple[weakref.ref[Any], bool]],
+                      loss: torch.Tensor | None, functional: int, now: bool) -> OverflowReport:
+        scale, note = scale if isinstance(scale, tuple) else (scale, "")
+        notes = [note] if note else []
+        optimizers = [(ref(), unscaled) for ref, unscaled in checked.values()]
+        if any(opt is None for opt, _ in optimizers):
+            notes.append("An optimizer checked in that iteration has been deleted since.")
+        optimizers = [(opt, unscaled) for opt, unscaled in optimizers if opt is not None]
+        several = len(optimizers) > 1
+        named_grads: list[tuple[str, torch.Tensor]] = []
+        seen: set[int] = set()
+        for k, (opt, _) in enumerate(optimizers):
+            for g, group in enumerate(opt.param_groups):
+                for i, param in enumerate(group["params"]):
+                    if param.grad is None or id(param) in seen:
+                        continue
+                    seen.add(id(param))
+                    named_grads.append((self._name_of(param, k, g, i, several), param.grad))
+        overflows = _count_overflows(named_grads)
+        loss_finite = None if loss is None else bool(torch.isfinite(loss.detach()).all())
+        if scale < spec.MIN_UNSCALABLE:
+            notes.append(f"The scale {scale:g} is below {spec.MIN_UNSCALABLE:.3g}, whose "
+                         "reciprocal is inf in float32: every check fails there; set "
+                         "min_scale to keep a floor.")
+        elif not overflows and not now:
+            notes.append("No gradient holds inf/NaN now: they were zeroed or freed since "
+                         "the update (zero_grad()); build the scaler with diagnose=True "
+                         "to keep the report from inside update().")
+        if overflows and any(not unscaled for _, unscaled in optimizers):
+            notes.append("A fused optimizer's gradients are still multiplied by the scale "
+                         "(its kernel skipped the step, unscaling included).")
+        if functional:
+            notes.append(f"{functional} check(s) by unscale(grads) are not covered: their "
+                         "gradients are copies the caller holds.")
+        return OverflowReport(step, scale, overflows, len(named_grads), loss_finite,
+                              " ".join(notes))
+
+    def _name_of(self, param: torch.Tensor, k: int, g: int, i: int, several: bool) -> str:
+        entry = self._names.get(id(param))
+        if entry is not None and entry[0]() is param:
+            return entry[1]
+        return (f"optimizers[{k}]." if several else "") + f"param_groups[{g}][{i}]"
+
+    def _collapse_detail(self) -> str:
+        """The collapse warning's last sentence: the last skipped update's report."""
+        report = self.overflow_report() or self._last_skip_report
+        if report is None:
+            return ""
+        return f"Last overflow: {report.summary()}. {report.cause()}".rstrip()
 
     # ------------------------------------------------------------ tooling
 
