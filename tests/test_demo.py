@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from unifiedamp import cli, demo, spec
+from unifiedamp.diagnostics import ScaleHistory
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -22,8 +23,9 @@ def run_demo(*args: str) -> subprocess.CompletedProcess:
 
 def test_numpy_torch_and_jax_follow_the_spec_and_the_plot_is_written(tmp_path):
     png = tmp_path / "scale.png"
+    histories = tmp_path / "histories"
     proc = run_demo("--backend", "numpy", "--backend", "torch", "--backend", "jax",
-                    "--out", str(png), "--json")
+                    "--out", str(png), "--history", str(histories), "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["passed"] and report["plot"] == str(png) and report["steps"] == 40
@@ -37,6 +39,14 @@ def test_numpy_torch_and_jax_follow_the_spec_and_the_plot_is_written(tmp_path):
         assert [r["scale_hex"] for r in result["records"]] == [
             spec.f32_hex(s.scale) for s in expected]
         assert [r["step"] for r in result["records"] if r["skipped"]] == list(demo.OVERFLOW_STEPS)
+        # The scaler's own ring (device-side on torch and JAX) holds each step's number,
+        # the scale it ran with and whether it skipped; --history wrote it for `plot`.
+        before = [demo.CONFIG["init_scale"]] + [s.scale for s in expected[:-1]]
+        assert result["history_matches"]
+        assert result["history"] == [[k + 1, b, demo.forced_overflow(k)]
+                                     for k, b in enumerate(before)], name
+        saved = ScaleHistory.from_json(histories / f"{name}.json")
+        assert saved.as_list() == [tuple(row) for row in result["history"]]
         # It trains: the loss of the finite steps goes down.
         losses = [r["loss"] for r in result["records"] if r["loss"] is not None]
         assert sum(losses[-5:]) < sum(losses[:5]), name
@@ -62,11 +72,11 @@ def test_the_table_and_a_not_installed_backend(monkeypatch, capsys, tmp_path):
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0].split() == ["backend", "device", "dtype", "steps", "skips", "final", "scale",
-                                "time", "matches", "spec"]
+                                "time", "matches", "spec", "history"]
     assert lines[2].split()[:6] == ["numpy", "cpu", "float16", "12", "1", "4096"]
-    assert lines[2].endswith("yes")
+    assert lines[2].split()[-2:] == ["yes", "matches"]
     assert ("torch    -       -        -      -      -            -      not run (not installed: "
-            "pip install 'unifiedamp[torch]')") in out
+            "pip install 'unifiedamp[torch]')  -") in out
     assert "plot: not drawn (--out none)" in out and lines[-1] == "result: PASS"
 
     assert cli.main(["demo", "--backend", "numpy", "--backend", "mlx", "--steps", "3",
@@ -100,6 +110,22 @@ def test_a_diverging_trajectory_is_reported_with_its_step():
     assert diverged["step"] == 9
     assert diverged["expected"]["scale_hex"] == "0x45800000"
     assert diverged["got"]["scale_hex"] == "0x45000000"
+
+
+def test_a_history_that_differs_from_the_records_fails_the_run(monkeypatch, capsys):
+    # A scaler whose ring recorded the scale after the update instead of the one used.
+    real = demo._run_child
+
+    def shifted(name, steps):
+        result = real(name, steps)
+        result["history"] = [[k, r["scale"], s] for (k, _, s), r in
+                             zip(result["history"], result["records"], strict=True)]
+        return result
+
+    monkeypatch.setattr(demo, "_run_child", shifted)
+    assert cli.main(["demo", "--backend", "numpy", "--steps", "12", "--out", "none"]) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS" in out and out.splitlines()[-1] == "result: FAIL"
 
 
 def test_a_crashing_child_is_reported_not_fatal():

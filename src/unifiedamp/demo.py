@@ -150,7 +150,7 @@ def _train_numpy(steps: int, emit: _Emitter) -> None:
     init, batches = _data(steps)
     params = [p.copy() for p in init]
     opt = SGD(params, lr=_LR)
-    scaler = ua.GradScaler(**CONFIG, backend="numpy")
+    scaler = ua.GradScaler(**CONFIG, backend="numpy", history=steps)
     emit.header("cpu", "float16")
     for x, y in batches:
         w1, b1, w2, b2 = (p.astype(np.float16) for p in params)
@@ -167,6 +167,7 @@ def _train_numpy(steps: int, emit: _Emitter) -> None:
         scaler.step(opt)
         scaler.update()
         emit(scaler.state, not _changed(before, params), loss)
+    emit.history(scaler.history())
 
 
 def _train_torch(steps: int, emit: _Emitter) -> None:
@@ -178,7 +179,7 @@ def _train_torch(steps: int, emit: _Emitter) -> None:
     init, batches = _data(steps)
     params = [torch.nn.Parameter(torch.tensor(p, device=device)) for p in init]
     opt = torch.optim.SGD(params, lr=_LR)
-    scaler = ua.GradScaler(**CONFIG, device=device, backend="torch")
+    scaler = ua.GradScaler(**CONFIG, device=device, backend="torch", history=steps)
 
     def forward(dtype: str, x: Any) -> Any:
         dt = getattr(torch, dtype)
@@ -198,6 +199,7 @@ def _train_torch(steps: int, emit: _Emitter) -> None:
         opt.zero_grad()
         emit(scaler.state, not _changed(before, [p.detach().cpu().numpy() for p in params]),
              loss.item())
+    emit.history(scaler.history())
 
 
 def _train_paddle(steps: int, emit: _Emitter) -> None:
@@ -212,7 +214,7 @@ def _train_paddle(steps: int, emit: _Emitter) -> None:
                                       default_initializer=paddle.nn.initializer.Assign(p))
               for p in init]
     opt = paddle.optimizer.SGD(learning_rate=_LR, parameters=params)
-    scaler = ua.GradScaler(**CONFIG, backend="paddle")
+    scaler = ua.GradScaler(**CONFIG, backend="paddle", history=steps)
 
     def forward(dtype: str, x: Any) -> Any:
         w1, b1, w2, b2 = (p.astype(dtype) for p in params)
@@ -228,6 +230,7 @@ def _train_paddle(steps: int, emit: _Emitter) -> None:
         scaler.update()
         opt.clear_grad()
         emit(scaler.state, not _changed(before, [p.numpy() for p in params]), float(loss))
+    emit.history(scaler.history())
 
 
 def _train_keras(steps: int, emit: _Emitter) -> None:
@@ -243,7 +246,7 @@ def _train_keras(steps: int, emit: _Emitter) -> None:
                               keras.layers.Dense(_HIDDEN, "tanh", dtype="mixed_float16"),
                               keras.layers.Dense(1, dtype="mixed_float16")])
     model.set_weights(init)
-    scaler = ua.GradScaler(**CONFIG, backend="keras")
+    scaler = ua.GradScaler(**CONFIG, backend="keras", history=steps)
     opt = scaler.wrap(keras.optimizers.SGD(_LR))
     opt.build(model.trainable_variables)
 
@@ -262,6 +265,7 @@ def _train_keras(steps: int, emit: _Emitter) -> None:
         before = model.get_weights()
         loss = train_step(x, y)
         emit(scaler.state, not _changed(before, model.get_weights()), float(loss))
+    emit.history(scaler.history())
 
 
 def _train_jax(steps: int, emit: _Emitter) -> None:
@@ -270,7 +274,7 @@ def _train_jax(steps: int, emit: _Emitter) -> None:
     import optax
 
     import unifiedamp as ua
-    from unifiedamp.backends.jax import step_if_finite
+    from unifiedamp.backends.jax import history_init, history_record, scale_history, step_if_finite
 
     init, batches = _data(steps)
     params = [jnp.asarray(p) for p in init]  # on jax's default device: the GPU when there is one
@@ -284,7 +288,7 @@ def _train_jax(steps: int, emit: _Emitter) -> None:
         return jnp.mean((out - y) ** 2)
 
     @jax.jit
-    def step(params: Any, opt_state: Any, scaler: Any, x: Any, y: Any) -> Any:
+    def step(params: Any, opt_state: Any, scaler: Any, history: Any, x: Any, y: Any) -> Any:
         grads, loss = jax.grad(lambda p: (scaler.scale(loss_fn(p, x, y)), loss_fn(p, x, y)),
                                has_aux=True)(params)
         grads, finite = scaler.unscale(grads)
@@ -295,13 +299,16 @@ def _train_jax(steps: int, emit: _Emitter) -> None:
             return optax.apply_updates(params, updates), opt_state
 
         params, opt_state = step_if_finite(finite, apply, (params, opt_state))
-        return params, opt_state, scaler.update(finite), loss
+        history = history_record(history, scaler, finite)  # the ring stays on the device
+        return params, opt_state, scaler.update(finite), history, loss
 
     emit.header(jax.devices()[0].platform, "float16")
+    history = history_init(steps)
     for x, y in batches:
         before = params
-        params, opt_state, scaler, loss = step(params, opt_state, scaler, x, y)
+        params, opt_state, scaler, history, loss = step(params, opt_state, scaler, history, x, y)
         emit(scaler.state, not _changed(before, params), float(loss))
+    emit.history(scale_history(history))
 
 
 def _train_mlx(steps: int, emit: _Emitter) -> None:
@@ -310,6 +317,7 @@ def _train_mlx(steps: int, emit: _Emitter) -> None:
     import mlx.optimizers as optim
 
     import unifiedamp as ua
+    from unifiedamp.backends.mlx import history_init, history_record, scale_history
 
     init, batches = _data(steps)
 
@@ -332,16 +340,19 @@ def _train_mlx(steps: int, emit: _Emitter) -> None:
         return scaler.scale(mx.mean((model(x) - y) ** 2))
 
     loss_and_grad = nn.value_and_grad(model, scaled_loss)
+    history = history_init(steps)
     for x, y in batches:
         scaled, grads = loss_and_grad(model, mx.array(x), mx.array(y), scaler)
         grads, finite = scaler.unscale(grads)
         before = [mx.array(p) for p in (model.w1, model.b1, model.w2, model.b2)]
         scaler.apply(opt, model, grads, finite)
         loss = scaled / scaler.get_scale()
+        history = history_record(history, scaler, finite)
         scaler = scaler.update(finite)
         after = [model.w1, model.b1, model.w2, model.b2]
-        mx.eval(after, opt.state, loss)
+        mx.eval(after, opt.state, loss, history)
         emit(scaler.state, not _changed(before, after), loss.item())
+    emit.history(scale_history(history))
 
 
 _TRAINERS = {"numpy": _train_numpy, "torch": _train_torch, "paddle": _train_paddle,
@@ -360,6 +371,10 @@ class _Emitter:
 
     def header(self, device: str, dtype: str) -> None:
         self._print({"device": device, "dtype": dtype})
+
+    def history(self, history: Any) -> None:
+        """The scaler's own history ring (``history()``): checked against the records."""
+        self._print({"history": history.as_list()})
 
     def __call__(self, state: spec.ScalerState, skipped: bool, loss: float) -> None:
         self._print({"step": self.step, "scale": state.scale,
@@ -448,6 +463,20 @@ def _run_child(name: str, steps: int) -> dict[str, Any]:
     return result
 
 
+def expected_history(records: list[dict[str, Any]]) -> list[list[Any]]:
+    """What a scaler's history ring must hold after the steps of ``records`` (from 0): per
+    update, its number from 1, the scale that step ran with and whether it was skipped.
+
+    Example:
+        >>> expected_history([{"scale": 512.0, "skipped": True},
+        ...                   {"scale": 512.0, "skipped": False}])
+        [[1, 1024.0, True], [2, 512.0, False]]
+    """
+    before = [spec.f32(CONFIG["init_scale"])] + [r["scale"] for r in records[:-1]]
+    return [[k + 1, scale, r["skipped"]] for k, (scale, r) in enumerate(zip(before, records,
+                                                                             strict=True))]
+
+
 def demo_report(names: list[str] | None = None, steps: int = PERIOD) -> dict[str, Any]:
     """Trains every backend in ``names`` (default: every one installed) for ``steps`` steps,
     each in its own process, and compares each trajectory with :func:`reference`.
@@ -455,10 +484,15 @@ def demo_report(names: list[str] | None = None, steps: int = PERIOD) -> dict[str
     A backend named in ``names`` that is not installed fails the report; with ``names=None``
     it is only listed in ``not_run``.
 
+    Each child also returns its scaler's history ring (``history()``; JAX and MLX:
+    ``history_record`` in the step), which must equal :func:`expected_history`.
+
     Example:
         >>> report = demo_report(["numpy"], steps=12)
         >>> report["passed"], report["backends"]["numpy"]["matches_spec"]
         (True, True)
+        >>> report["backends"]["numpy"]["history_matches"]
+        True
     """
     requested = names is not None
     names = list(BACKENDS) if names is None else list(dict.fromkeys(names))
@@ -471,12 +505,14 @@ def demo_report(names: list[str] | None = None, steps: int = PERIOD) -> dict[str
         records = result["records"]
         diverged = first_divergence(records, steps)
         result.update(matches_spec=result["status"] == "ok" and diverged is None,
+                      history_matches=result.get("history") == expected_history(records),
                       first_divergence=diverged,
                       skips=sum(r["skipped"] for r in records),
                       final_scale=records[-1]["scale"] if records else None)
         backends[name] = result
     not_run = [n for n, r in backends.items() if r["status"] == "not installed"]
-    passed = all(r.get("matches_spec", False) for n, r in backends.items() if n not in not_run)
+    passed = all(r.get("matches_spec", False) and r.get("history_matches", False)
+                 for n, r in backends.items() if n not in not_run)
     return {"config": CONFIG, "overflow_steps": [s for s in range(steps) if forced_overflow(s)],
             "steps": steps, "passed": passed and not (requested and not_run),
             "not_run": not_run, "backends": backends}
@@ -535,16 +571,18 @@ def _plot(report: dict[str, Any], path: str) -> None:
 
 
 def _print_summary(report: dict[str, Any]) -> None:
-    rows = [("backend", "device", "dtype", "steps", "skips", "final scale", "time", "matches spec")]
+    rows = [("backend", "device", "dtype", "steps", "skips", "final scale", "time", "matches spec",
+             "history")]
     for name, r in report["backends"].items():
         if r["status"] == "not installed":
-            rows.append((name, *["-"] * 6, f"not run (not installed: {r['detail']})"))
+            rows.append((name, *["-"] * 6, f"not run (not installed: {r['detail']})", "-"))
             continue
         d = r["first_divergence"]
         match = "yes" if r["matches_spec"] else f"NO, from step {d['step']}" if d else "NO"
         final = "-" if r["final_scale"] is None else f"{r['final_scale']:g}"
         rows.append((name, r.get("device", "?"), r.get("dtype", "?"), str(len(r["records"])),
-                     str(r["skips"]), final, f"{r['seconds']} s", match))
+                     str(r["skips"]), final, f"{r['seconds']} s", match,
+                     "matches" if r["history_matches"] else "DIFFERS"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for j, row in enumerate(rows):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
@@ -580,6 +618,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if out is not None:
         _plot(report, out)
     report["plot"] = out
+    if args.history is not None:
+        from unifiedamp.diagnostics import ScaleHistory
+
+        os.makedirs(args.history, exist_ok=True)
+        for name, r in report["backends"].items():
+            if r.get("history"):
+                ScaleHistory(*zip(*r["history"], strict=True)).to_json(
+                    os.path.join(args.history, f"{name}.json"))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -596,8 +642,8 @@ def add_parser(sub: Any) -> None:
         >>> parser = argparse.ArgumentParser()
         >>> add_parser(parser.add_subparsers())
         >>> args = parser.parse_args(["demo", "--backend", "numpy", "--out", "none"])
-        >>> args.backend, args.steps, args.out
-        (['numpy'], 40, 'none')
+        >>> args.backend, args.steps, args.out, args.history
+        (['numpy'], 40, 'none', None)
     """
     p = sub.add_parser("demo", help="train one fp16 model in every installed framework and "
                                     "plot the scale trajectories")
@@ -610,6 +656,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--out", default="scale.png", metavar="PNG",
                    help="where to write the plot (default scale.png; 'none': no plot, and "
                         "no need for matplotlib)")
+    p.add_argument("--history", default=None, metavar="DIR",
+                   help="write each framework's scaler history to DIR/NAME.json "
+                        "(`unifiedamp plot DIR/NAME.json` draws one)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_demo)
 
