@@ -80,7 +80,10 @@ def test_report_text_names_the_gradients_and_says_whose_fault_it_is():
     assert "1 of 4 gradients" in str(scale_fault)
     assert "backs off, as designed" in scale_fault.cause()
     assert "the model, not the scale" in model_fault.cause() and FIXES in model_fault.cause()
-    assert "the loss itself was inf/NaN" in model_fault.summary()
+    assert model_fault.summary() == "step 5 at scale 65536: fc2.weight (2 inf, 1 NaN)"
+    assert model_fault.collapse_detail() == (
+        f"Last overflow: {model_fault.summary()}. {model_fault.cause()}")
+    assert "The loss itself was inf/NaN before scaling" in model_fault.collapse_detail()
     assert OverflowReport.from_dict(json.loads(json.dumps(model_fault.to_dict()))) == model_fault
 
 

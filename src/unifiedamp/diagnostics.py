@@ -139,13 +139,15 @@ class OverflowReport:
         return ""
 
     def summary(self, limit: int = 3) -> str:
-        """One line: the first ``limit`` gradients, and the loss."""
+        """One line: the step, the scale and the first ``limit`` gradients."""
         names = ", ".join(f"{o.name} ({o.inf} inf, {o.nan} NaN)" for o in self.overflows[:limit])
         more = len(self.overflows) - limit
         names += f" and {more} more" if more > 0 else ""
-        loss = {None: "", True: "; the loss was finite",
-                False: "; the loss itself was inf/NaN before scaling"}[self.loss_finite]
-        return f"step {self.step} at scale {self.scale:g}: {names or 'no gradient named'}{loss}"
+        return f"step {self.step} at scale {self.scale:g}: {names or 'no gradient named'}"
+
+    def collapse_detail(self) -> str:
+        """What a collapse warning ends with: this report's summary and its cause."""
+        return f"Last overflow: {self.summary()}. {self.cause()}".rstrip()
 
     def __str__(self) -> str:
         lines = [f"Step {self.step} was skipped at scale {self.scale:g}: "

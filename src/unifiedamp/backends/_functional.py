@@ -513,7 +513,7 @@ def collapse_message(backend: type[FunctionalGradScaler], scaler: Any,
     def detail() -> str:
         if report is None:
             return ""
-        return f"Last overflow: {report.summary()}. {report.cause()}".rstrip()
+        return report.collapse_detail()
 
     try:
         monitor.report(-1 if step is None else step, scale, skips, detail)

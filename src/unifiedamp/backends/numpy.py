@@ -552,7 +552,7 @@ class NumpyGradScaler(GradScaler):
         report = self.overflow_report()
         if report is None:
             return ""
-        return f"Last overflow: {report.summary()}. {report.cause()}".rstrip()
+        return report.collapse_detail()
 
     def _compute_report(self, last: _LastUpdate, at_update: bool) -> OverflowReport:
         watched = self._watched

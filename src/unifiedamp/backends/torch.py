@@ -1252,7 +1252,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         report = self.overflow_report() or self._last_skip_report
         if report is None:
             return ""
-        return f"Last overflow: {report.summary()}. {report.cause()}".rstrip()
+        return report.collapse_detail()
 
     # ------------------------------------------------------------ tooling
 
