@@ -38,9 +38,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def run_python():
     """Runs Python code in a fresh interpreter (for import-time and CLI behaviour)."""
 
-    def run(code: str, timeout: float = 300, env: dict | None = None):
+    def run(code: str, timeout: float = 300, env: dict | None = None,
+            cwd: str | os.PathLike[str] | None = None):
         full_env = {**os.environ, **(env or {})}
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=timeout, env=full_env)
+                              timeout=timeout, env=full_env, cwd=cwd)
 
     return run

@@ -20,8 +20,9 @@ def python_blocks():
 
 
 @pytest.mark.parametrize("code", list(python_blocks()))
-def test_example_runs(code, run_python):
-    proc = run_python(code)
+def test_example_runs(code, run_python, tmp_path):
+    # In a folder of its own: examples write files (logs, plots) where they run.
+    proc = run_python(code, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
