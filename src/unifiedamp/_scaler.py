@@ -82,6 +82,28 @@ def new_scale_value(new_scale: Any) -> float:
     return scale
 
 
+def diagnostics_options(diagnose: Any, history: Any) -> int:
+    """Checks the imperative backends' ``diagnose`` and ``history`` options; the ring size.
+
+    Example:
+        >>> diagnostics_options(True, 1024)
+        1024
+        >>> diagnostics_options(False, -1)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: history must be an int >= 0 (...), got -1: pass e.g. history=1000
+    """
+    if not isinstance(diagnose, bool):
+        raise TypeError(f"diagnose must be True or False, got {diagnose!r}: pass diagnose=True "
+                        "to keep the overflow report of each skipped step (computed only then)")
+    is_int = isinstance(history, numbers.Integral) and not isinstance(history, bool)
+    if not is_int or history < 0:
+        raise (ValueError if is_int else TypeError)(
+            f"history must be an int >= 0 (the number of updates the ring keeps; 0 keeps "
+            f"none), got {history!r}: pass e.g. history=1000")
+    return int(history)
+
+
 class _FacadeMeta(abc.ABCMeta):
     # Dispatch in the metaclass, not in __new__: a __new__ that returns a
     # GradScaler subclass would have Python call its __init__ a second time.

@@ -20,6 +20,8 @@ bit for bit at every float32 value on every Keras backend.
 from __future__ import annotations
 
 import math
+import warnings
+import weakref
 from functools import partial
 from typing import Any
 
@@ -28,8 +30,9 @@ from keras import ops
 from keras.src.utils import tracking
 
 from unifiedamp import spec
-from unifiedamp._scaler import GradScaler
+from unifiedamp._scaler import GradScaler, diagnostics_options
 from unifiedamp._tree import leaves, tree_map
+from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory, count_overflow
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32, f32_bits
 
 __all__ = ["KerasGradScaler", "SpecLossScaleOptimizer"]
@@ -203,6 +206,65 @@ def _select(finite: Any, new: Any, old: Any) -> Any:
     return ops.where(finite, ops.cast(new, old.dtype), old)
 
 
+# ------------------------------------------------------------ diagnostics
+
+
+def _gradient_stats(g: Any) -> tuple[Any, Any, Any]:
+    """(inf count, NaN count, largest finite |g|) of one gradient: int32, int32, float32."""
+    g = ops.convert_to_tensor(g)
+    if keras.backend.standardize_dtype(g.dtype) in ("float16", "bfloat16"):
+        g = ops.cast(g, "float32")
+    if any(n == 0 for n in g.shape):  # ops.max of nothing fails; unknown sizes are None
+        return _int(0), _int(0), ops.convert_to_tensor(0.0, "float32")
+    inf = ops.sum(ops.cast(ops.isinf(g), "int32"))
+    nan = ops.sum(ops.cast(ops.isnan(g), "int32"))
+    largest = ops.max(ops.where(ops.isfinite(g), ops.abs(g), ops.zeros_like(g)))
+    return inf, nan, ops.cast(largest, "float32")
+
+
+def _unscaled(largest: float, scale: float) -> float:
+    """A gradient magnitude of the scaled loss times ``f32(1 / scale)``, in float32: what
+    unscaling makes of it (rounding is monotonic, so the largest stays the largest)."""
+    import numpy as np
+
+    inverse = np.float32(math.inf) if scale == 0 else np.float32(1.0 / scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(np.float32(largest) * inverse)
+
+
+class _Skip:
+    """The last skipped update on the torch backend (host side): its step and scale, the
+    report when it was computed then, else weak references to the gradients."""
+
+    __slots__ = ("step", "scale", "loss", "grads", "overflows", "checked", "note")
+
+    def __init__(self, step: int, scale: float, loss: Any):
+        self.step, self.scale, self.loss = step, scale, loss
+        self.grads: list[tuple[int, Any]] | None = None  # (variable index, weakref)
+        self.overflows: list[tuple[int, GradientOverflow]] | None = None
+        self.checked = 0
+        self.note = ""
+
+
+def _torch_overflows(pairs: list[tuple[int, Any]]) -> list[tuple[int, GradientOverflow]]:
+    """(variable index, counts) of the torch gradients in ``pairs`` that hold inf/NaN: one
+    finiteness check per gradient, then counts of the few that fail."""
+    import torch
+
+    if not pairs:
+        return []
+    with torch.no_grad():
+        finite = torch.stack([torch.isfinite(g).all() for _, g in pairs]).tolist()
+        return [(i, count_overflow("", g.detach().float().cpu().numpy()))
+                for (i, g), ok in zip(pairs, finite, strict=True) if not ok]
+
+
+_NO_DIAGNOSE = ("The gradients stay inside the compiled train step on the TensorFlow and JAX "
+                "Keras backends: build the scaler with diagnose=True "
+                "(KerasGradScaler(..., diagnose=True)) to record which of them held inf/NaN "
+                "at each skipped step.")
+
+
 # ------------------------------------------------------------ the optimizer
 
 
@@ -216,14 +278,33 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     Keras backend: ``apply(scaled_grads)`` (TensorFlow, torch, and JAX too) and
     ``stateless_apply`` (JAX).
 
+    Diagnostics (``diagnose``, ``history``) add variables of their own, only when
+    on: ``update_count`` (the updates since the optimizer was built), the history
+    ring ``history_iteration``, ``history_scale``, ``history_skipped`` (``history``
+    slots each), and with ``diagnose`` on TensorFlow and JAX ``overflow_step``,
+    ``overflow_scale``, ``overflow_checked``, ``overflow_counts`` (inf and NaN count
+    per trainable variable) and ``overflow_max`` (largest finite magnitude per
+    trainable variable), written in the skipped branch only. They are not state:
+    ``model.save`` leaves them out (the file holds the variables an optimizer
+    without diagnostics holds, so either kind loads it), and a loaded optimizer
+    starts them afresh. ``get_config`` keeps ``diagnose`` and ``history`` when they
+    are set, so ``keras.models.load_model`` rebuilds an optimizer that diagnoses
+    as the saved one did.
+
     Args:
         inner_optimizer: The Keras optimizer to wrap.
         scaler_config: The canonical config, a dict (``ScalerConfig.to_dict()``).
         name: The optimizer's name.
+        diagnose: Record, in each skipped step, which gradients held inf/NaN
+            (:meth:`overflow_report`).
+        history: Keep the last ``history`` updates' scale and skip flag on the
+            device (:meth:`history`); 0 keeps none.
     """
 
     def __init__(self, inner_optimizer: Any, scaler_config: dict[str, Any] | None = None,
-                 name: str | None = None, **kwargs: Any):
+                 name: str | None = None, diagnose: bool = False, history: int = 0,
+                 **kwargs: Any):
+        history = diagnostics_options(diagnose, history)
         config = ScalerConfig(**(scaler_config or {}))
         # Keras's own arguments, for code that reads them; the rule uses the config.
         kwargs.pop("initial_scale", None)
@@ -233,11 +314,29 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self._spec = config
         self._pending: ScalerState | None = None
         self._jitted_apply: Any = None
+        self._diagnose = diagnose
+        self._history_size = history
+        self._diagnostic_ids: frozenset[int] = frozenset()
+        # torch only (the host path): updates so far, the last loss given to
+        # scale_loss, and the last skipped update.
+        self._host_updates = 0
+        self._last_loss: Any = None
+        self._last_skip: _Skip | None = None
 
     @property
     def scaler_config(self) -> ScalerConfig:
         """The canonical config this optimizer follows."""
         return self._spec
+
+    @property
+    def diagnose(self) -> bool:
+        """Whether skipped steps record which gradients held inf/NaN."""
+        return self._diagnose
+
+    @property
+    def history_size(self) -> int:
+        """How many updates the history ring keeps (0: none)."""
+        return self._history_size
 
     # As Keras's own build: the optimizer tracks its variables itself.
     @tracking.no_automatic_dependency_tracking
@@ -248,9 +347,34 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.hysteresis_counter = self.add_variable(
             shape=(), dtype="int", initializer=keras.initializers.Zeros(), aggregation="none",
             name="hysteresis_counter")
+        self._build_diagnostics(len(var_list))
         if self._pending is not None:
             self._assign_state(self._pending)
             self._pending = None
+
+    def _build_diagnostics(self, num_variables: int) -> None:
+        made = []
+
+        def add(shape: tuple[int, ...], dtype: str, name: str) -> Any:
+            made.append(self.add_variable(shape=shape, dtype=dtype, name=name,
+                                          initializer=keras.initializers.Zeros(),
+                                          aggregation="none"))
+            return made[-1]
+
+        if self._diagnose or self._history_size:
+            self.update_count = add((), "int32", "update_count")
+        if self._history_size:
+            n = self._history_size
+            self.history_iteration = add((n,), "int32", "history_iteration")
+            self.history_scale = add((n,), "float32", "history_scale")
+            self.history_skipped = add((n,), "int32", "history_skipped")
+        if self._diagnose and keras.backend.backend() != "torch":
+            self.overflow_step = add((), "int32", "overflow_step")
+            self.overflow_scale = add((), "float32", "overflow_scale")
+            self.overflow_checked = add((), "int32", "overflow_checked")
+            self.overflow_counts = add((num_variables, 2), "int32", "overflow_counts")
+            self.overflow_max = add((num_variables,), "float32", "overflow_max")
+        self._diagnostic_ids = frozenset(id(v) for v in made)
 
     # ------------------------------------------------------------ state
 
@@ -319,6 +443,7 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 ops.where(back_off, zero_h, hyst))
 
     def _assign_next(self, finite: bool) -> None:
+        self._record(not finite)
         scale, growth, hyst = self._next(finite)
         self.dynamic_scale.assign(scale)
         self.step_counter.assign(ops.cast(growth, self.step_counter.dtype))
@@ -345,6 +470,7 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def scale_loss(self, loss: Any) -> Any:
         """The loss times the scale, in the loss's dtype (what ``model.fit`` calls)."""
+        self._note_loss(loss)
         if not self.built:
             return _multiply(loss, *_split(_int(f32_bits(self._spec.init_scale))))
         return _multiply(loss, *_split(_i32(self.dynamic_scale)))
@@ -365,7 +491,16 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
         self._assign_next(True)
 
-    def _stateful_handle_non_finite_grads(self) -> None:
+    def _stateful_handle_non_finite_grads(self, grads: list[Any] | None = None,
+                                          trainable_variables: Any = None,
+                                          replicas: list[list[Any]] | None = None) -> None:
+        """The skipped branch: with ``diagnose``, the gradients' counts first (of ``grads``,
+        or summed over the local replicas' gradient lists ``replicas``)."""
+        if self._diagnose and keras.backend.backend() != "torch":
+            tvs = trainable_variables or self._trainable_variables
+            if replicas is None and grads is not None:
+                replicas = [list(grads)]
+            self._record_overflow(replicas, self._indices(tvs))
         self._assign_next(False)
 
     def _common_apply(self, grads: list[Any], trainable_variables: Any = None) -> None:
@@ -388,7 +523,10 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             for var, value in zip(self.variables, new_ovs, strict=True):
                 var.assign(value)
             return
-        super()._common_apply(grads, trainable_variables)
+        # Keras's own, with the gradients given to the skipped branch too.
+        ops.cond(self.check_finite(grads),
+                 lambda: self._stateful_handle_finite_grads(grads, trainable_variables),
+                 lambda: self._stateful_handle_non_finite_grads(grads, trainable_variables))
 
     def _torch_apply(self, grads: list[Any], trainable_variables: Any = None) -> None:
         """The torch backend's apply: torch's own fused check-and-unscale kernel (what
@@ -410,8 +548,13 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         state = ScalerState(float(scale), int(self.step_counter.value),
                             int(self.hysteresis_counter.value))
         found_inf = bool(found) or spec.unscale_overflows(state.scale)
-        if not found_inf:
+        self._host_updates += 1
+        if found_inf:
+            self._torch_skip(grads, tvs, state.scale)
+        else:
+            self._last_skip = None
             self.inner_optimizer.apply(grads, trainable_variables=trainable_variables)
+        self._record(found_inf)
         new = spec.update(self._spec, state, found_inf)
         if new != state:
             self._assign_state(new)
@@ -441,6 +584,8 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 self._common_apply(grads, trainable_variables=trainable_variables)
                 return
             total = context.all_reduce(tf.distribute.ReduceOp.SUM, non_finite(grads))
+            # Each replica holds its own gradients: diagnose records the step and scale
+            # but no per-gradient counts here (overflow_checked -1; see overflow_report).
             ops.cond(ops.equal(total, 0.0), apply_fn, self._stateful_handle_non_finite_grads)
             return
 
@@ -453,8 +598,17 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                 distribution.extended.call_for_each_replica(
                     self._stateful_handle_finite_grads, args=(grads, trainable_variables))
 
+            def skip() -> None:
+                # diagnose: the counts summed over this worker's replicas' gradients.
+                local = [None if g is None else distribution.experimental_local_results(g)
+                         for g in grads]
+                n = max((len(r) for r in local if r is not None), default=1)
+                replicas = [[None if r is None else r[k] for r in local] for k in range(n)]
+                self._stateful_handle_non_finite_grads(
+                    trainable_variables=trainable_variables, replicas=replicas)
+
             # In the cross-replica context, as Keras: the inner optimizer's apply merges.
-            ops.cond(ops.equal(total, 0.0), apply_each, self._stateful_handle_non_finite_grads)
+            ops.cond(ops.equal(total, 0.0), apply_each, skip)
 
         tf.distribute.get_replica_context().merge_call(
             cross_replica, args=(grads, trainable_variables))
@@ -469,12 +623,13 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         mapping = list(zip(self.variables, optimizer_variables, strict=True))
         with keras.StatelessScope(state_mapping=mapping):
             finite = self._finite(grads)
-        if all(len(v.shape) == 0 for v in self.inner_optimizer.variables):
+        if not self._diagnose and all(len(v.shape) == 0 for v in self.inner_optimizer.variables):
             # An inner optimizer without per-variable state (plain SGD: iterations and
             # learning rate): both outcomes computed and selected, which XLA fuses into
             # the update's own pass. A cond costs more on XLA's CPU (measured 1.45x a
             # plain mixed_float16 step against 1.12x for the select); with moments (Adam)
-            # the select would copy them, so the cond stays there.
+            # the select would copy them, so the cond stays there. diagnose takes the
+            # cond too: its counts are computed in the skipped branch only.
             new_tvs, new_ovs = self._stateless_handle_finite_grads(
                 optimizer_variables, grads, trainable_variables)
             old_tvs, old_ovs = self._stateless_handle_non_finite_grads(
@@ -486,7 +641,7 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             lambda: self._stateless_handle_finite_grads(optimizer_variables, grads,
                                                         trainable_variables),
             lambda: self._stateless_handle_non_finite_grads(optimizer_variables,
-                                                            trainable_variables))
+                                                            trainable_variables, grads))
 
     def _stateless_handle_finite_grads(self, optimizer_variables: Any, grads: Any,
                                        trainable_variables: Any) -> Any:
@@ -502,18 +657,241 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return new_tvs, own + list(new_inner)
 
     def _stateless_handle_non_finite_grads(self, optimizer_variables: Any,
-                                           trainable_variables: Any) -> Any:
+                                           trainable_variables: Any, grads: Any = None) -> Any:
         mapping = list(zip(self.variables, optimizer_variables, strict=True))
         with keras.StatelessScope(state_mapping=mapping) as scope:
+            if self._diagnose and grads is not None:
+                # The gradients are in the order of the optimizer's variables.
+                self._record_overflow([list(grads)], list(range(len(grads))))
             self._assign_next(False)
             new = [scope.get_current_value(v) for v in self.variables]
         return trainable_variables, new
 
+    # ------------------------------------------------------------ diagnostics
+
+    def _indices(self, variables: Any) -> list[int]:
+        """Each variable's position among the optimizer's trainable variables."""
+        out = []
+        for i, v in enumerate(variables):
+            try:
+                out.append(self._get_variable_index(v))
+            except (KeyError, AttributeError, TypeError):
+                out.append(i)
+        return out
+
+    def _record(self, skipped: Any) -> None:
+        """Counts one update and writes its history record (device ops, no host read):
+        iteration = updates so far, the scale it used (before the update), skipped."""
+        if not self._diagnostic_ids:
+            return
+        count = ops.convert_to_tensor(self.update_count)
+        if self._history_size:
+            hot = ops.equal(ops.arange(self._history_size, dtype="int32"),
+                            ops.mod(count, self._history_size))
+            value = ops.convert_to_tensor
+            self.history_iteration.assign(ops.where(hot, count + 1,
+                                                    value(self.history_iteration)))
+            self.history_scale.assign(ops.where(hot, value(self.dynamic_scale),
+                                                value(self.history_scale)))
+            self.history_skipped.assign(ops.where(hot, ops.cast(skipped, "int32"),
+                                                  value(self.history_skipped)))
+        self.update_count.assign(count + 1)
+
+    def _record_overflow(self, replicas: list[list[Any]] | None, indices: list[int]) -> None:
+        """The skipped branch's record (TensorFlow, JAX): the step and the scale, and for
+        each trainable variable its gradient's inf count, NaN count and largest finite
+        magnitude (summed, and the largest, over ``replicas``, lists of gradients in the
+        order of ``indices``). ``replicas=None``: no counts (``overflow_checked`` -1)."""
+        count = ops.convert_to_tensor(self.update_count)
+        self.overflow_step.assign(count + 1)
+        self.overflow_scale.assign(ops.convert_to_tensor(self.dynamic_scale))
+        if replicas is None:
+            self.overflow_checked.assign(_int(-1))
+            return
+        k = len(self._trainable_variables)
+        inf, nan = [_int(0)] * k, [_int(0)] * k
+        largest = [ops.convert_to_tensor(0.0, "float32")] * k
+        checked = set()
+        for grads in replicas:
+            for i, g in zip(indices, grads, strict=True):
+                if g is None:
+                    continue
+                checked.add(i)
+                n_inf, n_nan, big = _gradient_stats(g)
+                inf[i], nan[i] = inf[i] + n_inf, nan[i] + n_nan
+                largest[i] = ops.maximum(largest[i], big)
+        self.overflow_checked.assign(_int(len(checked)))
+        if k:
+            self.overflow_counts.assign(ops.stack([ops.stack(inf), ops.stack(nan)], axis=1))
+            self.overflow_max.assign(ops.stack(largest))
+
+    def _note_loss(self, loss: Any) -> None:
+        # torch: the loss given to scale_loss (one tensor; else unknown), for the report's
+        # loss_finite (no host read).
+        if keras.backend.backend() == "torch":
+            self._last_loss = loss.detach() if hasattr(loss, "detach") else None
+
+    def _torch_skip(self, grads: list[Any], tvs: Any, scale: float) -> None:
+        """A skipped update on torch: with ``diagnose`` its report's counts now (the
+        gradients are unscaled in place by then), else weak references to the gradients."""
+        record = _Skip(self._host_updates, scale, self._last_loss)
+        pairs = [(i, g) for i, g in zip(self._indices(tvs), grads, strict=True)
+                 if g is not None]
+        if self._diagnose:
+            record.overflows, record.checked = _torch_overflows(pairs), len(pairs)
+        else:
+            record.grads = [(i, weakref.ref(g)) for i, g in pairs]
+        self._last_skip = record
+
+    def _variable_name(self, index: int, names: dict[int, tuple[str, Any]] | None) -> str:
+        var = self._trainable_variables[index]
+        for key in (id(var), id(getattr(var, "value", None))):
+            name, obj = (names or {}).get(key, (None, None))
+            if name is not None and (obj is var or obj is getattr(var, "value", None)):
+                return name
+        return var.path
+
+    def overflow_report(self, names: dict[int, tuple[str, Any]] | None = None
+                        ) -> OverflowReport | None:
+        """Which gradients held inf/NaN at the last update, if it skipped; else None.
+
+        Each gradient is named by its variable's ``.path`` (``names``, from
+        :meth:`KerasGradScaler.watch`, renames). ``step`` counts this optimizer's
+        updates since it was built (or loaded); ``max_finite`` is of the unscaled
+        gradient (the scaled one's largest finite magnitude times ``f32(1 / scale)``).
+
+        - TensorFlow and JAX: with ``diagnose=True``, from the record the skipped branch
+          of the compiled step wrote; ``loss_finite`` is None (the loss stays in the
+          step). With ``diagnose=False`` and ``history=N``, the last update's step and
+          scale from the history, no gradient listed, and a note to use diagnose=True.
+          With neither, nothing is recorded: RuntimeError.
+        - torch: with ``diagnose=True`` computed during the skipped ``apply`` (from the
+          gradients, unscaled in place by then); without, computed on the first call
+          from the gradients as they are now (``model.fit`` keeps them until the next
+          step; once freed the report lists none and says so). ``loss_finite``: whether
+          the last loss given to ``scale_loss`` was finite.
+        - Under ``tf.distribute``, the counts are summed over the worker's replicas
+          (replicas that each run the update, XLA on GPUs, record no counts: a note says so).
+
+        Raises:
+            RuntimeError: TensorFlow or JAX, built with neither ``diagnose`` nor ``history``.
+        """
+        torch_backend = keras.backend.backend() == "torch"
+        if not (torch_backend or self._diagnose or self._history_size):
+            raise RuntimeError(
+                f"overflow_report() records nothing on the {keras.backend.backend()} Keras "
+                "backend unless asked: the skip is decided inside the compiled train step. "
+                "Build the scaler with diagnose=True (which gradients held inf/NaN) or "
+                "history=N (which updates skipped): KerasGradScaler(..., diagnose=True)")
+        if not self.built:
+            return None
+        if torch_backend:
+            return self._torch_report(names)
+
+        def read(v: Any) -> Any:
+            return ops.convert_to_numpy(v)
+
+        count = int(read(self.update_count))
+        if not self._diagnose:
+            slot = (count - 1) % self._history_size
+            if not count or not int(read(self.history_skipped)[slot]):
+                return None
+            return OverflowReport(int(read(self.history_iteration)[slot]),
+                                  float(read(self.history_scale)[slot]), [], 0, None,
+                                  note=_NO_DIAGNOSE)
+        step = int(read(self.overflow_step))
+        if not count or step != count:
+            return None
+        scale = float(read(self.overflow_scale))
+        checked = int(read(self.overflow_checked))
+        if checked < 0:
+            return OverflowReport(step, scale, [], 0, None, note=(
+                "Per-gradient counts are not recorded under a tf.distribute strategy whose "
+                "replicas each run the update (XLA on GPUs): each replica holds only its "
+                "own gradients."))
+        counts, largest = read(self.overflow_counts), read(self.overflow_max)
+        overflows = [GradientOverflow(self._variable_name(i, names),
+                                      tuple(self._trainable_variables[i].shape),
+                                      int(counts[i, 0]), int(counts[i, 1]),
+                                      _unscaled(largest[i], scale))
+                     for i in range(len(counts)) if counts[i].any()]
+        return OverflowReport(step, scale, overflows, checked, None)
+
+    def _torch_report(self, names: dict[int, tuple[str, Any]] | None) -> OverflowReport | None:
+        import torch
+
+        skip = self._last_skip
+        if skip is None:
+            return None
+        if skip.overflows is None:  # diagnose=False: the gradients as they are now, once
+            alive = [(i, ref()) for i, ref in skip.grads or []]
+            pairs = [(i, g) for i, g in alive if g is not None]
+            skip.overflows, skip.checked = _torch_overflows(pairs), len(pairs)
+            if len(pairs) < len(alive):
+                skip.note = (f"{len(alive) - len(pairs)} of the {len(alive)} gradients of "
+                             f"step {skip.step} were freed before overflow_report() was "
+                             "called: build the scaler with diagnose=True to keep the report "
+                             "of each skipped step.")
+            skip.grads = None
+        loss_finite = None if skip.loss is None else bool(torch.isfinite(skip.loss).all())
+        overflows = [GradientOverflow(self._variable_name(i, names), o.shape, o.inf, o.nan,
+                                      o.max_finite) for i, o in skip.overflows]
+        return OverflowReport(skip.step, skip.scale, overflows, skip.checked, loss_finite,
+                              skip.note)
+
+    def history(self) -> ScaleHistory:
+        """The last ``history`` updates (oldest first): iteration (this optimizer's updates
+        since it was built or loaded, from 1), the scale it used (before the update
+        changed it), and whether it skipped. Read from the ring variables, which the
+        apply step writes with device ops (no host read per step).
+
+        Raises:
+            ValueError: Built with ``history=0`` (the default).
+        """
+        if not self._history_size:
+            raise ValueError("this optimizer keeps no history: build the scaler with history=N "
+                             "(e.g. KerasGradScaler(..., history=1000)) to keep the last N "
+                             "updates")
+        if not self.built:
+            return ScaleHistory([], [], [])
+        iterations, scales, skipped = (ops.convert_to_numpy(v).tolist() for v in (
+            self.history_iteration, self.history_scale, self.history_skipped))
+        return ScaleHistory.from_ring(iterations, scales, skipped,
+                                      int(ops.convert_to_numpy(self.update_count)))
+
     # ------------------------------------------------------------ serialisation
 
+    def _saved_variables(self) -> list[Any]:
+        # The diagnostics' variables are not state: model.save leaves them out.
+        return [v for v in self.variables if id(v) not in self._diagnostic_ids]
+
+    def save_own_variables(self, store: Any) -> None:
+        """As Keras's, without the diagnostics' variables."""
+        for i, variable in enumerate(self._saved_variables()):
+            store[str(i)] = variable.numpy()
+
+    def load_own_variables(self, store: Any) -> None:
+        """As Keras's, into the variables :meth:`save_own_variables` writes: a file saved
+        with or without diagnostics loads into an optimizer with or without them."""
+        variables = self._saved_variables()
+        if len(store.keys()) != len(variables):
+            # What Keras's own does: a warning, and nothing loaded.
+            warnings.warn(f"Skipping variable loading for optimizer '{self.name}', because it "
+                          f"has {len(variables)} variables whereas the saved optimizer has "
+                          f"{len(store.keys())} variables. ", stacklevel=2)
+            return
+        for i, variable in enumerate(variables):
+            variable.assign(store[str(i)])
+
     def get_config(self) -> dict[str, Any]:
+        """Keras's config and ``scaler_config``; ``diagnose`` and ``history`` when set (so a
+        loaded model diagnoses as the saved one did; its records start afresh)."""
         config = super().get_config()
         config["scaler_config"] = self._spec.to_dict()
+        if self._diagnose:
+            config["diagnose"] = True
+        if self._history_size:
+            config["history"] = self._history_size
         return config
 
 
@@ -529,6 +907,11 @@ class KerasGradScaler(GradScaler):
 
     Args:
         *args: ``init_scale, growth_factor, backoff_factor, growth_interval, enabled``.
+        diagnose: The wrapped optimizer records, in each skipped step, which gradients
+            held inf/NaN (:meth:`overflow_report`); on TensorFlow and JAX only in the
+            compiled step's skipped branch, so a step that does not skip costs nothing more.
+        history: The wrapped optimizer keeps the last ``history`` updates' scale and skip
+            flag in device variables (:meth:`history`); 0 keeps none.
         **kwargs: The other config parameters, by canonical name or alias (Keras's
             ``initial_scale``, ``dynamic_growth_steps``).
 
@@ -545,10 +928,14 @@ class KerasGradScaler(GradScaler):
 
     backend = "keras"
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        self._config = spec.config_from_args(args, kwargs, extra_names=("backend",))
+    def __init__(self, *args: Any, diagnose: bool = False, history: int = 0, **kwargs: Any):
+        self._history_size = diagnostics_options(diagnose, history)
+        self._diagnose = diagnose
+        self._config = spec.config_from_args(args, kwargs,
+                                             extra_names=("backend", "diagnose", "history"))
         self._state = ScalerState.initial(self._config)
         self._optimizer: SpecLossScaleOptimizer | None = None
+        self._names: dict[int, tuple[str, Any]] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.state}, {self.config})"
@@ -571,7 +958,8 @@ class KerasGradScaler(GradScaler):
                                "optimizer (each holds its own scale)")
         if not self._config.enabled:
             return optimizer
-        wrapped = SpecLossScaleOptimizer(optimizer, scaler_config=self._config.to_dict())
+        wrapped = SpecLossScaleOptimizer(optimizer, scaler_config=self._config.to_dict(),
+                                         diagnose=self._diagnose, history=self._history_size)
         wrapped.write_state(self._config, self._state)
         self._optimizer = wrapped
         return wrapped
@@ -589,7 +977,8 @@ class KerasGradScaler(GradScaler):
         if not isinstance(optimizer, SpecLossScaleOptimizer):
             raise TypeError(f"KerasGradScaler.of takes an optimizer made by "
                             f"KerasGradScaler.wrap, got {type(optimizer).__name__}")
-        scaler = cls(**optimizer.scaler_config.to_dict())
+        scaler = cls(**optimizer.scaler_config.to_dict(), diagnose=optimizer.diagnose,
+                     history=optimizer.history_size)
         scaler._optimizer = optimizer
         return scaler
 
@@ -672,6 +1061,8 @@ class KerasGradScaler(GradScaler):
         """Multiplies a tensor (or a list/tuple/dict of them) by the scale, dtypes kept."""
         if not self._config.enabled:
             return outputs
+        if self._optimizer is not None:
+            self._optimizer._note_loss(outputs)  # torch: for the report's loss_finite
         bits = self._scale_bits()
         return tree_map(lambda x: _multiply(ops.convert_to_tensor(x), *_split(bits)), outputs)
 
@@ -690,6 +1081,100 @@ class KerasGradScaler(GradScaler):
         raise NotImplementedError(
             "the keras backend updates the scale inside the wrapped optimizer's apply() (and "
             "model.fit): call opt.apply(grads) with the gradients of the scaled loss")
+
+    # ------------------------------------------------------------ diagnostics
+
+    def watch(self, model: Any) -> None:
+        """Names the variables in :meth:`overflow_report`.
+
+        Without it each gradient is named by its variable's ``.path``
+        (``"sequential/dense/kernel"``), the name the model gives it, so ``watch`` is
+        optional here. ``model`` may be a Keras model or layer (its variables keep their
+        paths: nothing changes), a dict ``name -> variable``, an iterable of
+        ``(name, variable)`` pairs, or an object with ``named_parameters()`` (on the torch
+        Keras backend, the torch parameters a Keras variable holds match too). Matched
+        by identity; calls add up (a later name wins); every pair is checked first.
+
+        Example:
+            >>> import keras
+            >>> scaler = KerasGradScaler(8.0, diagnose=True)
+            >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+            >>> scaler.watch({"w": model.layers[0].kernel})
+            >>> scaler.watch(model)  # the paths: changes nothing
+        """
+        if isinstance(model, keras.layers.Layer):
+            pairs = [(v.path, v) for v in model.variables]
+        else:
+            items = model.named_parameters() if hasattr(model, "named_parameters") else model
+            if isinstance(items, dict):
+                items = items.items()
+            try:
+                pairs = list(items)
+            except TypeError:
+                raise TypeError(f"watch() takes a Keras model or layer, a dict name -> variable, "
+                                f"an iterable of (name, variable) pairs or an object with "
+                                f"named_parameters(), got {type(model).__name__}") from None
+            for pair in pairs:
+                if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+                    raise TypeError(f"watch() takes (name, variable) pairs with a str name, got "
+                                    f"{pair!r:.80}")
+        for name, variable in pairs:
+            self._names[id(variable)] = (name, variable)
+
+    def overflow_report(self) -> OverflowReport | None:
+        """After a skipped update, which gradients held inf/NaN; None when the last update
+        skipped nothing, before the first, and when the scaler is disabled.
+
+        Read from the wrapped optimizer (see
+        :meth:`SpecLossScaleOptimizer.overflow_report` for what each Keras backend
+        records); names from :meth:`watch`, else each variable's ``.path``.
+
+        Raises:
+            RuntimeError: TensorFlow or JAX, with neither ``diagnose`` nor ``history``.
+
+        Example:
+            >>> import keras, numpy as np
+            >>> scaler = KerasGradScaler(1024.0, diagnose=True)
+            >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="fc")],
+            ...                          name="net")
+            >>> model.compile(optimizer=scaler.wrap(keras.optimizers.SGD()), loss="mse")
+            >>> _ = model.train_on_batch(np.array([[1.0, np.inf]]), np.ones((1, 1)))
+            >>> report = scaler.overflow_report()
+            >>> report.step, report.scale, report.names
+            (1, 1024.0, ['net/fc/kernel', 'net/fc/bias'])
+            >>> _ = model.train_on_batch(np.ones((1, 2)), np.ones((1, 1)))
+            >>> scaler.overflow_report() is None
+            True
+        """
+        if self._optimizer is None:
+            return None
+        return self._optimizer.overflow_report(self._names)
+
+    def history(self) -> ScaleHistory:
+        """The last ``history`` updates (oldest first), a
+        :class:`unifiedamp.diagnostics.ScaleHistory`: iteration (the wrapped optimizer's
+        updates since it was built, from 1), the scale that update used, whether it
+        skipped. Empty before the optimizer is built (and when disabled).
+
+        Raises:
+            ValueError: Built with ``history=0`` (the default).
+
+        Example:
+            >>> import keras, numpy as np
+            >>> scaler = KerasGradScaler(8.0, growth_interval=1, history=2)
+            >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+            >>> model.compile(optimizer=scaler.wrap(keras.optimizers.SGD()), loss="mse")
+            >>> for x in ([[1.0, 1.0]], [[np.inf, 1.0]], [[1.0, 1.0]]):
+            ...     _ = model.train_on_batch(np.array(x), np.ones((1, 1)))
+            >>> scaler.history().as_list()
+            [(2, 16.0, True), (3, 8.0, False)]
+        """
+        if not self._history_size:
+            raise ValueError("this scaler keeps no history: build it with history=N (e.g. "
+                             "KerasGradScaler(..., history=1000)) to keep the last N updates")
+        if self._optimizer is None:
+            return ScaleHistory([], [], [])
+        return self._optimizer.history()
 
     @classmethod
     def devices(cls) -> list[str]:

@@ -20,7 +20,6 @@ checked in that iteration, ``k`` counting them in the order they were unscaled).
 from __future__ import annotations
 
 import enum
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,7 +27,12 @@ import numpy as np
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import GradScaler, NoInfChecksError, new_scale_value
+from unifiedamp._scaler import (
+    GradScaler,
+    NoInfChecksError,
+    diagnostics_options,
+    new_scale_value,
+)
 from unifiedamp._tree import tree_map
 from unifiedamp.diagnostics import OverflowReport, ScaleHistory, count_overflow
 from unifiedamp.spec import ScalerConfig, ScalerState
@@ -84,18 +88,6 @@ def _as_float_array(x: Any, what: str) -> np.ndarray:
     if not np.issubdtype(a.dtype, np.floating):
         raise TypeError(f"{what} must hold floating-point values, got dtype {a.dtype}")
     return a
-
-
-def _diagnostics_options(diagnose: Any, history: Any) -> int:
-    """Validates ``diagnose`` and ``history``; returns the ring size."""
-    if not isinstance(diagnose, bool):
-        raise ValueError(f"diagnose must be True or False, got {diagnose!r}: diagnose=True keeps "
-                         "the overflow report of each skipped step (computed only then)")
-    if (not isinstance(history, numbers.Integral) or isinstance(history, bool)
-            or history < 0):
-        raise ValueError(f"history must be an int >= 0 (how many updates to keep; 0 keeps "
-                         f"none), got {history!r}: pass e.g. history=1000")
-    return int(history)
 
 
 def _watched_pairs(model: Any) -> list[tuple[str, np.ndarray]]:
@@ -185,7 +177,7 @@ class NumpyGradScaler(GradScaler):
         history: int = 0,
         **kwargs: Any,
     ):
-        ring = _diagnostics_options(diagnose, history)
+        ring = diagnostics_options(diagnose, history)
         self._config = spec.config_from_args(
             args, kwargs, extra_names=("max_consecutive_skips", "on_collapse", "backend",
                                        "diagnose", "history")

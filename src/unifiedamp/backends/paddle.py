@@ -30,7 +30,6 @@ scaler's place, written with device ops.
 from __future__ import annotations
 
 import functools
-import numbers
 import warnings
 from collections import defaultdict
 from collections.abc import Mapping
@@ -48,6 +47,7 @@ from unifiedamp._scaler import (
     GradScaler,
     NoInfChecksError,
     ScaleNotCalledError,
+    diagnostics_options,
     new_scale_value,
 )
 from unifiedamp._tree import leaves, tree_map
@@ -126,18 +126,6 @@ def _dense(grad: Any) -> Any:
     # kernels misread (garbage dimensions, paddle 3.3.1); its values tensor shares
     # the gradient's storage.
     return grad._get_tensor_from_selected_rows() if grad.is_selected_rows() else grad
-
-
-def _diagnostics_options(diagnose: Any, history: Any) -> int:
-    """Validates ``diagnose`` and ``history``; returns the ring size."""
-    if not isinstance(diagnose, bool):
-        raise ValueError(f"diagnose must be True or False, got {diagnose!r}: diagnose=True keeps "
-                         "the overflow report of each skipped step (computed only then)")
-    if (not isinstance(history, numbers.Integral) or isinstance(history, bool)
-            or history < 0):
-        raise ValueError(f"history must be an int >= 0 (how many updates to keep; 0 keeps "
-                         f"none), got {history!r}: pass e.g. history=1000")
-    return int(history)
 
 
 def _watched_pairs(model: Any) -> list[tuple[str, Any]]:
@@ -268,7 +256,7 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         history: int = 0,
         **kwargs: Any,
     ):
-        ring = _diagnostics_options(diagnose, history)
+        ring = diagnostics_options(diagnose, history)
         if args and isinstance(args[0], bool):
             raise TypeError(
                 f"the first positional argument is init_scale (the spec's order), got "

@@ -19,7 +19,6 @@ small op per update; ``diagnose=True`` computes the report inside a skipped ``up
 from __future__ import annotations
 
 import math
-import numbers
 import warnings
 import weakref
 from collections import defaultdict
@@ -37,6 +36,7 @@ from unifiedamp._scaler import (
     GradScaler,
     NoInfChecksError,
     ScaleNotCalledError,
+    diagnostics_options,
     new_scale_value,
 )
 from unifiedamp._tree import leaves, tree_map
@@ -233,26 +233,6 @@ def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
     return torch.device("cpu")
 
 
-def _check_diagnostic_options(diagnose: Any, history: Any) -> None:
-    """Refuses a ``diagnose`` that is not a bool and a ``history`` that is not an int >= 0.
-
-    Example:
-        >>> _check_diagnostic_options(True, 1024)
-        >>> _check_diagnostic_options(False, -1)  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        ValueError: history must be an int >= 0 (...), got -1: pass e.g. history=1024
-    """
-    if not isinstance(diagnose, bool):
-        raise TypeError(f"diagnose must be True or False, got {diagnose!r}: pass diagnose=True "
-                        "to build the overflow report inside a skipped update()")
-    is_int = isinstance(history, numbers.Integral) and not isinstance(history, bool)
-    if not is_int or history < 0:
-        raise (ValueError if is_int else TypeError)(
-            f"history must be an int >= 0 (the number of updates the ring keeps; 0 keeps "
-            f"none), got {history!r}: pass e.g. history=1024")
-
-
 def _scale_before_skip(config: ScalerConfig, after: float, hysteresis_after: int
                        ) -> tuple[float, bool]:
     """The scale a skipped update started from, from the state it left: ``(scale, exact)``.
@@ -393,7 +373,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         history: int = 0,
         **kwargs: Any,
     ):
-        _check_diagnostic_options(diagnose, history)
+        diagnostics_options(diagnose, history)
         args, device = _split_device(args, device)
         config = spec.config_from_args(args, kwargs, extra_names=_EXTRA_NAMES)
         monitor = CollapseMonitor(max_consecutive_skips, on_collapse)

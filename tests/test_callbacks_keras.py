@@ -1,0 +1,181 @@
+"""``unifiedamp.callbacks.keras.ScaleLogger`` in a real ``model.fit``, on TensorFlow and JAX
+(one child interpreter per Keras backend, as in test_diagnostics_keras.py): the batch logs
+every N steps and the epoch logs carry ``loss_scale`` and ``skipped_steps``, which
+``keras.callbacks.CSVLogger`` and ``History`` record; the values equal the spec's rule
+and the count of skipped steps, across epochs, two ``fit`` calls and
+``steps_per_execution``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from unifiedamp import spec
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from test_diagnostics_keras import KerasChildren, selected_backends  # noqa: E402
+
+pytestmark = pytest.mark.framework("keras")
+
+CONFIG = ScalerConfig(64.0, growth_interval=3)
+
+
+def _reference(kinds: str) -> list[tuple[float, int]]:
+    """(scale, skipped so far) after each step of ``kinds`` (F finite, I inf)."""
+    state, skipped, out = ScalerState.initial(CONFIG), 0, []
+    for kind in kinds:
+        state = spec.update(CONFIG, state, kind == "I")
+        skipped += kind == "I"
+        out.append((state.scale, skipped))
+    return out
+
+
+def _model_and_data(kinds: str, steps_per_execution: int = 1):
+    import keras
+
+    from unifiedamp.backends.keras import KerasGradScaler
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
+        1, kernel_initializer=keras.initializers.GlorotUniform(0))])
+    model.compile(optimizer=KerasGradScaler(**CONFIG.to_dict()).wrap(keras.optimizers.SGD(0.01)),
+                  loss="mse", steps_per_execution=steps_per_execution)
+    x = np.ones((len(kinds), 2), np.float32)
+    for row, kind in enumerate(kinds):
+        if kind == "I":
+            x[row, 0] = np.inf
+    return model, x, np.ones((len(kinds), 1), np.float32)
+
+
+def _spy():
+    import keras
+
+    seen = []
+
+    class Spy(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            seen.append({k: logs[k] for k in ("loss_scale", "skipped_steps") if k in logs})
+
+    return Spy(), seen
+
+
+# ------------------------------------------------------------ checks (in the children)
+
+
+def check_batch_and_epoch_logs_reach_csv_logger_and_history():
+    import csv
+    import tempfile
+
+    import keras
+
+    from unifiedamp.callbacks.keras import ScaleLogger
+
+    epoch = "FIFFFIIF"  # one batch a step, two epochs: 16 steps
+    model, x, y = _model_and_data(epoch)
+    reference = _reference(epoch * 2)
+    logger = ScaleLogger(every_n_steps=3)
+    spy, seen = _spy()
+    with tempfile.TemporaryDirectory() as folder:
+        path = pathlib.Path(folder) / "log.csv"
+        history = model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=0,
+                            callbacks=[logger, spy, keras.callbacks.CSVLogger(str(path))])
+        with open(path) as f:
+            rows = list(csv.DictReader(f))
+    # Batch logs every 3 steps, with the values after that step.
+    assert [bool(s) for s in seen] == [(k + 1) % 3 == 0 for k in range(16)], seen
+    for k, logs in enumerate(seen):
+        if logs:
+            assert (logs["loss_scale"], logs["skipped_steps"]) == reference[k], (k, logs)
+            assert type(logs["loss_scale"]) is float and type(logs["skipped_steps"]) is int
+    # Epoch logs: History and CSVLogger.
+    ends = [reference[7], reference[15]]
+    assert history.history["loss_scale"] == [e[0] for e in ends]
+    assert history.history["skipped_steps"] == [e[1] for e in ends] == [3, 6]
+    assert [(float(r["loss_scale"]), int(r["skipped_steps"])) for r in rows] == ends
+    assert (logger.loss_scale, logger.skipped_steps) == ends[-1]
+
+    # A second fit: the count goes on, and so does the every-3-steps schedule.
+    seen.clear()
+    more = "IFFFF"
+    model2_x = np.ones((5, 2), np.float32)
+    model2_x[0, 0] = np.inf
+    model.fit(model2_x, y[:5], batch_size=1, epochs=1, shuffle=False, verbose=0,
+              callbacks=[logger, spy])
+    reference = _reference(epoch * 2 + more)
+    assert [bool(s) for s in seen] == [(k + 1) % 3 == 0 for k in range(16, 21)], seen
+    assert seen[1] == {"loss_scale": reference[17][0], "skipped_steps": 7}
+    assert (logger.loss_scale, logger.skipped_steps) == reference[-1]
+
+
+def check_steps_per_execution_counts_every_step():
+    """With steps_per_execution=2 Keras calls the batch hooks once per two steps, with the
+    index of the last: skipped_steps still counts each step."""
+    from unifiedamp.callbacks.keras import ScaleLogger
+
+    kinds = "FIIFFFIF"
+    model, x, y = _model_and_data(kinds, steps_per_execution=2)
+    spy, seen = _spy()
+    history = model.fit(x, y, batch_size=1, epochs=1, shuffle=False, verbose=0,
+                        callbacks=[ScaleLogger(every_n_steps=4), spy])
+    reference = _reference(kinds)
+    assert len(seen) == 4
+    assert seen == [{}, {"loss_scale": reference[3][0], "skipped_steps": 2},
+                    {}, {"loss_scale": reference[7][0], "skipped_steps": 3}], seen
+    assert history.history["skipped_steps"] == [3]
+
+
+def check_an_unwrapped_optimizer_is_refused():
+    import keras
+
+    from unifiedamp.callbacks.keras import ScaleLogger
+
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match="every_n_steps must be an int >= 1"):
+            ScaleLogger(every_n_steps=bad)
+    x, y = np.ones((2, 2), np.float32), np.ones((2, 1), np.float32)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+    with pytest.raises(TypeError, match=r"model.optimizer is Adam: .*scaler.wrap"):
+        model.fit(x, y, verbose=0, callbacks=[ScaleLogger()])
+    keras.mixed_precision.set_dtype_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(), loss="mse")
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    with pytest.raises(TypeError, match=r"Keras's own LossScaleOptimizer.*scaler.wrap"):
+        model.fit(x, y, verbose=0, callbacks=[ScaleLogger()])
+
+
+CHECKS = {backend: ["check_batch_and_epoch_logs_reach_csv_logger_and_history",
+                    "check_steps_per_execution_counts_every_step",
+                    "check_an_unwrapped_optimizer_is_refused"]
+          for backend in ("tensorflow", "jax")}
+
+
+@pytest.fixture(scope="module")
+def children(request, tmp_path_factory):
+    pytest.importorskip("keras")
+    kids = KerasChildren(pathlib.Path(__file__).stem,
+                         selected_backends(request, request.module, CHECKS),
+                         tmp_path_factory.mktemp("keras_callbacks"))
+    yield kids
+    kids.stop()
+
+
+CASES = [(backend, check) for backend, checks in CHECKS.items() for check in checks]
+
+
+@pytest.mark.parametrize(("backend", "check"), CASES,
+                         ids=[f"{b}-{c.removeprefix('check_')}" for b, c in CASES])
+def test_under_keras_backend(backend, check, children):
+    outcome, message = children.outcome(backend, check)
+    assert outcome == "passed", f"KERAS_BACKEND={backend}, {check}:\n{message}"
+
+
+def test_reference_counts_skips_and_backs_off():
+    assert _reference("FIFFF") == [(64.0, 0), (32.0, 1), (32.0, 1), (32.0, 1), (64.0, 1)]
