@@ -797,8 +797,8 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
               param_groups[0][0] (2, 1): 0 inf, 1 NaN, largest finite |g| 1
             The loss itself was inf/NaN before scaling: the model, not the scale, is the
             problem; lower the learning rate, train in bfloat16 (no loss scaling needed), or
-            clip the gradients after unscaling them (scaler.unscale_(optimizer), then
-            clip_grad_norm_).
+            clip the gradients after unscaling them (torch/paddle: scaler.unscale_(optimizer),
+            then clip the norm; optax: clip_by_global_norm inside loss_scaled).
         """
         if self._last is None:
             return None
