@@ -191,9 +191,10 @@ def _rule_for(config: ScalerConfig, constants: dict[str, torch.Tensor],
         # mode (a FLOP counter, a debug mode) torch.compile refuses to run.
         return _spec_update_
     key = (config, device.type)
-    if key not in _compiled_ok:
-        _compiled_ok[key] = _try_compiled_rule(config, constants, device)
-    return _compiled_rule if _compiled_ok[key] else _spec_update_
+    ok = _compiled_ok.get(key)
+    if ok is None:
+        ok = _compiled_ok[key] = _try_compiled_rule(config, constants, device)
+    return _compiled_rule if ok else _spec_update_
 
 
 def _try_compiled_rule(config: ScalerConfig, constants: dict[str, torch.Tensor],
@@ -425,7 +426,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._host_found = False
         self._skipped_on_host = 0
         self._last_skipped: bool | torch.Tensor = False
-        self._bf16_warned = False
+        self._bf16_checked = False
         # torch lets step()/unscale_() run only once scale() has created the scale;
         # here device= creates it at once, so a flag tells whether scale() ran.
         self._scale_called = False
@@ -685,10 +686,13 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             return outputs
         if not self._scale_called:
             self._scale_called = True
-        if not self._bf16_warned:
+        if not self._bf16_checked:
             self._warn_if_bf16(outputs)
-        # A reference (no op): overflow_report() checks it for inf/NaN after a skip.
-        self._scaled_input = outputs if isinstance(outputs, torch.Tensor) else None
+        if isinstance(outputs, torch.Tensor):  # the usual loss: no tree walk (host time)
+            # A reference (no op): overflow_report() checks it for inf/NaN after a skip.
+            self._scaled_input = outputs
+            return self._scale_one(outputs)
+        self._scaled_input = None
         # torch's scale() takes a tensor or an iterable of them; dicts (named
         # losses) and nesting are mapped here too.
         return tree_map(self._scale_one, outputs)
@@ -707,7 +711,10 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         return (tensor * self._scale.to(device=tensor.device, non_blocking=True)).to(tensor.dtype)
 
     def _warn_if_bf16(self, outputs: Any) -> None:
-        # The first output stands for all: one autocast region computes them.
+        # The first output stands for all: one autocast region computes them. Checked
+        # at the first scale() only: a run does not change its compute dtype between
+        # iterations, and the check costs host time on every launch-bound step.
+        self._bf16_checked = True
         first = next(iter(leaves(outputs)), None)
         if not isinstance(first, torch.Tensor):
             return
@@ -715,7 +722,6 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         autocast_bf16 = (torch.is_autocast_enabled(device_type)
                          and torch.get_autocast_dtype(device_type) == torch.bfloat16)
         if first.dtype == torch.bfloat16 or autocast_bf16:
-            self._bf16_warned = True
             warnings.warn(
                 "Loss scaling is unnecessary with bfloat16: it has float32's exponent range, "
                 "so gradients do not underflow. Build the scaler with enabled=False (every verb "
