@@ -135,3 +135,20 @@ def test_plot_command_fails_clearly_and_writes_nothing(tmp_path, capsys, content
 def test_max_finite_is_a_float_even_when_infinite_values_are_all_there_is():
     over = count_overflow("w", np.array([np.inf, -np.inf]))
     assert over.max_finite == 0.0 and not math.isnan(over.max_finite)
+
+
+@pytest.mark.parametrize("output", ["scale.notaformat", "missing-folder/scale.png"])
+def test_plot_command_fails_clearly_when_it_cannot_write(tmp_path, capsys, output):
+    pytest.importorskip("matplotlib")
+    history = tmp_path / "history.json"
+    ScaleHistory([1, 2], [2.0, 1.0], [True, False]).to_json(history)
+    assert main(["plot", str(history), "-o", str(tmp_path / output)]) == 2
+    assert "cannot write" in capsys.readouterr().err
+
+
+def test_a_report_that_counted_nothing_does_not_blame_the_scale():
+    # Gradients gone (zero_grad before asking): nothing supports "the scale overflowed".
+    empty = OverflowReport(4, 1024.0, [], checked=0, loss_finite=True)
+    assert empty.cause() == "" and "as designed" not in str(empty)
+    nan_loss = OverflowReport(4, 1024.0, [], checked=0, loss_finite=False)
+    assert "the model, not the scale" in nan_loss.cause()

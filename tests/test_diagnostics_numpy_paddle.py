@@ -256,13 +256,32 @@ def test_numpy_history_wraps_around_like_the_spec_step_by_step():
         assert scaler.history().as_list() == reference[max(0, step - 4):step + 1], step
     arrays = scaler.history().as_arrays()
     assert arrays["iteration"].tolist() == [9, 10, 11, 12, 13]
-    # a manual set is not an update: not recorded, and the report is unchanged
-    before = scaler.overflow_report()
+    # a manual set is not an update: not recorded
     scaler.update(3.0)
     assert scaler.history().as_list() == reference[-5:]
-    assert scaler.overflow_report() is before
+    assert scaler.overflow_report() is None
     numpy_iteration(scaler, model, opt)
     assert scaler.history().as_list()[-1] == (14, 3.0, False)
+
+
+def test_numpy_manual_set_after_a_skip_leaves_no_report_as_on_torch():
+    scaler, model, opt = numpy_setup()
+    numpy_iteration(scaler, model, opt, inject=("fc2.weight", (0, 1), INF))
+    assert scaler.overflow_report().names == ["params[2]"]
+    scaler.update(3.0)
+    assert scaler.overflow_report() is None
+
+
+def test_numpy_copy_keeps_the_report_and_history_not_the_optimizer():
+    scaler, model, opt = numpy_setup(history=4)
+    scaler.watch({"fc2.weight": model.params()[2]})
+    numpy_iteration(scaler, model, opt, inject=("fc2.weight", (0, 1), INF))
+    opt.unpicklable = lambda: None  # a copy must not try to carry the optimizer
+    for clone in (copy.deepcopy(scaler), pickle.loads(pickle.dumps(scaler))):
+        assert clone.overflow_report() == scaler.overflow_report()
+        assert clone.overflow_report().names == ["fc2.weight"]
+        assert clone.history().as_list() == scaler.history().as_list()
+        assert clone._last.optimizers == [] and clone._watched == {}
 
 
 def test_numpy_history_zero_raises_and_disabled_records_nothing():
@@ -566,8 +585,9 @@ def test_paddle_diagnose_and_history_change_no_scale_and_no_weight_and_history_i
         assert clone.history().as_list() == reference[-5:]
         assert clone.overflow_report() is None
         clone.update(1.0)
-    scaler.update(3.0)  # a manual set is not recorded
+    scaler.update(3.0)  # a manual set is not recorded, and no report after it
     assert scaler.history().as_list() == reference[-5:]
+    assert scaler.overflow_report() is None
 
 
 @on_paddle

@@ -542,3 +542,15 @@ def test_update_with_history_and_diagnose_traces_into_a_full_graph():
     assert eager[1][2:4] == [["fc1.weight"]] * 2 and eager[1][4] is None
     assert eager[0] == [(4, 1024.0, True), (5, 512.0, False), (6, 512.0, False),
                         (7, 1024.0, False)]
+
+
+def test_watch_takes_a_dict_of_names_as_the_other_backends_do():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = ua.GradScaler(8.0, backend="torch", device="cpu")
+    scaler.watch({"dense.kernel": model[0].weight})
+    scaler.scale(model(torch.ones(1, 3)).sum()).backward()
+    model[0].weight.grad[0, 0] = float("inf")
+    scaler.step(opt)
+    scaler.update()
+    assert scaler.overflow_report().names == ["dense.kernel"]

@@ -327,7 +327,11 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         print("unifiedamp plot draws with matplotlib: pip install 'unifiedamp[demo]'",
               file=sys.stderr)
         return 2
-    plot_history(history, args.output, title=args.title)
+    try:
+        plot_history(history, args.output, title=args.title)
+    except (OSError, ValueError) as exc:  # a missing folder, a format matplotlib lacks
+        print(f"unifiedamp plot: cannot write {args.output!r}: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {args.output}: {len(history)} updates (from {history.iterations[0]} to "
           f"{history.iterations[-1]}), {sum(history.skipped)} skipped, scale "
           f"{min(history.scales):g} to {max(history.scales):g}")

@@ -75,6 +75,7 @@ class GradientOverflow:
                 f"largest finite |g| {self.max_finite:.6g}")
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict; ``GradientOverflow(**d)`` reads it back."""
         return {"name": self.name, "shape": list(self.shape), "inf": self.inf,
                 "nan": self.nan, "max_finite": self.max_finite}
 
@@ -129,11 +130,17 @@ class OverflowReport:
         return [o.name for o in self.overflows]
 
     def cause(self) -> str:
-        """One sentence: the model's fault or the scale's, with what to do."""
+        """One sentence: the model's fault or the scale's, with what to do (empty when not
+        known: the loss was not seen, or no gradient was counted).
+
+        Example:
+            >>> OverflowReport(3, 1024.0, [], checked=0, loss_finite=False).cause()[:45]
+            'The loss itself was inf/NaN before scaling: t'
+        """
         if self.loss_finite is False:
             return ("The loss itself was inf/NaN before scaling: the model, not the scale, "
                     f"is the problem; {FIXES}.")
-        if self.loss_finite is True:
+        if self.loss_finite is True and self.overflows:
             return ("The loss was finite before scaling: the scaled gradients overflowed "
                     "float16 and the scaler backs off, as designed.")
         return ""
@@ -167,13 +174,20 @@ class OverflowReport:
         return isinstance(other, OverflowReport) and self.to_dict() == other.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (``from_dict`` reads it back)."""
+        """A JSON-serialisable dict (``from_dict`` reads it back).
+
+        Example:
+            >>> r = OverflowReport(2, 8.0, [GradientOverflow("w", (2,), 1, 0, 0.5)], checked=1)
+            >>> OverflowReport.from_dict(r.to_dict()) == r
+            True
+        """
         return {"step": self.step, "scale": self.scale, "checked": self.checked,
                 "loss_finite": self.loss_finite, "note": self.note,
                 "overflows": [o.to_dict() for o in self.overflows]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OverflowReport:
+        """The report :meth:`to_dict` wrote."""
         return cls(d["step"], d["scale"], [GradientOverflow(**o) for o in d["overflows"]],
                    d["checked"], d.get("loss_finite"), d.get("note", ""))
 
@@ -263,6 +277,13 @@ def plot_history(history: ScaleHistory, output: str | os.PathLike[str],
     """Draws the scale on a log axis with skipped steps marked, into ``output`` (PNG, SVG...).
 
     Needs matplotlib (``pip install 'unifiedamp[demo]'``).
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "scale.png")
+        >>> plot_history(ScaleHistory([1, 2, 3], [8.0, 4.0, 4.0], [True, False, False]), path)
+        >>> open(path, "rb").read(4)
+        b'\x89PNG'
     """
     try:
         import matplotlib

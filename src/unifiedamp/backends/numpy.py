@@ -425,12 +425,13 @@ class NumpyGradScaler(GradScaler):
         ``new_scale`` (a float or a one-element array, finite and > 0) sets the
         scale instead, leaving the trackers as they are, as torch does; such a
         manual set is not counted as an update: it is not recorded in
-        :meth:`history` and leaves :meth:`overflow_report` as it was.
+        :meth:`history`, and :meth:`overflow_report` is None after it (as on torch).
         """
         if not self._config.enabled:
             return
         if new_scale is not None:
             self._state = self._state._replace(scale=new_scale_value(new_scale))
+            self._last = None
         else:
             checks = [*self._found_inf.values(), *self._functional_found_inf]
             if not checks:
@@ -455,6 +456,19 @@ class NumpyGradScaler(GradScaler):
         if new_scale is None:
             self._monitor.observe(self._updates, self._state.scale, found_inf,
                                   detail=self._collapse_detail if found_inf else None)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (pickle, deepcopy) keeps the history and the last report, computed now,
+        # as paddle's does; not the optimizers, gradients, loss or watch() names the
+        # scaler refers to (they may not pickle, and a copy must not keep them alive).
+        d = dict(self.__dict__)
+        d["_watched"], d["_checked"], d["_last_output"] = {}, {}, None
+        if self._last is not None:
+            last = _LastUpdate(self._last.step, self._last.scale, [], None,
+                               self._last.functional_only)
+            last.report = self.overflow_report()
+            d["_last"] = last
+        return d
 
     # ------------------------------------------------------------ diagnostics
 

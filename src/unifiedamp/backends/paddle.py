@@ -700,8 +700,8 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
 
         ``new_scale`` (a float, a 1-element array or tensor; finite and > 0) sets the
         scale instead, leaving the trackers, as torch does; such a manual set is not
-        counted as an update: it is not recorded in :meth:`history` and leaves
-        :meth:`overflow_report` as it was.
+        counted as an update: it is not recorded in :meth:`history`, and
+        :meth:`overflow_report` is None after it (as on torch).
         """
         if not self._config.enabled:
             return
@@ -713,6 +713,7 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
                                     f"got {new_scale!r}")
                 new_scale = float(new_scale.item())
             self._set_state(self._state._replace(scale=new_scale_value(new_scale)))
+            self._last = None
         else:
             optimizer_checks = [s["found_inf"] for s in self._optimizer_states.values()
                                 if "found_inf" in s]

@@ -1032,7 +1032,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         """Names the parameters in :meth:`overflow_report`.
 
         ``model`` is anything with ``named_parameters()`` (a ``torch.nn.Module``, a
-        Lightning module, DDP) or an iterable of ``(name, parameter)`` pairs. Names
+        Lightning module, DDP), a dict ``name -> parameter`` or an iterable of
+        ``(name, parameter)`` pairs. Names
         are matched to the optimizer's parameters by identity (weakly held: watching
         keeps nothing alive); a later call adds names, renaming a parameter seen
         again. Parameters without a name are reported as ``param_groups[g][i]``
@@ -1045,6 +1046,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             >>> scaler.watch([("head", torch.nn.Parameter(torch.zeros(1)))])
         """
         pairs = model.named_parameters() if hasattr(model, "named_parameters") else model
+        if isinstance(pairs, dict):  # name -> parameter, as the other backends take
+            pairs = pairs.items()
         try:
             pairs = list(pairs)
         except TypeError:
