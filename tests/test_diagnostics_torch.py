@@ -432,7 +432,7 @@ def test_watch_refuses_what_is_not_named_parameters():
     scaler = TorchGradScaler()
     with pytest.raises(TypeError, match="named_parameters"):
         scaler.watch(3)
-    with pytest.raises(TypeError, match=r"\(name, parameter\) pairs"):
+    with pytest.raises(TypeError, match=r"item 0 must be a \(name, parameter\) pair"):
         scaler.watch([torch.zeros(1)])
 
 

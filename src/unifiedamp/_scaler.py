@@ -104,6 +104,37 @@ def diagnostics_options(diagnose: Any, history: Any) -> int:
     return int(history)
 
 
+def watched_pairs(model: Any, is_parameter: Any, what: str) -> list[tuple[str, Any]]:
+    """The ``(name, parameter)`` pairs ``watch(model)`` takes: from ``named_parameters()``,
+    a dict ``name -> parameter`` or an iterable of pairs; every one checked (a str name,
+    ``is_parameter(parameter)``) before any is returned. ``what`` names the parameter type
+    in errors.
+
+    Example:
+        >>> watched_pairs({"w": 1.0}, lambda p: isinstance(p, float), "float")
+        [('w', 1.0)]
+        >>> watched_pairs([("w", "x")], lambda p: isinstance(p, float), "float")
+        Traceback (most recent call last):
+        ...
+        TypeError: watch(): item 0 must be a (name, float) pair with a str name, got ('w', 'x')
+    """
+    items = model.named_parameters() if hasattr(model, "named_parameters") else model
+    if isinstance(items, dict):
+        items = items.items()
+    try:
+        pairs = list(items)
+    except TypeError:
+        raise TypeError(f"watch() takes a model (named_parameters()), a dict name -> {what} or "
+                        f"an iterable of (name, {what}) pairs, got {type(model).__name__}"
+                        ) from None
+    for k, item in enumerate(pairs):
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and is_parameter(item[1])):
+            raise TypeError(f"watch(): item {k} must be a (name, {what}) pair with a str name, "
+                            f"got {item!r:.80}")
+    return pairs
+
+
 class _FacadeMeta(abc.ABCMeta):
     # Dispatch in the metaclass, not in __new__: a __new__ that returns a
     # GradScaler subclass would have Python call its __init__ a second time.

@@ -30,7 +30,7 @@ from keras import ops
 from keras.src.utils import tracking
 
 from unifiedamp import spec
-from unifiedamp._scaler import GradScaler, diagnostics_options
+from unifiedamp._scaler import GradScaler, diagnostics_options, watched_pairs
 from unifiedamp._tree import leaves, tree_map
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory, count_overflow
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32, f32_bits
@@ -1105,19 +1105,7 @@ class KerasGradScaler(GradScaler):
         if isinstance(model, keras.layers.Layer):
             pairs = [(v.path, v) for v in model.variables]
         else:
-            items = model.named_parameters() if hasattr(model, "named_parameters") else model
-            if isinstance(items, dict):
-                items = items.items()
-            try:
-                pairs = list(items)
-            except TypeError:
-                raise TypeError(f"watch() takes a Keras model or layer, a dict name -> variable, "
-                                f"an iterable of (name, variable) pairs or an object with "
-                                f"named_parameters(), got {type(model).__name__}") from None
-            for pair in pairs:
-                if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
-                    raise TypeError(f"watch() takes (name, variable) pairs with a str name, got "
-                                    f"{pair!r:.80}")
+            pairs = watched_pairs(model, lambda v: True, "variable")
         for name, variable in pairs:
             self._names[id(variable)] = (name, variable)
 

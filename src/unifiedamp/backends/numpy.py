@@ -20,7 +20,6 @@ checked in that iteration, ``k`` counting them in the order they were unscaled).
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -32,6 +31,7 @@ from unifiedamp._scaler import (
     NoInfChecksError,
     diagnostics_options,
     new_scale_value,
+    watched_pairs,
 )
 from unifiedamp._tree import tree_map
 from unifiedamp.diagnostics import OverflowReport, ScaleHistory, count_overflow
@@ -88,28 +88,6 @@ def _as_float_array(x: Any, what: str) -> np.ndarray:
     if not np.issubdtype(a.dtype, np.floating):
         raise TypeError(f"{what} must hold floating-point values, got dtype {a.dtype}")
     return a
-
-
-def _watched_pairs(model: Any) -> list[tuple[str, np.ndarray]]:
-    """``(name, array)`` pairs from a model (``named_parameters()``), a dict or an iterable
-    of pairs, every one checked before any is kept."""
-    items = model.named_parameters() if hasattr(model, "named_parameters") else model
-    if isinstance(items, Mapping):
-        items = items.items()
-    try:
-        items = list(items)
-    except TypeError:
-        raise TypeError(f"watch() takes an object with named_parameters(), a dict name -> array "
-                        f"or an iterable of (name, array) pairs, got {type(model).__name__}"
-                        ) from None
-    pairs = []
-    for k, item in enumerate(items):
-        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], np.ndarray)):
-            raise TypeError(f"watch(): item {k} must be a (name, numpy array) pair with a str "
-                            f"name, got {item!r:.80}")
-        pairs.append(item)
-    return pairs
 
 
 class _LastUpdate:
@@ -492,7 +470,7 @@ class NumpyGradScaler(GradScaler):
             >>> scaler.overflow_report().names
             ['w']
         """
-        pairs = _watched_pairs(model)
+        pairs = watched_pairs(model, lambda p: isinstance(p, np.ndarray), "numpy array")
         self._watched.update((id(array), (name, array)) for name, array in pairs)
 
     def overflow_report(self) -> OverflowReport | None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import warnings
 from collections import defaultdict
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -49,6 +48,7 @@ from unifiedamp._scaler import (
     ScaleNotCalledError,
     diagnostics_options,
     new_scale_value,
+    watched_pairs,
 )
 from unifiedamp._tree import leaves, tree_map
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
@@ -126,26 +126,6 @@ def _dense(grad: Any) -> Any:
     # kernels misread (garbage dimensions, paddle 3.3.1); its values tensor shares
     # the gradient's storage.
     return grad._get_tensor_from_selected_rows() if grad.is_selected_rows() else grad
-
-
-def _watched_pairs(model: Any) -> list[tuple[str, Any]]:
-    """``(name, parameter)`` pairs from a model (``named_parameters()``), a dict or an
-    iterable of pairs, every one checked before any is kept."""
-    items = model.named_parameters() if hasattr(model, "named_parameters") else model
-    if isinstance(items, Mapping):
-        items = items.items()
-    try:
-        items = list(items)
-    except TypeError:
-        raise TypeError(f"watch() takes a paddle.nn.Layer (named_parameters()), a dict name -> "
-                        f"parameter or an iterable of (name, parameter) pairs, got "
-                        f"{type(model).__name__}") from None
-    for k, item in enumerate(items):
-        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                and isinstance(item[1], paddle.Tensor)):
-            raise TypeError(f"watch(): item {k} must be a (name, paddle.Tensor) pair with a str "
-                            f"name, got {item!r:.80}")
-    return items
 
 
 def _wide(tensor: Any) -> Any:
@@ -770,7 +750,7 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
             >>> scaler.overflow_report().names
             ['weight']
         """
-        pairs = _watched_pairs(model)
+        pairs = watched_pairs(model, lambda p: isinstance(p, paddle.Tensor), "paddle.Tensor")
         self._watched.update((id(param), (name, param)) for name, param in pairs)
 
     def overflow_report(self) -> OverflowReport | None:

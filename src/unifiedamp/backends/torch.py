@@ -38,6 +38,7 @@ from unifiedamp._scaler import (
     ScaleNotCalledError,
     diagnostics_options,
     new_scale_value,
+    watched_pairs,
 )
 from unifiedamp._tree import leaves, tree_map
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
@@ -1045,20 +1046,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             >>> scaler.watch(model)
             >>> scaler.watch([("head", torch.nn.Parameter(torch.zeros(1)))])
         """
-        pairs = model.named_parameters() if hasattr(model, "named_parameters") else model
-        if isinstance(pairs, dict):  # name -> parameter, as the other backends take
-            pairs = pairs.items()
-        try:
-            pairs = list(pairs)
-        except TypeError:
-            raise TypeError(f"watch() takes a model with named_parameters() or an iterable of "
-                            f"(name, parameter) pairs, got {type(model).__name__}: pass the "
-                            "model, or dict(model.named_parameters()).items()") from None
-        for pair in pairs:
-            if not (isinstance(pair, tuple) and len(pair) == 2
-                    and isinstance(pair[1], torch.Tensor)):
-                raise TypeError(f"watch() takes (name, parameter) pairs, got {pair!r:.100}: "
-                                "pass model.named_parameters() or the model itself")
+        pairs = watched_pairs(model, lambda p: isinstance(p, torch.Tensor), "parameter")
         self._names = {key: entry for key, entry in self._names.items()
                        if entry[0]() is not None}
         for name, param in pairs:
