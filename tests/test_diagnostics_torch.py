@@ -554,3 +554,17 @@ def test_watch_takes_a_dict_of_names_as_the_other_backends_do():
     scaler.step(opt)
     scaler.update()
     assert scaler.overflow_report().names == ["dense.kernel"]
+
+
+def test_a_load_between_the_skip_and_the_question_keeps_the_skipped_scale():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = ua.GradScaler(1024.0, backend="torch", device="cpu")
+    saved = ua.GradScaler(8.0, backend="torch", device="cpu").state_dict()
+    scaler.scale(model(torch.ones(1, 3)).sum()).backward()
+    model[0].bias.grad[1] = float("nan")
+    scaler.step(opt)
+    scaler.update()
+    scaler.load_state_dict(saved)  # before asking: the state the skip left is gone
+    report = scaler.overflow_report()
+    assert (report.scale, report.names, report.note) == (1024.0, ["param_groups[0][1]"], "")

@@ -469,9 +469,11 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             # when a plain step() read it, else the device flag; None: no update yet or
             # a manual update(new_scale)), what it checked, the config it ran, and how
             # many load_state_dict() calls had been made (one since: the scale is not
-            # what the update left).
+            # what the update left; _diag_scale, the skipped update's scale inferred
+            # before that load).
             "_diag_step": 0, "_diag_found": None, "_diag_checked": {}, "_diag_input": None,
             "_diag_functional": 0, "_diag_config": self._config, "_diag_loads": 0,
+            "_diag_scale": None,
             "_loads": 0, "_diag_report": None, "_diag_report_ready": False,
             "_last_skip_report": None,
         }
@@ -632,6 +634,12 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         raises ``ValueError`` and changes nothing.
         """
         config, state = spec.parse_state_dict(state_dict, base=self._config)
+        if (self._diag_found is not None and not self._diag_report_ready
+                and self._ring is None and self._scale is not None
+                and self._diag_loads == self._loads):
+            # A skip not reported yet: its scale is inferred from the state the update
+            # left, which the load replaces; infer it now (one read, at load time only).
+            self._diag_scale = self._scale_of_last_update()
         self._config = config.replace(enabled=self._config.enabled)
         self._sync_torch_attributes()
         self._init_scale = state.scale
@@ -1158,6 +1166,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._diag_functional = len(self._functional_found_inf)
         self._diag_config = self._config
         self._diag_loads = self._loads
+        self._diag_scale = None
         self._diag_report_ready = False
         if diagnosed:
             self._keep_report(report)
@@ -1173,6 +1182,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         if self._ring is not None and self._ring_count:
             return float(self._ring[(self._ring_count - 1) % self._history_size, 0]), ""
         if self._diag_loads != self._loads:
+            if self._diag_scale is not None:  # inferred before the first load since
+                return self._diag_scale
             return math.nan, "The scale was loaded since the update, so its scale is unknown."
         scale, exact = _scale_before_skip(self._diag_config, float(self._scale.item()),
                                           int(self._hysteresis_tracker.item()))
