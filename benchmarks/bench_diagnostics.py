@@ -25,21 +25,9 @@ import time
 from collections.abc import Callable
 
 import torch
+from bench_torch import mlp, sync  # one model builder and device sync for both
 
 import unifiedamp as ua
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def mlp(device: str, sizes: tuple[int, ...]) -> torch.nn.Module:
-    torch.manual_seed(0)
-    layers: list[torch.nn.Module] = []
-    for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
-        layers += [torch.nn.Linear(n_in, n_out), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers[:-1]).to(device)
 
 
 def median_ratios(cases: dict[str, Callable[[], None]], rounds: int, device: str

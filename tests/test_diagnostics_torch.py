@@ -7,7 +7,6 @@ counts NumPy finds in the same gradient."""
 
 from __future__ import annotations
 
-import collections
 import copy
 import math
 import pickle
@@ -18,7 +17,8 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from test_torch_ops import CountOps  # noqa: E402
 
 import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
@@ -465,18 +465,6 @@ def test_state_dict_is_unchanged_and_copies_start_history_and_reports_afresh():
 
 
 # ---------------------------------------------------------------- the cost
-
-
-class CountOps(TorchDispatchMode):
-    """Counts the aten ops dispatched while active, by name (as tests/test_torch_ops.py)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def ops_per_iteration(kind, poison_at=None, **options):
