@@ -77,6 +77,16 @@ def make_model() -> keras.Model:
     return model
 
 
+def fit_step_model(scaler: Any, optimizer: str = "adam") -> tuple[keras.Model, Any]:
+    """The adapter's model, compiled with ``scaler.wrap(optimizer)`` (in the current
+    distribution scope, if any): ``(model, wrapped optimizer)``."""
+    model = make_model()
+    opt = scaler.wrap(OPTIMIZERS[optimizer]())
+    opt.build(model.trainable_variables)
+    model.compile(optimizer=opt, loss=_compile_loss)
+    return model, opt
+
+
 class KerasAdapter(Adapter):
     """One ``Dense(1)`` model and one wrapped optimizer per scaler (a Keras scaler wraps one
     optimizer, and each wrapped optimizer holds its own scale: no ``multi_optimizer``).
@@ -91,8 +101,6 @@ class KerasAdapter(Adapter):
         True
     """
 
-    capabilities = frozenset({"functional_unscale", "scale_tree", "disable", "state_dict",
-                              "jit", "set_config"})
     dtypes = ("float16", "float32")
 
     def __init__(self, scaler_cls: Any, optimizer: str = "adam"):
@@ -101,6 +109,13 @@ class KerasAdapter(Adapter):
         self.optimizer = optimizer
         suffix = "" if optimizer == "adam" else f",{optimizer}"
         self.name = f"keras[{keras.backend.backend()}{suffix}]"
+        capabilities = {"functional_unscale", "scale_tree", "disable", "state_dict", "jit",
+                        "set_config"}
+        if keras.backend.backend() in ("tensorflow", "jax"):
+            # MirroredStrategy / DataParallel in a child process; Keras has no data
+            # parallelism of its own on torch.
+            capabilities.add("distributed")
+        self.capabilities = frozenset(capabilities)
 
     def info(self) -> dict[str, Any]:
         return {"framework": "keras", "version": keras.__version__,
@@ -110,10 +125,7 @@ class KerasAdapter(Adapter):
         if optimizers != 1:
             raise ValueError("the keras adapter trains one optimizer per scaler")
         scaler = self.scaler_cls(**config.to_dict())
-        model = make_model()
-        opt = scaler.wrap(OPTIMIZERS[self.optimizer]())
-        opt.build(model.trainable_variables)
-        model.compile(optimizer=opt, loss=_compile_loss)
+        model, opt = fit_step_model(scaler, self.optimizer)
         return scaler, model, opt
 
     def iterate(self, handle: Any, kinds: str) -> Any:
@@ -159,3 +171,14 @@ class KerasAdapter(Adapter):
     def unscale_tree(self, handle: Any, tree: Any) -> tuple[Any, bool]:
         out, finite = handle[0].unscale(tree)
         return _map(lambda t: np.asarray(ops.convert_to_numpy(t)), out), bool(finite)
+
+    def distributed_iterate(self, handle: Any, kinds_per_rank: list[str]) -> list[ScalerState]:
+        """One ``fit`` step with one replica per rank (``MirroredStrategy`` over logical
+        CPUs on TensorFlow, ``DataParallel`` over host devices on JAX) in a fresh
+        process; each replica's copy of the state after it. The child builds the
+        built-in ``KerasGradScaler``: a subclass is not carried over."""
+        from unifiedamp.conformance.backends.keras_replicas import run_replicas
+
+        states = run_replicas(keras.backend.backend(), handle[0].config.to_dict(),
+                              list(kinds_per_rank), self.optimizer)
+        return [ScalerState(float(s), int(g), int(h)) for s, g, h in states]
