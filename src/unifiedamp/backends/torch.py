@@ -712,12 +712,16 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         if not isinstance(tensor, torch.Tensor):
             raise ValueError(f"outputs must be a Tensor or a list/tuple/dict of Tensors, got "
                              f"{type(tensor).__name__}")
-        if self._scale is None:
+        scale = self._scale
+        if scale is None:
             self._lazy_init_scale_growth_tracker(tensor.device)
-        # .to(dtype): a 0-dim float16 loss times the 0-dim float32 scale would
-        # otherwise come back float32 (torch's own scale() does that); every
-        # backend keeps the input's dtype. A no-op for every other input.
-        return (tensor * self._scale.to(device=tensor.device, non_blocking=True)).to(tensor.dtype)
+            scale = self._scale
+        if tensor.device != scale.device:  # a call less on the usual path (host time)
+            scale = scale.to(device=tensor.device, non_blocking=True)
+        out = tensor * scale
+        # A 0-dim float16 loss times the 0-dim float32 scale comes back float32 (torch's
+        # own scale() returns that); every backend keeps the input's dtype.
+        return out if out.dtype == tensor.dtype else out.to(tensor.dtype)
 
     def _warn_if_bf16(self, outputs: Any) -> None:
         # The first output stands for all: one autocast region computes them. Checked
@@ -1025,7 +1029,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         # Read the device only every `period` updates, so update() stays free of
         # host syncs in between.
         limit = self._monitor.max_consecutive_skips
-        if not _traced(self._scale.device) and self._updates % (limit or 100) == 0:
+        if self._updates % (limit or 100) == 0 and not _traced(self._scale.device):
             scale = float(self._scale.item())  # the one read per period
             self._scale_known(scale)
             skips = (int(self._consecutive_skips.item()) if self._skips_on_device
