@@ -77,6 +77,11 @@ def make_model() -> keras.Model:
     return model
 
 
+def _device() -> str:
+    """Where the Keras backend puts new variables (what the report header names)."""
+    return str(keras.Variable(0.0).value.device).lower().split("device:")[-1]
+
+
 def fit_step_model(scaler: Any, optimizer: str = "adam") -> tuple[keras.Model, Any]:
     """The adapter's model, compiled with ``scaler.wrap(optimizer)`` (in the current
     distribution scope, if any): ``(model, wrapped optimizer)``."""
@@ -119,7 +124,7 @@ class KerasAdapter(Adapter):
 
     def info(self) -> dict[str, Any]:
         return {"framework": "keras", "version": keras.__version__,
-                "device": f"{keras.backend.backend()} cpu"}
+                "device": f"{keras.backend.backend()} {_device()}"}
 
     def new(self, config: ScalerConfig, optimizers: int = 1) -> Any:
         if optimizers != 1:
