@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.amp.grad_scaler import _refresh_per_optimizer_state
+from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from unifiedamp import spec
@@ -226,6 +226,28 @@ def _traced(device: torch.device) -> bool:
     aside (a replay does not run this Python) and nothing reads the device."""
     return torch.compiler.is_compiling() or (
         device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+
+
+#: step functions -> whether they take torch's deprecated ``grad_scaler`` keyword.
+_TAKES_GRAD_SCALER: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _takes_grad_scaler(optimizer: torch.optim.Optimizer) -> bool:
+    """``"grad_scaler" in inspect.signature(optimizer.step).parameters``, once per function:
+    torch asks at every fused step (two signature walks, ~5 us of host time)."""
+    step = optimizer.step
+    func = getattr(step, "__func__", step)
+    try:
+        return _TAKES_GRAD_SCALER[func]
+    except (KeyError, TypeError):  # TypeError: not weakly referenceable; not cached
+        import inspect
+
+        takes = "grad_scaler" in inspect.signature(step).parameters
+        try:
+            _TAKES_GRAD_SCALER[func] = takes
+        except TypeError:
+            pass
+        return takes
 
 
 def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
@@ -840,18 +862,50 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             return optimizer.step(*args, **kwargs)
         self._require_scale_called("step")
         self._ensure_scale(optimizer)
-        retval = super().step(optimizer, *args, **kwargs)
+        fused = getattr(optimizer, "_step_supports_amp_scaling", False)
+        if fused and not torch.compiler.is_compiling() and not _takes_grad_scaler(optimizer):
+            retval = self._fused_step(optimizer, *args, **kwargs)
+        else:
+            retval = super().step(optimizer, *args, **kwargs)
         self.num_steps += 1
-        if getattr(optimizer, "_step_supports_amp_scaling", False):
+        founds = fused and list(
+            self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
+        if founds:  # none: an optimizer with the grad_scaler keyword checked nothing
             # One op: the flag is 0.0 or 1.0 (torch's kernel, the clamp, the MAX
             # all-reduce); only flags from several devices are summed and clamped.
-            founds = list(
-                self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
             found = founds[0] if len(founds) == 1 else None
             if found is None or found.device != self._scale.device:
                 found = sum(f.to(self._scale.device) for f in founds).clamp_(max=1.0)
             self._last_skipped = found
             self._skipped_on_device.add_(found)
+        return retval
+
+    def _fused_step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        """torch's ``step()`` for an optimizer that skips on the device (``fused=True``),
+        less two ops and its signature walks: the flag goes to the optimizer as it is
+        where torch passes ``0 + flag`` (its ``sum`` of one device's flags), and the
+        scale where torch passes ``scale * 1`` (no ``grad_scale`` of the optimizer's
+        own). Same checks, errors and attributes as torch 2.13's."""
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        state = self._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        if state["stage"] is OptState.READY:
+            self._check_inf_per_device(optimizer)
+        scale = self._scale
+        founds = [t.to(scale.device, non_blocking=True)
+                  for t in state["found_inf_per_device"].values()]
+        own = getattr(optimizer, "grad_scale", None)
+        if state["stage"] == OptState.UNSCALED:
+            optimizer.grad_scale = own
+        else:
+            optimizer.grad_scale = scale if own is None else scale * own
+        optimizer.found_inf = founds[0] if len(founds) == 1 else sum(founds)
+        retval = optimizer.step(*args, **kwargs)
+        state["stage"] = OptState.STEPPED
+        del optimizer.grad_scale
+        del optimizer.found_inf
         return retval
 
     def unscale(self, grads: Any) -> tuple[Any, torch.Tensor]:
