@@ -175,7 +175,9 @@ def test_numpy_report_without_diagnose_reads_the_gradients_when_asked():
     numpy_iteration(scaler, model, opt, inject=("fc2.weight", (2, 0), INF))
     opt.grads[2][2, 0] = 0.0  # changed after the update, before the report was asked for
     report = scaler.overflow_report()
-    assert report.names == [] and "diagnose=True" in report.note
+    assert report.names == [] and report.note.startswith(
+        "No gradient holds inf/NaN any more: they changed after the skipped update. Build "
+        "the scaler with diagnose=True")
 
 
 def test_numpy_non_finite_loss_is_reported_and_ends_the_collapse_warning():
@@ -476,6 +478,14 @@ def test_paddle_float64_gradients_are_reported_exactly_without_diagnose():
     assert overflow.name == "param_groups[0][1]" and overflow.shape == (8,)
     assert (overflow.inf, overflow.nan, overflow.max_finite) == expected_overflow(
         seen * np.float64(np.float32(1 / 1024.0)))
+    # Asked after the next iteration's clear_grad() (a copy asks now: the kept report).
+    later = copy.deepcopy(scaler)
+    scaler._last.report = None
+    opt.clear_grad(set_to_zero=True)
+    note = scaler.overflow_report().note
+    assert note.startswith("No gradient holds inf/NaN any more: they changed after the skipped "
+                           "update (clear_grad() zeroes them). Build"), note
+    assert list(later.overflow_report().overflows) == [overflow]
 
 
 @on_paddle

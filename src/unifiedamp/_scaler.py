@@ -13,7 +13,7 @@ import math
 import numbers
 
 from unifiedamp import _registry
-from unifiedamp.spec import ScalerConfig, ScalerState, f32
+from unifiedamp.spec import ScalerConfig, ScalerState, f32, unscale_overflows
 
 # typing.TYPE_CHECKING without importing typing, which (with re and enum) would cost
 # about a third of ``import unifiedamp`` (tests/test_import.py); type checkers know
@@ -133,6 +133,104 @@ def watched_pairs(model: Any, is_parameter: Any, what: str) -> list[tuple[str, A
             raise TypeError(f"watch(): item {k} must be a (name, {what}) pair with a str name, "
                             f"got {item!r:.80}")
     return pairs
+
+
+class LastUpdate:
+    """A skipped update of an imperative scaler (numpy, paddle), kept until the next update
+    for ``overflow_report()``: the optimizers it checked, the ``scale()`` input, and the
+    report once computed.
+
+    Attributes:
+        step, scale: The update (counted from 1) and the scale it started from.
+        optimizers: The optimizers checked in that iteration (their gradients are read
+            when the report is computed).
+        loss: The one array/tensor given to ``scale()`` that iteration, else None.
+        functional_only: Only the functional ``unscale(grads)`` found the inf/NaN.
+        distributed: ``found_inf`` was agreed across ranks.
+        prechecked: Backend-specific counts taken before a kernel changed the gradients
+            (paddle on CPU): optimizer id -> parameter index -> counts.
+        report: The :class:`OverflowReport`, once computed.
+    """
+
+    def __init__(self, step: int, scale: float, optimizers: list[Any], loss: Any,
+                 functional_only: bool, distributed: bool = False,
+                 prechecked: dict[int, dict[int, tuple[Any, ...]]] | None = None):
+        self.step = step
+        self.scale = scale
+        self.optimizers = optimizers
+        self.loss = loss
+        self.functional_only = functional_only
+        self.distributed = distributed
+        self.prechecked = prechecked or {}
+        self.report: Any = None
+
+    def detached(self, report: Any) -> LastUpdate:
+        """A copy that keeps ``report`` and none of the objects the update refers to
+        (what a pickled or deep-copied scaler carries)."""
+        last = LastUpdate(self.step, self.scale, [], None, self.functional_only,
+                          self.distributed)
+        last.report = report
+        return last
+
+
+class SkipReports:
+    """What ``overflow_report()`` shares on the imperative scalers (numpy, paddle): the
+    report of ``self._last`` (a :class:`LastUpdate` or None), computed once by the
+    backend's ``_compute_report(last, at_update)`` and kept, and the collapse warning's
+    detail built from it."""
+
+    _last: LastUpdate | None
+
+    def _compute_report(self, last: LastUpdate, at_update: bool) -> Any:
+        raise NotImplementedError
+
+    def _kept_report(self) -> Any:
+        if self._last is None:
+            return None
+        if self._last.report is None:
+            self._last.report = self._compute_report(self._last, at_update=False)
+        return self._last.report
+
+    def _collapse_detail(self) -> str:
+        # Called by the monitor inside update(), only when it reports a collapse:
+        # the gradients of the skipped update are still there.
+        report = self._kept_report()
+        return "" if report is None else report.collapse_detail()
+
+
+def report_note(last: LastUpdate, named: bool, checked: int, at_update: bool, *,
+                items: str, clear: str, zeroed: str = "", changed: str = "") -> str:
+    """What a report's list alone does not say: why it names no gradient, why it names
+    them all, or why its counts are not the gradients' (``zeroed``: the backend's words
+    when a kernel changed them). ``items``: what the functional unscale takes ("arrays",
+    "tensors"); ``clear``: the verb that clears gradients; ``changed``: how they change.
+
+    Example:
+        >>> last = LastUpdate(3, 1024.0, [], None, functional_only=True)
+        >>> report_note(last, False, 0, True, items="arrays", clear="zero_grad")[:40]
+        'The inf/NaN was found by the functional '
+    """
+    if unscale_overflows(last.scale):
+        return (f"The scale {last.scale:g} is so small that 1/scale overflows float32: every "
+                "check finds inf and every unscaled gradient is inf/NaN, whatever the "
+                "gradients were (set min_scale to keep a floor).")
+    if zeroed:
+        return zeroed
+    if named:
+        return ""
+    if last.functional_only:
+        return (f"The inf/NaN was found by the functional unscale(grads), whose {items} the "
+                "report does not see.")
+    if last.distributed:
+        return "found_inf is agreed across ranks: another rank's gradients held the inf/NaN."
+    if at_update:
+        return ""
+    if not checked:
+        return (f"The gradients were cleared ({clear}) before overflow_report() was called: "
+                "build the scaler with diagnose=True to keep the report of each skipped step.")
+    return (f"No gradient holds inf/NaN any more: they changed after the skipped update"
+            f"{changed}. Build the scaler with diagnose=True to keep the report of each "
+            "skipped step.")
 
 
 class _FacadeMeta(abc.ABCMeta):

@@ -28,9 +28,12 @@ from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import (
     GradScaler,
+    LastUpdate,
     NoInfChecksError,
+    SkipReports,
     diagnostics_options,
     new_scale_value,
+    report_note,
     watched_pairs,
 )
 from unifiedamp._tree import tree_map
@@ -90,20 +93,7 @@ def _as_float_array(x: Any, what: str) -> np.ndarray:
     return a
 
 
-class _LastUpdate:
-    """A skipped update, kept until the next one for ``overflow_report()``."""
-
-    def __init__(self, step: int, scale: float, optimizers: list[Any], loss: Any,
-                 functional_only: bool):
-        self.step = step
-        self.scale = scale
-        self.optimizers = optimizers
-        self.loss = loss
-        self.functional_only = functional_only
-        self.report: OverflowReport | None = None
-
-
-class NumpyGradScaler(GradScaler):
+class NumpyGradScaler(SkipReports, GradScaler):
     """A dynamic loss scaler for NumPy training loops, with ``torch.amp.GradScaler``'s verbs.
 
     Takes every :class:`unifiedamp.spec.ScalerConfig` parameter (aliases too)
@@ -173,7 +163,7 @@ class NumpyGradScaler(GradScaler):
         self._watched: dict[int, tuple[str, np.ndarray]] = {}  # id(param) -> (name, param)
         self._checked: dict[int, Any] = {}  # id -> optimizer unscaled this iteration
         self._last_output: Any = None  # what scale() was given, when one array or float
-        self._last: _LastUpdate | None = None  # the last update, if it skipped
+        self._last: LastUpdate | None = None  # the last update, if it skipped
         self._ring = (np.zeros(ring, np.int64), np.zeros(ring, np.float32),
                       np.zeros(ring, bool))
         self._ring_count = 0
@@ -421,7 +411,7 @@ class NumpyGradScaler(GradScaler):
             self._record(scale, found_inf)
             self._last = None
             if found_inf:
-                self._last = _LastUpdate(self._updates, scale, list(self._checked.values()),
+                self._last = LastUpdate(self._updates, scale, list(self._checked.values()),
                                          self._last_output,
                                          not any(self._found_inf.values()))
                 if self._diagnose:
@@ -442,10 +432,7 @@ class NumpyGradScaler(GradScaler):
         d = dict(self.__dict__)
         d["_watched"], d["_checked"], d["_last_output"] = {}, {}, None
         if self._last is not None:
-            last = _LastUpdate(self._last.step, self._last.scale, [], None,
-                               self._last.functional_only)
-            last.report = self.overflow_report()
-            d["_last"] = last
+            d["_last"] = self._last.detached(self.overflow_report())
         return d
 
     # ------------------------------------------------------------ diagnostics
@@ -495,11 +482,7 @@ class NumpyGradScaler(GradScaler):
             The loss was finite before scaling: the scaled gradients overflowed float16 and
             the scaler backs off, as designed.
         """
-        if self._last is None:
-            return None
-        if self._last.report is None:
-            self._last.report = self._compute_report(self._last, at_update=False)
-        return self._last.report
+        return self._kept_report()
 
     def history(self) -> ScaleHistory:
         """The last ``history`` updates (oldest first): iteration (counted from 1), the scale
@@ -530,15 +513,7 @@ class NumpyGradScaler(GradScaler):
             iterations[slot], scales[slot], flags[slot] = self._updates, scale, skipped
             self._ring_count += 1
 
-    def _collapse_detail(self) -> str:
-        # Called by the monitor inside update(), only when it reports a collapse:
-        # the gradients of the skipped update are still there.
-        report = self.overflow_report()
-        if report is None:
-            return ""
-        return report.collapse_detail()
-
-    def _compute_report(self, last: _LastUpdate, at_update: bool) -> OverflowReport:
+    def _compute_report(self, last: LastUpdate, at_update: bool) -> OverflowReport:
         watched = self._watched
         prefix = len(last.optimizers) > 1
         overflows = []
@@ -560,31 +535,11 @@ class NumpyGradScaler(GradScaler):
                     overflows.append(overflow)
         loss_finite = (None if last.loss is None
                        else bool(np.isfinite(np.asarray(last.loss)).all()))
-        note = _report_note(last, bool(overflows), checked, at_update)
+        note = report_note(last, bool(overflows), checked, at_update, items="arrays",
+                           clear="zero_grad")
         return OverflowReport(last.step, last.scale, overflows, checked, loss_finite, note)
 
     def _next_state(self, found_inf: bool) -> ScalerState:
         # The one place the rule is applied, so that a variant (or a deliberately
         # broken scaler in the conformance meta-tests) changes only this.
         return spec.update(self._config, self._state, found_inf)
-
-
-def _report_note(last: _LastUpdate, named: bool, checked: int, at_update: bool) -> str:
-    """What the report's list alone does not say: why it names no gradient, or why it
-    names them all."""
-    if spec.unscale_overflows(last.scale):
-        return (f"The scale {last.scale:g} is so small that 1/scale overflows float32: every "
-                "check finds inf and every unscaled gradient is inf/NaN, whatever the "
-                "gradients were (set min_scale to keep a floor).")
-    if named:
-        return ""
-    if last.functional_only:
-        return ("The inf/NaN was found by the functional unscale(grads), whose arrays the "
-                "report does not see.")
-    if at_update:
-        return ""
-    if not checked:
-        return ("The gradients were cleared (zero_grad) before overflow_report() was called: "
-                "build the scaler with diagnose=True to keep the report of each skipped step.")
-    return ("No gradient holds inf/NaN any more: they changed after the skipped update. Build "
-            "the scaler with diagnose=True to keep the report of each skipped step.")

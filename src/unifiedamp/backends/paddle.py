@@ -44,10 +44,13 @@ from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import (
     GradScaler,
+    LastUpdate,
     NoInfChecksError,
     ScaleNotCalledError,
+    SkipReports,
     diagnostics_options,
     new_scale_value,
+    report_note,
     watched_pairs,
 )
 from unifiedamp._tree import leaves, tree_map
@@ -154,23 +157,7 @@ def _counts(grad: Any) -> tuple[tuple[int, ...], int, int, float]:
     return tuple(grad.shape), int(inf), int(nan), largest
 
 
-class _LastUpdate:
-    """A skipped update, kept until the next one for ``overflow_report()``."""
-
-    def __init__(self, step: int, scale: float, optimizers: list[Any], loss: Any,
-                 functional_only: bool, distributed: bool,
-                 prechecked: dict[int, dict[int, tuple[Any, ...]]]):
-        self.step = step
-        self.scale = scale
-        self.optimizers = optimizers
-        self.loss = loss
-        self.functional_only = functional_only
-        self.distributed = distributed
-        self.prechecked = prechecked
-        self.report: OverflowReport | None = None
-
-
-class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
+class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
     """``paddle.amp.GradScaler`` with the unifiedamp spec, config, state and reporting.
 
     It is a real ``paddle.amp.GradScaler`` (``isinstance`` holds, Paddle's verbs
@@ -273,7 +260,7 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         # id(optimizer) -> {parameter index: counts} taken before the CPU kernel ran
         self._prechecked: dict[int, dict[int, tuple[Any, ...]]] = {}
         self._last_output: Any = None  # the tensor given to scale(), when one
-        self._last: _LastUpdate | None = None  # the last update, if it skipped
+        self._last: LastUpdate | None = None  # the last update, if it skipped
         self._ring_iterations = np.zeros(ring, np.int64)  # the host counts updates
         self._ring_scales = paddle.to_tensor(np.zeros(ring, np.float32), place=place)
         self._ring_skipped = paddle.to_tensor(np.zeros(ring, bool), place=place)
@@ -303,10 +290,7 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         d["_ring_skipped"] = self._ring_skipped.numpy()
         d["_watched"], d["_checked"], d["_prechecked"], d["_last_output"] = {}, {}, {}, None
         if self._last is not None:  # the copy gets the report, read from the gradients now
-            last = _LastUpdate(self._last.step, self._last.scale, [], None,
-                               self._last.functional_only, self._last.distributed, {})
-            last.report = self.overflow_report()
-            d["_last"] = last
+            d["_last"] = self._last.detached(self.overflow_report())
         return d
 
     def __setstate__(self, d: dict[str, Any]) -> None:
@@ -708,7 +692,7 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
             self._record(scale, found_inf)
             self._last = None
             if found_inf:
-                self._last = _LastUpdate(
+                self._last = LastUpdate(
                     self._updates, scale, list(self._checked.values()), self._last_output,
                     not any(bool(flag) for flag in optimizer_checks), self._across_ranks(),
                     self._prechecked)
@@ -781,11 +765,7 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
             clip the gradients after unscaling them (torch/paddle: scaler.unscale_(optimizer),
             then clip the norm; optax: clip_by_global_norm inside loss_scaled).
         """
-        if self._last is None:
-            return None
-        if self._last.report is None:
-            self._last.report = self._compute_report(self._last, at_update=False)
-        return self._last.report
+        return self._kept_report()
 
     def history(self) -> ScaleHistory:
         """The last ``history`` updates (oldest first): iteration (counted from 1), the scale
@@ -835,15 +815,7 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         return {k: _counts(self._multiply(g, reciprocal=True))
                 for (k, g), b in zip(cpu, bad, strict=True) if b}
 
-    def _collapse_detail(self) -> str:
-        # Called by the monitor inside update(), only when it reports a collapse:
-        # the gradients of the skipped update are still there.
-        report = self.overflow_report()
-        if report is None:
-            return ""
-        return report.collapse_detail()
-
-    def _compute_report(self, last: _LastUpdate, at_update: bool) -> OverflowReport:
+    def _compute_report(self, last: LastUpdate, at_update: bool) -> OverflowReport:
         watched = self._watched
         prefix = len(last.optimizers) > 1
         found: dict[int, GradientOverflow] = {}  # position among the checked -> overflow
@@ -876,7 +848,9 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         overflows = [found[pos] for pos in sorted(found)]
         loss_finite = (None if last.loss is None
                        else bool(paddle.isfinite(_wide(last.loss)).all()))
-        note = _report_note(last, bool(overflows), position, at_update, zeroed)
+        note = report_note(
+            last, bool(overflows), position, at_update, items="tensors", clear="clear_grad",
+            changed=" (clear_grad() zeroes them)", zeroed=_ZEROED if zeroed else "")
         return OverflowReport(last.step, last.scale, overflows, position, loss_finite, note)
 
     # ------------------------------------------------------------ tooling
@@ -888,30 +862,6 @@ class PaddleGradScaler(paddle.amp.GradScaler, GradScaler):
         return ["cpu"] + [f"gpu:{i}" for i in range(count)]
 
 
-def _report_note(last: _LastUpdate, named: bool, checked: int, at_update: bool,
-                 zeroed: bool) -> str:
-    """What the report's list alone does not say: why it names no gradient, why it
-    names them all, or why its counts are not the gradients'."""
-    if spec.unscale_overflows(last.scale):
-        return (f"The scale {last.scale:g} is so small that 1/scale overflows float32: every "
-                "check finds inf and every unscaled gradient is inf/NaN, whatever the "
-                "gradients were (set min_scale to keep a floor).")
-    if zeroed:
-        return ("Paddle's CPU kernel multiplied these float32 gradients by 0 when it found "
-                "inf/NaN, so an inf reads as NaN and the largest finite value as 0: the names "
-                "are right; build the scaler with diagnose=True for the counts.")
-    if named:
-        return ""
-    if last.functional_only:
-        return ("The inf/NaN was found by the functional unscale(grads), whose tensors the "
-                "report does not see.")
-    if last.distributed:
-        return ("found_inf is agreed across ranks: another rank's gradients held the inf/NaN.")
-    if at_update:
-        return ""
-    if not checked:
-        return ("The gradients were cleared (clear_grad) before overflow_report() was called: "
-                "build the scaler with diagnose=True to keep the report of each skipped step.")
-    return ("No gradient holds inf/NaN any more: they changed after the skipped update "
-            "(clear_grad() zeroes them). Build the scaler with diagnose=True to keep the "
-            "report of each skipped step.")
+_ZEROED = ("Paddle's CPU kernel multiplied these float32 gradients by 0 when it found inf/NaN, "
+           "so an inf reads as NaN and the largest finite value as 0: the names are right; "
+           "build the scaler with diagnose=True for the counts.")

@@ -8,6 +8,10 @@ the compiled ``fit`` step (``tf.function``, ``jax.jit``; eager on torch).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import keras
@@ -18,7 +22,7 @@ from unifiedamp._tree import tree_map as _map
 from unifiedamp.conformance.adapters import STEP_KINDS, Adapter
 from unifiedamp.spec import ScalerConfig, ScalerState
 
-__all__ = ["KerasAdapter", "loss_of", "scaled_gradients"]
+__all__ = ["KerasAdapter", "loss_of", "run_replicas", "scaled_gradients"]
 
 
 def loss_of(y_pred: Any) -> Any:
@@ -182,8 +186,29 @@ class KerasAdapter(Adapter):
         CPUs on TensorFlow, ``DataParallel`` over host devices on JAX) in a fresh
         process; each replica's copy of the state after it. The child builds the
         built-in ``KerasGradScaler``: a subclass is not carried over."""
-        from unifiedamp.conformance.backends.keras_replicas import run_replicas
-
         states = run_replicas(keras.backend.backend(), handle[0].config.to_dict(),
                               list(kinds_per_rank), self.optimizer)
         return [ScalerState(float(s), int(g), int(h)) for s, g, h in states]
+
+
+def run_replicas(backend: str, config: dict[str, Any], kinds: list[str],
+                 optimizer: str = "adam", timeout: float = 300) -> list[list[float]]:
+    """Runs :mod:`unifiedamp.conformance.backends.keras_replicas` for ``backend`` in a fresh
+    process (the Keras backend and the device count are fixed when a process starts
+    them); returns ``[scale, growth, hysteresis]`` per replica. ``optimizer``: the
+    adapter's ``"adam"`` or ``"sgd"``."""
+    if backend not in ("tensorflow", "jax"):
+        raise ValueError(f"no data-parallel run for the {backend!r} Keras backend: "
+                         "use 'tensorflow' or 'jax'")
+    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    if backend == "jax":
+        env.update(JAX_PLATFORMS="cpu",
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={len(kinds)}")
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    child = "unifiedamp.conformance.backends.keras_replicas"
+    proc = subprocess.run([sys.executable, "-m", child, json.dumps([config, kinds, optimizer])],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the {backend} replica run failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -5,44 +5,20 @@ under ``KERAS_BACKEND=tensorflow`` (``tf.distribute.MirroredStrategy`` over
 ``len(KINDS)`` logical CPUs, configured here before TensorFlow starts) or
 ``KERAS_BACKEND=jax`` (Keras's ``DataParallel`` over host devices: set
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` before it starts).
-:func:`run_replicas` does both. The global batch holds one example per replica;
-replica ``i``'s example plants kind ``KINDS[i]`` (an inf or a NaN makes that
-replica's gradients non-finite, the others' stay finite). Prints one JSON line:
-each replica's copy of the scale and both trackers after the step.
+:func:`unifiedamp.conformance.backends.keras.run_replicas` does both. The global
+batch holds one example per replica; replica ``i``'s example plants kind ``KINDS[i]``
+(an inf or a NaN makes that replica's gradients non-finite, the others' stay finite).
+Prints one JSON line: each replica's copy of the scale and both trackers after the step.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from typing import Any
 
 from unifiedamp.conformance.adapters import STEP_KINDS
-
-__all__ = ["run_replicas"]
-
-
-def run_replicas(backend: str, config: dict[str, Any], kinds: list[str],
-                 optimizer: str = "adam", timeout: float = 300) -> list[list[float]]:
-    """Runs this program for ``backend`` in a fresh process (the Keras backend and the
-    device count are fixed when a process starts them); returns ``[scale, growth,
-    hysteresis]`` per replica. ``optimizer``: the adapter's ``"adam"`` or ``"sgd"``."""
-    if backend not in ("tensorflow", "jax"):
-        raise ValueError(f"no data-parallel run for the {backend!r} Keras backend: "
-                         "use 'tensorflow' or 'jax'")
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    if backend == "jax":
-        env.update(JAX_PLATFORMS="cpu",
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={len(kinds)}")
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    proc = subprocess.run([sys.executable, "-m", __name__, json.dumps([config, kinds, optimizer])],
-                          capture_output=True, text=True, timeout=timeout, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the {backend} replica run failed: {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _batch(kinds: list[str]) -> Any:
