@@ -212,9 +212,11 @@ def _all_finite(grads: list[Any]) -> Any:
     if keras.backend.backend() != "tensorflow":
         return exact(grads)
     # float16 sums of scaled gradients overflow often: those take the exact test.
-    wide = [g for g in grads if keras.backend.standardize_dtype(g.dtype) in
-            ("float32", "float64")]
-    narrow = [g for g in grads if not any(g is w for w in wide)]
+    wide: list[Any] = []
+    narrow: list[Any] = []
+    for g in grads:
+        wide_dtype = keras.backend.standardize_dtype(g.dtype) in ("float32", "float64")
+        (wide if wide_dtype else narrow).append(g)
     finite = exact(narrow)
     if wide:
         sums = ops.stack([ops.cast(ops.sum(g), "float32") for g in wide])
