@@ -45,6 +45,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from _timing import interleaved_rounds, round_ratio  # benchmarks/_timing.py
+
 BACKENDS = ("tensorflow", "jax", "torch")
 A, B = "a plain SGD", "b keras LossScaleOptimizer"
 C, D = "c unifiedamp (growth 2, backoff 0.5)", "d unifiedamp (1.5, 0.7, hyst. 2, min 1)"
@@ -60,17 +62,10 @@ TARGETS = {"c/b": 1.03, "c/a": 1.10, "d/a": 1.10}
 
 
 def rounds(cases: dict[str, Callable[[], list[float]]], repeats: int) -> dict[str, list[float]]:
-    """Per round, each case's median seconds per step: interleaved runs in a rotating order
-    so that drift and position hit every case alike; each run returns its per-step times;
-    one warm-up each."""
-    for fn in cases.values():
-        fn()
-    names = list(cases)
-    per_round: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            per_round[name].append(statistics.median(cases[name]()))
-    return per_round
+    """Per round, each case's median seconds per step (each run returns its per-step
+    times), from :func:`interleaved_rounds`."""
+    return interleaved_rounds({name: lambda fn=fn: statistics.median(fn())
+                               for name, fn in cases.items()}, repeats)
 
 
 # ------------------------------------------------------------ the child: one Keras backend
@@ -301,13 +296,9 @@ def run_child(backend: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def ratios(per_round: dict[str, list[float]]) -> dict[str, float]:
-    """The median over rounds of each round's ratio: a round's cases ran back to back, so
-    drift between rounds (other load, clock) cancels in the ratio."""
-    def ratio(x: str, y: str) -> float:
-        return statistics.median(p / q for p, q in zip(per_round[x], per_round[y], strict=True))
-
-    return {"b/a": ratio(B, A), "c/b": ratio(C, B), "c/a": ratio(C, A), "d/b": ratio(D, B),
-            "d/a": ratio(D, A)}
+    """The median over rounds of each round's ratio (:func:`round_ratio`)."""
+    pairs = {"b/a": (B, A), "c/b": (C, B), "c/a": (C, A), "d/b": (D, B), "d/a": (D, A)}
+    return {label: round_ratio(per_round, x, y) for label, (x, y) in pairs.items()}
 
 
 def medians(per_round: dict[str, list[float]]) -> dict[str, float]:

@@ -30,6 +30,8 @@ import sys
 import time
 from typing import Any
 
+from _timing import interleaved_rounds, round_ratio  # benchmarks/_timing.py
+
 SIZES = (1024, 2048, 1024, 1024, 1024)
 BATCH = 64
 
@@ -94,18 +96,13 @@ def child(args: argparse.Namespace) -> None:
                                                                    x, y, name != "a")
         finally:
             wrapper._all_finite = shipped
-    names = list(runs)
-    per: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            per[name].append(runs[name](args.steps))
+    per = interleaved_rounds({name: lambda run=run: run(args.steps) for name, run in runs.items()},
+                             args.rounds)
     print(f"keras {keras.__version__} on {backend}, policy {args.policy}, {args.rounds} rounds "
           f"x {args.steps} steps; ms/step and medians of per-round ratios")
-    for name in names:
-        ra = statistics.median(t / a for t, a in zip(per[name], per["a"], strict=True))
-        rb = statistics.median(t / b for t, b in zip(per[name], per["b"], strict=True))
-        print(f"  {name:7s} {statistics.median(per[name]) * 1e3:8.2f} ms   / a {ra:.3f}"
-              f"   / b {rb:.3f}")
+    for name in per:
+        print(f"  {name:7s} {statistics.median(per[name]) * 1e3:8.2f} ms"
+              f"   / a {round_ratio(per, name, 'a'):.3f}   / b {round_ratio(per, name, 'b'):.3f}")
 
 
 def jax_run(model: Any, opt: Any, x: Any, y: Any, scaled: bool) -> Any:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from _timing import interleaved_medians  # benchmarks/_timing.py
+from _timing import interleaved_medians, interleaved_rounds, round_ratio  # benchmarks/_timing.py
 
 import unifiedamp as ua
 
@@ -204,20 +204,16 @@ def host_time_bench(device: str, repeats: int, iterations: int = 300) -> None:
                     spent[2] += t4 - t3
                 sync(device)
                 return [t / iterations / 1e3 for t in spent]
-            run()  # warm-up: the optimizer's state, the compiled rule on CUDA
             runs[name] = run
-        per: dict[str, list[list[float]]] = {name: [] for name in runs}
-        names = list(runs)
-        for r in range(repeats):
-            for name in names[r % len(names):] + names[:r % len(names)]:
-                per[name].append(runs[name]())
+        # The warm-up run builds the optimizer's state (and the compiled rule on CUDA).
+        per = interleaved_rounds(runs, repeats)
         print(f"host time of the verbs, 4-layer 8x8 MLP, {'fused' if fused else 'foreach'} "
               f"AdamW, {device}, us per call, median of {repeats} x {iterations}")
-        base = names[0]
-        for name in names:
+        totals = {name: [sum(verbs) for verbs in rounds] for name, rounds in per.items()}
+        base = next(iter(per))
+        for name in per:
             verbs = [statistics.median(p[i] for p in per[name]) for i in range(3)]
-            ratio = statistics.median(sum(p) / sum(b) for p, b in zip(per[name], per[base],
-                                                                       strict=True))
+            ratio = round_ratio(totals, name, base)
             print(f"  {name:42s} scale {verbs[0]:6.1f}  step {verbs[1]:6.1f}  update "
                   f"{verbs[2]:6.1f}  total {sum(verbs):6.1f}  / b {ratio:.3f}")
 
