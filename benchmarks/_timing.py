@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -60,3 +61,28 @@ def interleaved_medians(cases: dict[str, Callable[[], object]], repeats: int,
 
     per_round = interleaved_rounds({name: timed(fn) for name, fn in cases.items()}, repeats)
     return {name: statistics.median(t) for name, t in per_round.items()}
+
+
+# By default glibc maps large buffers (from 128 KiB, a threshold that adapts) with mmap and
+# gives a freed heap top over 128 KiB back to the system: a compiled step that allocates and
+# frees tens of MiB per call then page-faults its buffers in again, in some processes and not
+# others (a JAX Keras step measured 1.05x and 1.5x plain SGD in two runs of one command).
+# These keep freed memory in the process; every case of a run gets the same allocator.
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30),
+                 "MALLOC_TOP_PAD_": str(256 << 20)}
+
+
+def child_env(steady_malloc: bool, **extra: str) -> dict[str, str]:
+    """The environment of a benchmark's child process: this one's, ``extra``, and unless
+    ``steady_malloc`` is false, :data:`STEADY_MALLOC` where the caller did not set it.
+
+    Example:
+        >>> env = child_env(True, KERAS_BACKEND="jax")
+        >>> env["KERAS_BACKEND"], env["MALLOC_TOP_PAD_"] == STEADY_MALLOC["MALLOC_TOP_PAD_"]
+        ('jax', True)
+    """
+    env = dict(os.environ, **extra)
+    if steady_malloc:
+        for key, value in STEADY_MALLOC.items():
+            env.setdefault(key, value)
+    return env

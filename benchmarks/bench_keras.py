@@ -28,8 +28,10 @@ between runs of one process. After the runs, (b)-(d) must still hold scale 1024
 with every step counted (no step skipped). --policy mixed_float16 gives every
 Dense layer that policy (the model's own policy stays float32, so model.compile
 does not wrap the plain SGD in a LossScaleOptimizer) and skips that check; it
-runs on CPU on all three Keras backends. The defaults take about two minutes on
-two cores; --repeats 3 --steps 4 --epochs 1 about one (mostly start-up and tracing).
+runs on CPU on all three Keras backends. The children keep freed memory in the
+process (_timing.STEADY_MALLOC; --glibc-malloc for glibc's defaults, noisier on
+JAX). The defaults take about two minutes on two cores; --repeats 3 --steps 4
+--epochs 1 about one (mostly start-up and tracing).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from _timing import interleaved_rounds, round_ratio  # benchmarks/_timing.py
+from _timing import child_env, interleaved_rounds, round_ratio  # benchmarks/_timing.py
 
 BACKENDS = ("tensorflow", "jax", "torch")
 A, B = "a plain SGD", "b keras LossScaleOptimizer"
@@ -282,7 +284,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_child(backend: str, args: argparse.Namespace) -> dict[str, Any]:
-    env = dict(os.environ, KERAS_BACKEND=backend)
+    env = child_env(not args.glibc_malloc, KERAS_BACKEND=backend)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     cmd = [sys.executable, os.path.abspath(__file__), "--keras-backend", backend,
            "--repeats", str(args.repeats), "--steps", str(args.steps),
@@ -308,7 +310,8 @@ def medians(per_round: dict[str, list[float]]) -> dict[str, float]:
 def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     first = results[0]
     print(f"keras {first['keras']}; " + "; ".join(r["version"] for r in results)
-          + f"; {os.cpu_count()} CPUs")
+          + f"; {os.cpu_count()} CPUs; malloc: "
+          + ("glibc defaults" if args.glibc_malloc else "freed memory kept (STEADY_MALLOC)"))
     print(f"{first['params'] / 1e6:.2f}M-parameter MLP ({args.policy}), SGD, batch {BATCH}; "
           f"median ms/step of {args.repeats} x {args.epochs} passes of {args.steps} steps "
           f"(fit: epochs, the first of each fit call dropped)")
@@ -353,11 +356,14 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated Keras backends, each in its own process")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=6, help="batches per epoch")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=12, help="batches per epoch")
     parser.add_argument("--epochs", type=int, default=2,
                         help="timed epochs per fit call (and passes per loop run)")
     parser.add_argument("--policy", default="float32", choices=("float32", "mixed_float16"))
+    parser.add_argument("--glibc-malloc", action="store_true",
+                        help="glibc's default allocator settings in the children (noisier; "
+                             "by default freed memory stays in the process: _timing.STEADY_MALLOC)")
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     parser.add_argument("--keras-backend", choices=BACKENDS, help=argparse.SUPPRESS)
     args = parser.parse_args()

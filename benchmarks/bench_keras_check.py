@@ -7,7 +7,9 @@ Times one compiled train step of bench_keras.py's 5.25M-parameter MLP (SGD, batc
 in one process, interleaved in a rotating order, medians of per-round ratios:
   a       plain SGD
   b       keras.optimizers.LossScaleOptimizer
-  c       unifiedamp's wrapper as shipped
+  c       unifiedamp's wrapper as shipped (JAX: min(int8(isfinite(g))) > 0 per
+          gradient; TensorFlow: a float32 sum per gradient, the exact test if one
+          is not finite)
   c_isf   the wrapper with all(isfinite(g)) per gradient as the test
   c_sum0  the wrapper with isfinite(sum(g * 0)) per gradient as the test
   c_none  the wrapper with no test at all (not a valid scaler: a lower bound)
@@ -30,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from _timing import interleaved_rounds, round_ratio  # benchmarks/_timing.py
+from _timing import child_env, interleaved_rounds, round_ratio  # benchmarks/_timing.py
 
 SIZES = (1024, 2048, 1024, 1024, 1024)
 BATCH = 64
@@ -99,7 +101,8 @@ def child(args: argparse.Namespace) -> None:
     per = interleaved_rounds({name: lambda run=run: run(args.steps) for name, run in runs.items()},
                              args.rounds)
     print(f"keras {keras.__version__} on {backend}, policy {args.policy}, {args.rounds} rounds "
-          f"x {args.steps} steps; ms/step and medians of per-round ratios")
+          f"x {args.steps} steps; ms/step and medians of per-round ratios; malloc: "
+          + ("glibc defaults" if args.glibc_malloc else "freed memory kept"))
     for name in per:
         print(f"  {name:7s} {statistics.median(per[name]) * 1e3:8.2f} ms"
               f"   / a {round_ratio(per, name, 'a'):.3f}   / b {round_ratio(per, name, 'b'):.3f}")
@@ -158,11 +161,14 @@ def main() -> None:
     parser.add_argument("--policy", default="float32", choices=("float32", "mixed_float16"))
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--steps", type=int, default=10, help="steps per round and case")
+    parser.add_argument("--glibc-malloc", action="store_true",
+                        help="glibc's default allocator settings (noisier; by default freed "
+                             "memory stays in the process: _timing.STEADY_MALLOC)")
     args = parser.parse_args()
     if os.environ.get("KERAS_BACKEND") == args.backend and "keras" not in sys.modules:
         child(args)
         return
-    env = dict(os.environ, KERAS_BACKEND=args.backend, TF_CPP_MIN_LOG_LEVEL="3")
+    env = child_env(not args.glibc_malloc, KERAS_BACKEND=args.backend, TF_CPP_MIN_LOG_LEVEL="3")
     sys.exit(subprocess.run([sys.executable, *sys.argv], env=env).returncode)
 
 

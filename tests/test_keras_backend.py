@@ -292,6 +292,49 @@ def check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped():
     assert _as_tuple(scaler.state) == (np.float32(1.0), 0, 0), "one -inf must skip"
 
 
+def check_finiteness_test_is_exact_for_every_shape_and_dtype():
+    """The wrapper's test of the gradients, also where fast forms go wrong: an inf or NaN
+    as the last element of a large array (XLA's CPU ``max`` drops a NaN there), empty and
+    scalar gradients, float16 and bfloat16; under ``jax.jit`` too on JAX."""
+    import keras
+    from keras import ops
+
+    from unifiedamp.backends.keras import _all_finite
+
+    jitted = None
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jitted = jax.jit(_all_finite)  # once: it compiles once per list of shapes and dtypes
+
+    def run(arrays: list[np.ndarray], dtype: str) -> bool:
+        tensors = [ops.cast(ops.convert_to_tensor(a), dtype) for a in arrays]
+        eager = bool(ops.convert_to_numpy(_all_finite(tensors)))
+        if jitted is not None:
+            assert bool(jitted(tensors)) == eager, "jit and eager disagree"
+        return eager
+
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal(1 << 20).astype(np.float32)
+    shapes = [(), (1,), (0,), (3, 0), (7, 5), (1 << 20,)]
+    for dtype in ("float32", "float16", "bfloat16"):
+        arrays = [big if s == (1 << 20,) else rng.standard_normal(s).astype(np.float32)
+                  for s in shapes]
+        assert run(arrays, dtype), f"{dtype}: finite gradients reported non-finite"
+        assert run([arrays[2], arrays[3]], dtype), f"{dtype}: empty gradients are finite"
+        for i, a in enumerate(arrays):
+            if a.size == 0:
+                continue
+            for bad in (np.inf, -np.inf, np.nan):
+                for position in sorted({0, a.size // 2, a.size - 1}):
+                    spoiled = [x.copy() for x in arrays]
+                    flat = spoiled[i].reshape(-1)
+                    flat[position] = bad
+                    spoiled[i] = flat.reshape(a.shape)
+                    assert not run(spoiled, dtype), (
+                        f"{dtype}: {bad} at {position} of a {a.shape} gradient was missed")
+
+
 def check_jax_stateless_apply_under_jit_follows_spec_and_skips():
     import jax
     import keras
@@ -393,7 +436,8 @@ CHILD_CHECKS = {
             "check_jax_stateless_apply_under_jit_follows_spec_and_skips",
             "check_jax_stateful_apply_works_where_keras_own_fails",
             "check_jax_stateful_apply_compiles_once",
-            "check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped"],
+            "check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped",
+            "check_finiteness_test_is_exact_for_every_shape_and_dtype"],
     "torch": ["check_fit_with_mixed_float16_follows_spec_over_epochs",
               "check_custom_loop_follows_spec_step_by_step",
               "check_unscaled_gradients_are_the_gradients_of_the_unscaled_loss",
@@ -674,6 +718,10 @@ def test_skipped_step_leaves_weights_moments_and_iterations_untouched(keras):
 
 def test_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped(keras):
     check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped()
+
+
+def test_finiteness_test_is_exact_for_every_shape_and_dtype(keras):
+    check_finiteness_test_is_exact_for_every_shape_and_dtype()
 
 
 def test_reciprocal_is_exact_inside_a_tf_graph(keras):

@@ -189,11 +189,15 @@ def _multiply(x: Any, hi: Any, lo: Any | None) -> Any:
 def _all_finite(grads: list[Any]) -> Any:
     """True where every element of every gradient is finite.
 
-    ``all(isfinite(g))`` per gradient, as Keras's own class: inside a jitted JAX step
-    XLA fuses the test with the gradient's producer. Float sums measured slower there
-    in a whole step (5.25M-parameter MLP, SGD, 2-core CPU, one process: 1.13x a plain
-    step for ``all(isfinite)``, 1.18x for ``sum(g * 0)``; with mixed_float16 1.16x
-    against 1.89x, where XLA recomputed the float16 gradients for the sum).
+    Exact on every backend; the form is the fastest exact one measured per backend
+    (``benchmarks/bench_keras_check.py``: a 5.25M-parameter MLP, SGD, 2-core CPU).
+
+    Under JAX, ``min(int8(isfinite(g))) > 0`` per gradient: XLA's CPU lowers
+    ``all(isfinite(g))`` as a bool array reduced through a tree of reduce-windows, and
+    an int8 minimum is one vectorised reduce (1.04x against 1.11x a plain step; 1.11x
+    against 1.16x with mixed_float16). Float reductions are not exact there (a large
+    array's ``max`` drops a NaN) or fuse badly (a ``sum`` pulls the mixed_float16
+    gradient's transposed copy into it: 1.5-1.9x).
 
     In a TensorFlow graph each op is a pass of its own, and ``isfinite`` then ``all``
     writes a bool tensor and reads it back; a float32 ``sum(g)`` reads the gradient
@@ -209,7 +213,15 @@ def _all_finite(grads: list[Any]) -> Any:
             finite = ops.logical_and(finite, ops.all(ops.isfinite(g)))
         return finite
 
-    if keras.backend.backend() != "tensorflow":
+    backend = keras.backend.backend()
+    if backend == "jax":
+        finite = ops.convert_to_tensor(True)
+        for g in grads:
+            if math.prod(g.shape):  # the min of nothing fails; nothing is finite
+                smallest = ops.min(ops.cast(ops.isfinite(g), "int8"))
+                finite = ops.logical_and(finite, ops.greater(smallest, 0))
+        return finite
+    if backend != "tensorflow":
         return exact(grads)
     # float16 sums of scaled gradients overflow often: those take the exact test.
     wide: list[Any] = []
@@ -652,10 +664,12 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         if not self._diagnose and all(len(v.shape) == 0 for v in self.inner_optimizer.variables):
             # An inner optimizer without per-variable state (plain SGD: iterations and
             # learning rate): both outcomes computed and selected, which XLA fuses into
-            # the update's own pass. A cond costs more on XLA's CPU (measured 1.45x a
-            # plain mixed_float16 step against 1.12x for the select); with moments (Adam)
-            # the select would copy them, so the cond stays there. diagnose takes the
-            # cond too: its counts are computed in the skipped branch only.
+            # the update's own pass. A cond's branches write fresh buffers, which glibc's
+            # default allocator maps and unmaps at every step: 1.58x a plain
+            # mixed_float16 step on XLA's CPU against 1.13x for the select (1.01x against
+            # 1.11x where freed memory stays in the process). With moments (Adam) the
+            # select would copy them, so the cond stays there. diagnose takes the cond
+            # too: its counts are computed in the skipped branch only.
             new_tvs, new_ovs = self._stateless_handle_finite_grads(
                 optimizer_variables, grads, trainable_variables)
             old_tvs, old_ovs = self._stateless_handle_non_finite_grads(
