@@ -442,7 +442,8 @@ CHILD_CHECKS = {
               "check_custom_loop_follows_spec_step_by_step",
               "check_unscaled_gradients_are_the_gradients_of_the_unscaled_loss",
               "check_skipped_step_leaves_weights_moments_and_iterations_untouched",
-              "check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped"],
+              "check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped",
+              "check_finiteness_test_is_exact_for_every_shape_and_dtype"],
 }
 
 

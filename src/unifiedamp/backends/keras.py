@@ -207,20 +207,20 @@ def _all_finite(grads: list[Any]) -> Any:
     """
     grads = [g for g in grads if g is not None]
 
-    def exact(grads: list[Any]) -> Any:
+    def every(grads: list[Any], test: Any) -> Any:
         finite = ops.convert_to_tensor(True)
         for g in grads:
-            finite = ops.logical_and(finite, ops.all(ops.isfinite(g)))
+            finite = ops.logical_and(finite, test(g))
         return finite
+
+    def exact(grads: list[Any]) -> Any:
+        return every(grads, lambda g: ops.all(ops.isfinite(g)))
 
     backend = keras.backend.backend()
     if backend == "jax":
-        finite = ops.convert_to_tensor(True)
-        for g in grads:
-            if math.prod(g.shape):  # the min of nothing fails; nothing is finite
-                smallest = ops.min(ops.cast(ops.isfinite(g), "int8"))
-                finite = ops.logical_and(finite, ops.greater(smallest, 0))
-        return finite
+        # An empty gradient is finite (and the min of nothing fails).
+        return every([g for g in grads if math.prod(g.shape)],
+                     lambda g: ops.greater(ops.min(ops.cast(ops.isfinite(g), "int8")), 0))
     if backend != "tensorflow":
         return exact(grads)
     # float16 sums of scaled gradients overflow often: those take the exact test.
