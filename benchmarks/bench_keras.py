@@ -30,8 +30,8 @@ Dense layer that policy (the model's own policy stays float32, so model.compile
 does not wrap the plain SGD in a LossScaleOptimizer) and skips that check; it
 runs on CPU on all three Keras backends. The children keep freed memory in the
 process (_timing.STEADY_MALLOC; --glibc-malloc for glibc's defaults, noisier on
-JAX). The defaults take about two minutes on two cores; --repeats 3 --steps 4
---epochs 1 about one (mostly start-up and tracing).
+JAX). The defaults (20 rounds, 12 steps) take about six minutes on two cores;
+--repeats 3 --steps 4 --epochs 1 about one (mostly start-up and tracing).
 """
 
 from __future__ import annotations
