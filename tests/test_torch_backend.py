@@ -393,6 +393,42 @@ def test_backing_off_into_an_unscalable_scale_skips_finite_steps(config, fused):
     assert spec.unscale_overflows(expected.scale)  # the run did reach the region
 
 
+@pytest.mark.parametrize("config", [{"backoff_factor": 0.5}, {"backoff_factor": 1e-10}],
+                         ids=["0.5", "1e-10"])
+def test_functional_unscale_finds_inf_at_an_unscalable_scale(config):
+    """The functional unscale(grads) raises the spec's extra inf too, once the host can
+    no longer bound the scale above MIN_UNSCALABLE."""
+    model = mlp()
+    scaler = ua.GradScaler(1e-30, growth_interval=3, backend="torch",
+                           max_consecutive_skips=None, **config)
+    expected = spec.ScalerState(spec.f32(1e-30))
+    for step in range(60):
+        poisoned = step < 50 and step % 7 != 6
+        found = poisoned or spec.unscale_overflows(expected.scale)
+        loss = loss_of(model, *batch(seed=step, poison=float("inf") if poisoned else None))
+        grads = torch.autograd.grad(scaler.scale(loss), list(model.parameters()))
+        _, finite = scaler.unscale(grads)
+        assert bool(finite) == (not found), f"step {step}: finite != {not found}"
+        scaler.update()
+        expected = spec.update(scaler.config, expected, found)
+        assert scaler.state == expected, f"step {step}: {scaler.state} != {expected}"
+    assert spec.unscale_overflows(expected.scale)  # the run did reach the region
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_update_counts_a_functional_check_next_to_an_optimizers(fused):
+    """An iteration that steps an optimizer on finite gradients and also unscales other
+    gradients functionally: an inf in the latter is a skip for update()."""
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), fused=fused)
+    scaler = ua.GradScaler(1024.0, backend="torch")
+    scaler.scale(loss_of(model, *batch())).backward()
+    scaler.step(opt)
+    _, finite = scaler.unscale([torch.tensor([1.0, float("inf")])])
+    scaler.update()
+    assert not bool(finite) and scaler.get_scale() == 512.0
+
+
 def test_collapse_check_reads_the_device_once_per_period():
     model = mlp()
     opt = torch.optim.AdamW(model.parameters(), fused=True)

@@ -226,6 +226,19 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("torch-fused-skips-not-counted", f"{BACKENDS}/torch.py",
            "            self._skipped_on_device.add_(found)",
            "            self._skipped_on_device.add_(found * 0)", _T_TORCH),
+    Mutant("torch-unscalable-check-flipped", f"{BACKENDS}/torch.py",
+           "if self._updates >= self._check_unscalable_from or _traced(self._device):\n"
+           "            self._found_inf_if_reciprocal_overflows(\n",
+           "if self._updates < self._check_unscalable_from or _traced(self._device):\n"
+           "            self._found_inf_if_reciprocal_overflows(\n", _T_TORCH),
+    Mutant("torch-functional-unscale-no-unscalable-check", f"{BACKENDS}/torch.py",
+           "            self._found_inf_if_reciprocal_overflows([found])\n",
+           "            pass\n", _T_TORCH),
+    Mutant("torch-update-drops-functional-next-to-optimizer", f"{BACKENDS}/torch.py",
+           "            if functional:\n                found_infs += functional\n",
+           "            if functional and not found_infs:\n"
+           "                found_infs += functional\n",
+           _T_TORCH),
     Mutant("torch-load-no-clamp-rearm", f"{BACKENDS}/torch.py",
            "        self._clamp_tracker = True\n        self._hysteresis_may_be_set = "
            "state.hysteresis_tracker > 0",

@@ -46,6 +46,9 @@ from unifiedamp.spec import ScalerConfig, ScalerState
 
 __all__ = ["ScaleNotCalledError", "TorchGradScaler"]
 
+#: torch.distributed is built in (a constant; asked once).
+_DIST_AVAILABLE = dist.is_available()
+
 _EXTRA_NAMES = ("device", "process_group", "distributed", "max_consecutive_skips",
                 "on_collapse", "backend", "diagnose", "history")
 
@@ -219,13 +222,14 @@ def _try_compiled_rule(config: ScalerConfig, constants: dict[str, torch.Tensor],
     return True
 
 
-def _traced(device: torch.device) -> bool:
+def _traced(device_type: str) -> bool:
     """Whether this code is being traced into a graph that runs again without it:
-    ``torch.compile``, or a CUDA graph capture (asked only for a CUDA ``device``: a few
+    ``torch.compile``, or a CUDA graph capture (asked only for a ``"cuda"`` scale: a few
     microseconds of host time per call otherwise). The host-side shortcuts then step
-    aside (a replay does not run this Python) and nothing reads the device."""
+    aside (a replay does not run this Python) and nothing reads the device. Takes the
+    device's type as a string: reading ``tensor.device`` costs host time at every step."""
     return torch.compiler.is_compiling() or (
-        device.type == "cuda" and torch.cuda.is_current_stream_capturing())
+        device_type == "cuda" and torch.cuda.is_current_stream_capturing())
 
 
 #: step functions -> whether they take torch's deprecated ``grad_scaler`` keyword.
@@ -502,6 +506,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
 
     def _sync_torch_attributes(self) -> None:
         self._rule_graph: tuple[Any, torch.Tensor] | None = None  # holds the old config
+        self._native_update = torch_expressible(self._config)  # asked at every update
         # Made here, where the config changes, not in update(): spec.f32 does not
         # trace under torch.compile.
         self._constants = (None if self._scale is None
@@ -767,8 +772,10 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         agreed across ranks when ``torch.distributed`` is initialised. No host sync."""
         if not self._enabled:
             return
-        self._require_scale_called("unscale_")
-        self._ensure_scale(optimizer)
+        if not self._scale_called:
+            self._require_scale_called("unscale_")
+        if self._scale is None:
+            self._ensure_scale(optimizer)
         try:
             super().unscale_(optimizer)
         except ValueError as exc:
@@ -797,20 +804,22 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
 
     def _finish_check(self, optimizer: torch.optim.Optimizer) -> None:
         # After torch's own check (unscale_ or the fused path's): the spec's extra
-        # inf, then agreement across ranks.
-        self._found_inf_if_reciprocal_overflows(
-            self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
-        self._agree_across_ranks(optimizer)
+        # inf, then agreement across ranks. The conditions are tested here, at every
+        # step, without a call each (host time a launch-bound step waits for).
+        if self._updates >= self._check_unscalable_from or _traced(self._device):
+            self._found_inf_if_reciprocal_overflows(
+                self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
+        if self._distributed is not False and _DIST_AVAILABLE and dist.is_initialized():
+            self._agree_across_ranks(optimizer)
 
     def _found_inf_if_reciprocal_overflows(self, founds: Any) -> None:
         # spec.unscale_overflows: below about 2.94e-39 (and at 0) 1/scale is inf in
         # float32, so every unscaled gradient is inf or NaN, yet torch's kernel checks
         # the gradients before it multiplies (2.13) and finds them finite. Raise the
         # flag on the device (a max, so it stays 0/1 for fused kernels): no host sync.
-        # Three ops a step, skipped while the host knows the scale is far above it;
-        # never skipped in a CUDA graph, whose replays do not run this Python.
-        if self._updates < self._check_unscalable_from and not _traced(self._scale.device):
-            return
+        # Three ops a step, called only once the host cannot bound the scale far above
+        # it (_check_unscalable_from), and always in a CUDA graph capture or a compiled
+        # step, whose replays do not run this Python.
         overflow = (self._scale < spec.MIN_UNSCALABLE).float()
         for found in founds:
             found.clamp_(min=overflow.to(found.device, non_blocking=True))
@@ -824,7 +833,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
 
     def _group(self) -> Any:
-        if self._distributed is False or not (dist.is_available() and dist.is_initialized()):
+        if self._distributed is False or not (_DIST_AVAILABLE and dist.is_initialized()):
             return None
         group = self._process_group or dist.group.WORLD
         return group if dist.get_world_size(group) > 1 else None
@@ -860,8 +869,11 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         """
         if not self._enabled:
             return optimizer.step(*args, **kwargs)
-        self._require_scale_called("step")
-        self._ensure_scale(optimizer)
+        # The guards inline: each call is host time a launch-bound step waits for.
+        if not self._scale_called:
+            self._require_scale_called("step")
+        if self._scale is None:
+            self._ensure_scale(optimizer)
         fused = getattr(optimizer, "_step_supports_amp_scaling", False)
         if fused and not torch.compiler.is_compiling() and not _takes_grad_scaler(optimizer):
             retval = self._fused_step(optimizer, *args, **kwargs)
@@ -938,7 +950,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             found += found_here.to(found.device)
         if len(groups) > 1:
             found.clamp_(max=1.0)  # a 0/1 flag, as every check's (update counts on it)
-        self._found_inf_if_reciprocal_overflows([found])
+        if self._updates >= self._check_unscalable_from or _traced(self._device):
+            self._found_inf_if_reciprocal_overflows([found])
         self._functional_found_inf.append(found)
         return out, found == 0
 
@@ -976,18 +989,24 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             self._set_scale(new_scale)
             self._diag_found = None  # not a skip; overflow_report() is None after it
         else:
-            found_infs = [found.to(scale.device, non_blocking=True)
-                          for state in self._per_optimizer_states.values()
-                          for found in state["found_inf_per_device"].values()]
-            found_infs += self._functional_found_inf
-            if not found_infs:
+            # One pass: the flags, and how many optimizers checked. Every check since
+            # the last update was read by a plain step() when there is one read per
+            # optimizer that checked and no functional unscale().
+            found_infs = []
+            checked = 0
+            for state in self._per_optimizer_states.values():
+                founds = state["found_inf_per_device"]
+                if founds:
+                    checked += 1
+                    found_infs += [found.to(scale.device, non_blocking=True)
+                                   for found in founds.values()]
+            functional = self._functional_found_inf
+            if functional:
+                found_infs += functional
+            elif not found_infs:
                 raise NoInfChecksError("No inf checks were recorded prior to update.")
-            # Every check since the last update was read by a plain step() when there is
-            # one read per optimizer that checked and no functional unscale().
-            checked = sum(bool(state["found_inf_per_device"])
-                          for state in self._per_optimizer_states.values())
-            host_found = (self._host_found if self._host_reads == checked
-                          and not self._functional_found_inf else None)
+            host_found = (self._host_found if self._host_reads == checked and not functional
+                          else None)
             if len(found_infs) > 1:
                 found = torch.stack(found_infs).sum().clamp_(max=1.0)
             else:
@@ -996,14 +1015,15 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             if self._ring is not None:
                 self._record(scale, found)
             # Not inside a traced graph: a replay would not run this Python.
-            diagnosed = self._diagnose and not _traced(scale.device)
+            diagnosed = self._diagnose and not _traced(self._device)
             report = self._diagnose_now(scale, found, host_found) if diagnosed else None
             self._apply_update(scale, growth, found)
             self._updates += 1
             self._remember_update(found, host_found, report, diagnosed)
             self._watch_collapse(found, host_found)
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
-        self._functional_found_inf = []
+        if self._functional_found_inf:
+            self._functional_found_inf = []
         self._host_reads = 0
         self._host_found = False
         self._checking = {}
@@ -1028,7 +1048,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
     def _apply_update(self, scale: torch.Tensor, growth: torch.Tensor,
                       found: torch.Tensor) -> None:
         config = self._config
-        if torch_expressible(config):
+        if self._native_update:
             if self._clamp_tracker:
                 # torch grows on tracker + 1 == interval; the spec on >=.
                 growth.clamp_(max=config.growth_interval - 1)
@@ -1042,7 +1062,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                 self._hysteresis_may_be_set = False
         else:
             rule = _rule_for(config, self._constants, scale.device)
-            if rule is _compiled_rule and scale.is_cuda and not _traced(scale.device):
+            if rule is _compiled_rule and scale.is_cuda and not _traced(self._device):
                 self._replay_rule(found)
             else:
                 rule(scale, growth, self._hysteresis_tracker, found, config, self._constants)
@@ -1083,7 +1103,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         # Read the device only every `period` updates, so update() stays free of
         # host syncs in between.
         limit = self._monitor.max_consecutive_skips
-        if self._updates % (limit or 100) == 0 and not _traced(self._scale.device):
+        if self._updates % (limit or 100) == 0 and not _traced(self._device):
             scale = float(self._scale.item())  # the one read per period
             self._scale_known(scale)
             skips = (int(self._consecutive_skips.item()) if self._skips_on_device
