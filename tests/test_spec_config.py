@@ -35,6 +35,24 @@ def test_config_is_immutable_and_hashable():
     assert {c: 1}[ScalerConfig(8.0)] == 1
 
 
+def test_a_pickled_config_carries_its_fields_not_its_hash():
+    """The hash is kept after the first call; with a None field it differs between
+    processes on Python 3.11, so a copy must compute its own."""
+    import pickle
+    import subprocess
+
+    c = ScalerConfig(8.0, hysteresis=2)  # min_scale and max_scale are None
+    hash(c)
+    blob = pickle.dumps(c)
+    child = ("import pickle, sys; from unifiedamp.spec import ScalerConfig; "
+             "c = pickle.loads(sys.stdin.buffer.read()); "
+             "print(hash(c) == hash(ScalerConfig(8.0, hysteresis=2)), "
+             "c.replace(hysteresis=3) != c)")
+    out = subprocess.run([sys.executable, "-c", child], input=blob, capture_output=True,
+                         check=True).stdout.split()
+    assert out == [b"True", b"True"]
+
+
 def test_numpy_scalars_are_normalised_to_python_types():
     c = ScalerConfig(np.float64(4.0), growth_interval=np.int64(3), enabled=np.bool_(True))
     assert type(c.init_scale) is float and type(c.growth_interval) is int

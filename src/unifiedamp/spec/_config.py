@@ -191,6 +191,8 @@ class ScalerConfig:
 
     __match_args__ = POSITIONAL
 
+    __slots__ = ("__dict__", "_hash")  # the fields in __dict__, the kept hash apart
+
     def __init__(
         self,
         init_scale: float = 65536.0,
@@ -246,12 +248,26 @@ class ScalerConfig:
         return f"{type(self).__qualname__}({fields})"
 
     def __eq__(self, other: object) -> bool:
+        if other is self:  # the usual case for a pytree's aux data or a cache key
+            return True
         if other.__class__ is self.__class__:
             return self._values() == other._values()  # type: ignore[attr-defined]
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(self._values())
+        # Kept after the first call (in a slot: vars() shows the fields only): JAX
+        # hashes a scaler's config (its pytree aux data) at every jitted call, and
+        # the torch scaler at every tensor-op update.
+        try:
+            return self._hash
+        except AttributeError:
+            cached = hash(self._values())
+            object.__setattr__(self, "_hash", cached)
+            return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The fields only: a hash holding None differs between processes (Python 3.11).
+        return {name: getattr(self, name) for name in CANONICAL}
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise _frozen(f"cannot assign to field {name!r}")
