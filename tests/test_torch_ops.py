@@ -1,6 +1,7 @@
 """The work the torch backend adds per training iteration, counted next to torch's own
 ``torch.amp.GradScaler`` in the same process: every aten op dispatched (on CPU each is one
-kernel; on a GPU the same ops are the launches a launch-bound step pays for)."""
+kernel; on a GPU the same ops are the launches a launch-bound step pays for), and on a CUDA
+device the work the GPU runs, from the profiler (the compiled rule included)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 import unifiedamp as ua  # noqa: E402
 
 pytestmark = pytest.mark.framework("torch")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 
 EXTENDED = {"hysteresis": 2, "min_scale": 1.0}
 
@@ -31,35 +33,57 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class CountDeviceWork:
+    """Counts what a CUDA device runs while active (kernels, copies, fills), by name, from
+    the profiler. Unlike CountOps it leaves torch.compile working: the compiled rule (one
+    kernel, replayed as a CUDA graph) is what a CUDA update runs."""
+
+    def __enter__(self):
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize()
+        self._profile = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        self._profile.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.synchronize()
+        self._profile.__exit__(*exc)
+        device = torch.autograd.DeviceType.CUDA
+        self.ops = collections.Counter(
+            event.name for event in self._profile.events() if event.device_type == device)
+
+
 def ops_per_iteration(make_scaler, fused: bool, poison_at: int | None = None,
-                      iterations: int = 4) -> list[collections.Counter[str]]:
+                      iterations: int = 4, device: str = "cpu",
+                      counter=CountOps) -> list[collections.Counter[str]]:
     """The ops of each iteration of a float16 autocast step of a 4-layer MLP with AdamW:
     zero_grad, forward, scaled backward, step, update."""
     torch.manual_seed(0)
     layers = [m for _ in range(4) for m in (torch.nn.Linear(16, 16), torch.nn.ReLU())]
-    model = torch.nn.Sequential(*layers)
+    model = torch.nn.Sequential(*layers).to(device)
     opt = torch.optim.AdamW(model.parameters(), fused=fused, foreach=None if fused else True)
     scaler = make_scaler()
-    x = torch.randn(8, 16)
+    x = torch.randn(8, 16).to(device)
     counts = []
     for i in range(iterations):
         inputs = x.clone()
         if i == poison_at:
             inputs[0, 0] = float("inf")
-        # Not the first: it creates the optimizer's state.
-        with CountOps() if i else contextlib.nullcontext(CountOps()) as counter:
+        # Not the first: it creates the optimizer's state (and on CUDA compiles the rule).
+        with counter() if i else contextlib.nullcontext(CountOps()) as count:
             opt.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.float16):
+            with torch.autocast(device, dtype=torch.float16):
                 loss = model(inputs).float().pow(2).mean()
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
-        counts.append(counter.ops)
+        counts.append(count.ops)
     return counts
 
 
-def native():
-    return torch.amp.GradScaler("cpu", init_scale=1024.0)
+def native(device: str = "cpu"):
+    return lambda: torch.amp.GradScaler(device, init_scale=1024.0)
 
 
 def ours(**config):
@@ -72,7 +96,7 @@ def _extra(theirs: collections.Counter, mine: collections.Counter) -> str:
 
 @pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
 def test_torch_expressible_config_adds_no_op_per_iteration(fused):
-    theirs = ops_per_iteration(native, fused)
+    theirs = ops_per_iteration(native(), fused)
     mine = ops_per_iteration(ours(), fused)
     for i in range(1, len(mine)):  # the first is not counted
         extra = sum(mine[i].values()) - sum(theirs[i].values())
@@ -84,7 +108,7 @@ def test_torch_expressible_config_adds_no_op_per_iteration(fused):
 
 @pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
 def test_a_skipped_iteration_costs_what_natives_costs(fused):
-    theirs = ops_per_iteration(native, fused, poison_at=2)
+    theirs = ops_per_iteration(native(), fused, poison_at=2)
     mine = ops_per_iteration(ours(), fused, poison_at=2)
     extra = sum(mine[2].values()) - sum(theirs[2].values())
     assert extra <= 0, _extra(theirs[2], mine[2])
@@ -96,11 +120,25 @@ def test_extended_rule_runs_as_few_tensor_ops(fused, record_property):
     on the scale's device (no host sync). Counted on CPU: 16 ops over native, with either
     optimizer (with a fused one, the skip counters take the place of the two ops torch's
     step() spends on copying the flag and the scale)."""
-    theirs = ops_per_iteration(native, fused)
+    theirs = ops_per_iteration(native(), fused)
     mine = ops_per_iteration(ours(**EXTENDED), fused)
     extra = sum(mine[-1].values()) - sum(theirs[-1].values())
     record_property("extended_rule_extra_ops", extra)
     assert extra <= 16, _extra(theirs[-1], mine[-1])
+
+
+@CUDA
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+@pytest.mark.parametrize("config, bound", [({}, 2), (EXTENDED, 4)],
+                         ids=["torch-expressible", "extended"])
+def test_cuda_work_per_iteration_stays_within_natives_plus(fused, config, bound):
+    """On CUDA: at most native + 2 kernels (and copies) per iteration for the
+    torch-expressible config, native + 4 for the extended rule (its compiled kernel
+    replayed as a graph, and the flag copied into it)."""
+    theirs = ops_per_iteration(native("cuda"), fused, device="cuda", counter=CountDeviceWork)
+    mine = ops_per_iteration(ours(**config), fused, device="cuda", counter=CountDeviceWork)
+    extra = sum(mine[-1].values()) - sum(theirs[-1].values())
+    assert extra <= bound, _extra(theirs[-1], mine[-1])
 
 
 @pytest.fixture
