@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import pickle
+import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -33,14 +36,12 @@ def test_config_is_immutable_and_hashable():
         c.init_scale = 1.0
     assert hash(c) == hash(ScalerConfig(8)) and c == ScalerConfig(np.float32(8.0))
     assert {c: 1}[ScalerConfig(8.0)] == 1
+    assert weakref.ref(c)() is c  # as the frozen dataclass it was
 
 
 def test_a_pickled_config_carries_its_fields_not_its_hash():
     """The hash is kept after the first call; with a None field it differs between
     processes on Python 3.11, so a copy must compute its own."""
-    import pickle
-    import subprocess
-
     c = ScalerConfig(8.0, hysteresis=2)  # min_scale and max_scale are None
     hash(c)
     blob = pickle.dumps(c)

@@ -252,6 +252,24 @@ def test_named_tuple_of_losses_keeps_its_type_in_scale_and_unscale():
     assert type(grads) is Losses and grads.main.item() == 2.0 and not bool(finite)
 
 
+def test_torchs_kernel_runs_the_float32_factors():
+    """torch's kernel takes the factors as doubles; unrounded, 3.0 * 1.1 and 3.3 * 0.9
+    round to other float32 bits than the spec's f32(scale * f32(factor))."""
+    scaler = ua.GradScaler(3.0, growth_factor=1.1, backoff_factor=0.9, growth_interval=1,
+                           backend="torch")
+    assert scaler.uses_native_update
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    expected = spec.ScalerState(3.0)
+    for step, poisoned in enumerate([False, True]):
+        scaler.scale(loss_of(model, *batch(poison=float("inf") if poisoned else None))).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        expected = spec.update(scaler.config, expected, poisoned)
+        assert scaler.state == expected, f"step {step}: {scaler.state} != {expected}"
+
+
 def test_update_with_new_scale_float_or_tensor():
     scaler = ua.GradScaler(1024.0, growth_interval=5, backend="torch")
     model = mlp()

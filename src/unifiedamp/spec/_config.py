@@ -191,7 +191,8 @@ class ScalerConfig:
 
     __match_args__ = POSITIONAL
 
-    __slots__ = ("__dict__", "_hash")  # the fields in __dict__, the kept hash apart
+    # The fields in __dict__, the kept hash apart; weak references as a dataclass has them.
+    __slots__ = ("__dict__", "__weakref__", "_hash")
 
     def __init__(
         self,
@@ -266,8 +267,9 @@ class ScalerConfig:
             return cached
 
     def __getstate__(self) -> dict[str, Any]:
-        # The fields only: a hash holding None differs between processes (Python 3.11).
-        return {name: getattr(self, name) for name in CANONICAL}
+        # __dict__ without the slot: a hash holding None differs between processes
+        # (Python 3.11), so a copy computes its own.
+        return dict(self.__dict__)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise _frozen(f"cannot assign to field {name!r}")
