@@ -537,10 +537,6 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             self._ring_count = 0
             self._ring_base = self._updates
 
-    def _ensure_scale(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._scale is None:
-            self._lazy_init_scale_growth_tracker(_device_of(optimizer))
-
     # ------------------------------------------------------------ config and state
 
     @property
@@ -773,9 +769,9 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         if not self._enabled:
             return
         if not self._scale_called:
-            self._require_scale_called("unscale_")
+            raise self._scale_not_called("unscale_")
         if self._scale is None:
-            self._ensure_scale(optimizer)
+            self._lazy_init_scale_growth_tracker(_device_of(optimizer))
         try:
             super().unscale_(optimizer)
         except ValueError as exc:
@@ -790,17 +786,17 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._checking[id(optimizer)] = (weakref.ref(optimizer), True)
         self._finish_check(optimizer)
 
-    def _require_scale_called(self, verb: str) -> None:
+    @staticmethod
+    def _scale_not_called(verb: str) -> ScaleNotCalledError:
         # torch 2.13 raises this (an AssertionError) when its lazily created scale
         # does not exist yet; without it the gradients of an unscaled loss would be
         # divided by the scale and the step taken. Like torch, only before the
         # first scale(): later iterations are not checked (no per-step cost).
-        if not self._scale_called:
-            raise ScaleNotCalledError(
-                f"Attempted {verb} but _scale is None.  This may indicate your script did not "
-                "use scaler.scale(loss or outputs) earlier in the iteration. Fix: call "
-                f"scaler.scale(loss).backward() before scaler.{verb}(optimizer); without it "
-                "the unscaled gradients would be divided by the scale.")
+        return ScaleNotCalledError(
+            f"Attempted {verb} but _scale is None.  This may indicate your script did not "
+            "use scaler.scale(loss or outputs) earlier in the iteration. Fix: call "
+            f"scaler.scale(loss).backward() before scaler.{verb}(optimizer); without it "
+            "the unscaled gradients would be divided by the scale.")
 
     def _finish_check(self, optimizer: torch.optim.Optimizer) -> None:
         # After torch's own check (unscale_ or the fused path's): the spec's extra
@@ -826,21 +822,17 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         # The fused path's check: no unscaling (the fused kernel does it).
-        self._ensure_scale(optimizer)
+        if self._scale is None:
+            self._lazy_init_scale_growth_tracker(_device_of(optimizer))
         super()._check_inf_per_device(optimizer)
         self._checking[id(optimizer)] = (weakref.ref(optimizer), False)
         self._finish_check(optimizer)
         return self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
 
-    def _group(self) -> Any:
-        if self._distributed is False or not (_DIST_AVAILABLE and dist.is_initialized()):
-            return None
-        group = self._process_group or dist.group.WORLD
-        return group if dist.get_world_size(group) > 1 else None
-
     def _agree_across_ranks(self, optimizer: torch.optim.Optimizer) -> None:
-        group = self._group()
-        if group is None:
+        # Called where torch.distributed is initialised and distributed is not False.
+        group = self._process_group or dist.group.WORLD
+        if dist.get_world_size(group) == 1:
             return
         state = self._per_optimizer_states[id(optimizer)]
         found = torch.zeros((), dtype=torch.float32, device=self._scale.device)
@@ -871,9 +863,9 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             return optimizer.step(*args, **kwargs)
         # The guards inline: each call is host time a launch-bound step waits for.
         if not self._scale_called:
-            self._require_scale_called("step")
+            raise self._scale_not_called("step")
         if self._scale is None:
-            self._ensure_scale(optimizer)
+            self._lazy_init_scale_growth_tracker(_device_of(optimizer))
         fused = getattr(optimizer, "_step_supports_amp_scaling", False)
         if fused and not torch.compiler.is_compiling() and not _takes_grad_scaler(optimizer):
             retval = self._fused_step(optimizer, *args, **kwargs)
