@@ -821,9 +821,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             found.clamp_(min=overflow.to(found.device, non_blocking=True))
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        # The fused path's check: no unscaling (the fused kernel does it).
-        if self._scale is None:
-            self._lazy_init_scale_growth_tracker(_device_of(optimizer))
+        # The fused path's check: no unscaling (the fused kernel does it). Reached from
+        # step() only (ours or torch's, under ours), which has made the scale.
         super()._check_inf_per_device(optimizer)
         self._checking[id(optimizer)] = (weakref.ref(optimizer), False)
         self._finish_check(optimizer)
