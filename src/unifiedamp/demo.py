@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from unifiedamp import _registry, spec
+from unifiedamp.diagnostics import _image_path_error, _save_figure
 
 #: The one config every framework trains with: within 40 steps it grows (every 4 finite
 #: steps), holds one overflow (hysteresis 2), backs off after two, and is capped at 2**13
@@ -566,8 +567,7 @@ def _plot(report: dict[str, Any], path: str) -> None:
     config = ", ".join(f"{k}={v:g}" for k, v in CONFIG.items())
     ax.set_title(f"unifiedamp demo: one config in every framework\n{config}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save_figure(fig, path, dpi=110)
 
 
 def _print_summary(report: dict[str, Any]) -> None:
@@ -613,6 +613,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     if out is not None and importlib.util.find_spec("matplotlib") is None:
         print("unifiedamp demo draws its plot with matplotlib: pip install 'unifiedamp[demo]' "
               "(or pass --out none to skip the plot)", file=sys.stderr)
+        return 2
+    try:  # checked before the run, which takes a while, not after it
+        if out is not None:
+            _image_path_error(out)
+        if args.history is not None and os.path.exists(args.history) \
+                and not os.path.isdir(args.history):
+            raise ValueError(f"--history {args.history!r} is a file: name a folder (it is "
+                             "created if missing) for one NAME.json per framework")
+    except ValueError as exc:
+        print(f"unifiedamp demo: {exc}", file=sys.stderr)
         return 2
     report = demo_report(args.backend, args.steps)
     if out is not None:

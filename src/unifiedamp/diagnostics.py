@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
+
+from unifiedamp._files import atomic_path, write_bytes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -192,6 +195,18 @@ class OverflowReport:
                    d["checked"], d.get("loss_finite"), d.get("note", ""))
 
 
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool) or type(value).__name__ in ("bool", "bool_")  # NumPy's
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not _is_bool(value)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not _is_bool(value)
+
+
 class ScaleHistory:
     """The scale at each recorded update, and whether that update skipped its step.
 
@@ -209,12 +224,25 @@ class ScaleHistory:
 
     def __init__(self, iterations: Iterable[int], scales: Iterable[float],
                  skipped: Iterable[bool]):
+        iterations, scales, skipped = list(iterations), list(scales), list(skipped)
+        if not len(iterations) == len(scales) == len(skipped):
+            raise ValueError(f"iterations, scales and skipped differ in length: "
+                             f"{len(iterations)}, {len(scales)}, {len(skipped)}")
+        # Everything is checked before anything is kept: a history read from a file is
+        # untrusted, and a string "false" must not read as True.
+        for k, (i, s, b) in enumerate(zip(iterations, scales, skipped, strict=True)):
+            if not _is_int(i) or i < 0:
+                raise ValueError(f"iteration {k} must be an int >= 0, got {i!r}")
+            if k and i <= iterations[k - 1]:
+                raise ValueError(f"iterations must increase, got {iterations[k - 1]!r} then "
+                                 f"{i!r} at record {k}")
+            if not _is_real(s) or not math.isfinite(s) or s < 0:
+                raise ValueError(f"scale {k} must be a finite number >= 0, got {s!r}")
+            if not _is_bool(b):
+                raise ValueError(f"skipped {k} must be true or false, got {b!r}")
         self.iterations = [int(i) for i in iterations]
         self.scales = [float(s) for s in scales]
         self.skipped = [bool(s) for s in skipped]
-        if not len(self.iterations) == len(self.scales) == len(self.skipped):
-            raise ValueError(f"iterations, scales and skipped differ in length: "
-                             f"{len(self.iterations)}, {len(self.scales)}, {len(self.skipped)}")
 
     @classmethod
     def from_ring(cls, iterations: Sequence[Any], scales: Sequence[Any], skipped: Sequence[Any],
@@ -225,8 +253,9 @@ class ScaleHistory:
         count = int(count)
         order = (range(count) if count <= size
                  else [(count + i) % size for i in range(size)])
+        # A ring stores the skip flag as 0/1 in the device's int or bool dtype.
         return cls([iterations[i] for i in order], [scales[i] for i in order],
-                   [skipped[i] for i in order])
+                   [bool(skipped[i]) for i in order])
 
     def __len__(self) -> int:
         return len(self.iterations)
@@ -252,8 +281,7 @@ class ScaleHistory:
         text = json.dumps({"iteration": self.iterations, "scale": self.scales,
                            "skipped": self.skipped})
         if path is not None:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
+            write_bytes(path, (text + "\n").encode())
         return text
 
     @classmethod
@@ -266,7 +294,7 @@ class ScaleHistory:
         try:
             d = json.loads(text)
             return cls(d["iteration"], d["scale"], d["skipped"])
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ValueError(f"not a scale history (a JSON object with 'iteration', 'scale' "
                              f"and 'skipped' lists, as ScaleHistory.to_json writes): {exc}"
                              ) from None
@@ -294,6 +322,7 @@ def plot_history(history: ScaleHistory, output: str | os.PathLike[str],
 
     if not len(history):
         raise ValueError("the history is empty: no update was recorded")
+    _image_path_error(output)
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
     ax.step(history.iterations, history.scales, where="post", color="tab:blue", label="scale")
     skips = [(i, s) for i, s, k in history.as_list() if k]
@@ -311,5 +340,30 @@ def plot_history(history: ScaleHistory, output: str | os.PathLike[str],
     ax.legend(loc="best")
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(output)
-    plt.close(fig)
+    _save_figure(fig, output)
+
+
+def _image_path_error(output: str | os.PathLike[str]) -> None:
+    """Raises ``ValueError`` unless ``output`` can take a plot: a file name whose suffix
+    names the format, in a folder that exists. Checked before a long run, not after it."""
+    path = os.fspath(output)
+    if os.path.isdir(path) or not os.path.splitext(path)[1]:
+        raise ValueError(f"{path!r} names no image file: give a file name whose suffix picks "
+                         "the format (scale.png, scale.svg, scale.pdf)")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{path!r}: the folder {folder} does not exist; create it first")
+
+
+def _save_figure(fig: Any, output: str | os.PathLike[str], **kwargs: Any) -> None:
+    """Saves and closes a matplotlib figure atomically, in the format ``output``'s suffix
+    names (``kwargs`` go to ``savefig``)."""
+    import matplotlib.pyplot as plt
+
+    _image_path_error(output)
+    suffix = os.path.splitext(os.fspath(output))[1]
+    try:
+        with atomic_path(output, suffix=suffix) as tmp:
+            fig.savefig(tmp, format=suffix[1:].lower(), **kwargs)
+    finally:
+        plt.close(fig)

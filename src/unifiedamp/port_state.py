@@ -29,16 +29,20 @@ with its own ``KERAS_BACKEND``), so tensorflow never shares a process with paddl
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import math
 import numbers
 import os
-import tempfile
-from collections.abc import Mapping
+import re
+import zipfile
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from unifiedamp import spec
+from unifiedamp._files import atomic_path
 from unifiedamp.spec import ScalerConfig, ScalerState, f32
 
 __all__ = ["FORMS", "LIGHTNING_KEYS", "convert_state", "detect_form", "file_type", "load_file",
@@ -104,6 +108,9 @@ def detect_form(d: Any) -> str:
 def _number(d: Mapping[str, Any], key: str) -> Any:
     # Files give back 0-d or 1-element arrays and tensors where the framework held a
     # variable (Keras, jmp, msgpack, npz), and JSON gives lists for Paddle's [scale].
+    if key not in d:
+        raise ValueError(f"Invalid scaler state_dict: the {detect_form(d)} form needs {key!r}, "
+                         f"and this dict has only {sorted(map(str, d))}; nothing was loaded")
     value = d[key]
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
@@ -312,8 +319,15 @@ def file_type(path: str | os.PathLike) -> str:
 def load_file(path: str | os.PathLike, trusted: bool = False) -> Any:
     """Reads a checkpoint file (its type from the extension, see :func:`file_type`).
 
-    torch files load with ``weights_only=True`` (no code runs); ``trusted=True``
-    falls back to a full unpickle for a checkpoint that holds other objects.
+    No file runs code unless ``trusted=True``: torch files load with
+    ``weights_only=True``, Paddle files with a pickle reader that builds only
+    containers, numbers, strings and NumPy arrays, ``.npz`` files without pickled
+    objects, ``.keras`` models in Keras's safe mode. ``trusted=True`` (CLI:
+    ``--trust``) unpickles torch and Paddle files in full and loads ``.keras`` models
+    with ``safe_mode=False``: the file's own code then runs. A file that cannot be
+    read, or whose data does not match its own checksums (the zip-based torch,
+    ``.npz`` and ``.keras`` files carry a CRC-32 per member), raises a ``ValueError``
+    naming it.
 
     Example:
         >>> import os, tempfile
@@ -323,39 +337,189 @@ def load_file(path: str | os.PathLike, trusted: bool = False) -> Any:
         {'scale': 8.0}
     """
     kind = file_type(path)
-    if kind == "keras":
-        return _load_keras(path)
-    if kind == "json":
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    if kind == "npz":
-        import numpy as np
+    if not os.path.isfile(path):
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"{path} is a directory, not a checkpoint file")
+        raise FileNotFoundError(f"{path}: no such file")
+    if kind in ("torch", "npz", "keras") and zipfile.is_zipfile(path):
+        _check_zip(path)
+    with _reading(path, kind):
+        if kind == "keras":
+            return _load_keras(path, trusted)
+        if kind == "json":
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        if kind == "npz":
+            import numpy as np
 
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    if kind == "msgpack":
-        from flax import serialization
+            try:
+                with np.load(path, allow_pickle=trusted) as data:
+                    return {k: data[k] for k in data.files}
+            except ValueError as exc:
+                if "allow_pickle" in str(exc):
+                    raise _Refused("pickled object arrays") from None
+                raise
+        if kind == "msgpack":
+            from flax import serialization
 
-        with open(path, "rb") as f:
-            return serialization.msgpack_restore(f.read())
-    if kind == "paddle":
-        import paddle
+            with open(path, "rb") as f:
+                return serialization.msgpack_restore(f.read())
+        if kind == "paddle":
+            return _load_paddle(path, trusted)
+        return _load_torch(path, trusted)
 
-        # return_numpy: arrays, not paddle Tensors (tensors would need a device).
-        return paddle.load(os.fspath(path), return_numpy=True)
+
+class _Refused(Exception):
+    """A file holds objects that only an unrestricted (code-running) load builds."""
+
+
+def _refusal(path: Any, what: str) -> ValueError:
+    return ValueError(
+        f"{path} holds {what}, which only a full unpickle builds, and a full unpickle runs "
+        "code the file names: it is not done unless you trust where the file comes from "
+        "(trusted=True; CLI: --trust); nothing was read")
+
+
+@contextlib.contextmanager
+def _reading(path: Any, kind: str) -> Iterator[None]:
+    # Readers of untrusted bytes fail in many ways (EOFError, BadZipFile, KeyError from a
+    # pickle opcode, RecursionError on deep JSON...): each becomes one error naming the file.
+    try:
+        yield
+    except _Refused as exc:
+        raise _refusal(path, str(exc)) from None
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, OSError) and exc.filename is not None:
+            raise
+        if isinstance(exc, ValueError) and str(exc).startswith(os.fspath(path)):
+            raise
+        raise _unreadable(path, kind, exc) from None
+    except (MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any parser failure on untrusted bytes
+        raise _unreadable(path, kind, exc) from None
+
+
+def _unreadable(path: Any, kind: str, exc: BaseException) -> ValueError:
+    detail = str(exc).splitlines()[0][:300] if str(exc) else ""
+    if isinstance(exc, RecursionError):
+        detail = "nested deeper than Python's recursion limit"
+    what = {"torch": "torch.save", "paddle": "paddle.save", "json": "JSON",
+            "msgpack": "flax msgpack", "npz": "NumPy .npz", "keras": "Keras .keras"}[kind]
+    return ValueError(f"{path} cannot be read as a {what} file ({type(exc).__name__}"
+                      f"{': ' + detail if detail else ''}): it is damaged, truncated or of "
+                      "another type; nothing was read")
+
+
+def _check_zip(path: Any) -> None:
+    # torch's zip reader does not check the CRC-32 it wrote: a flipped bit in tensor data
+    # loads silently. Checking every member costs one read of the file.
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise ValueError(f"{path} is a damaged zip archive ({exc}); nothing was read") from None
+    if bad is not None:
+        raise ValueError(f"{path}: the data of its member {bad!r} does not match the "
+                         "CRC-32 the file records for it: the file is damaged; nothing "
+                         "was read")
+
+
+def _load_torch(path: Any, trusted: bool) -> Any:
     import pickle
 
     import torch
 
+    if trusted:
+        return torch.load(path, map_location="cpu", weights_only=False)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        if not trusted:
-            raise ValueError(
-                f"{path} holds objects torch.load(weights_only=True) refuses ({exc}); if you "
-                "trust the file, load it with trusted=True (CLI: --trust), which unpickles "
-                "it in full") from None
-        return torch.load(path, map_location="cpu", weights_only=False)
+        # Only an object outside weights_only's allow-list is a reason to trust; a
+        # damaged pickle fails the same way in a full unpickle.
+        match = re.search(r"GLOBAL ([\w.]+)|[Uu]nsupported (?:global|class):? ([\w.]+)",
+                          str(exc))
+        if match:
+            raise _Refused(f"an object of {match.group(1) or match.group(2)}") from None
+        raise
+
+
+# What paddle.save writes for a state dict (protocol 2-4 pickles): containers, NumPy
+# arrays and scalars, tensors as ``tuple((name, array))``, DenseTensors as
+# ``eval('data', {'data': array})`` (paddle/framework/io.py, _pickle_save).
+_PADDLE_GLOBALS = {
+    ("collections", "OrderedDict"), ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("builtins", "tuple"), ("builtins", "list"), ("builtins", "set"),
+    ("builtins", "frozenset"), ("builtins", "complex"), ("__builtin__", "tuple"),
+    ("_codecs", "encode"),  # bytes in protocol 2
+}
+
+
+def _dense_tensor_data(expression: Any, namespace: Any) -> Any:
+    # Stands in for eval in paddle's DenseTensor records; anything else is refused.
+    import numpy as np
+
+    if (expression == "data" and isinstance(namespace, dict) and list(namespace) == ["data"]
+            and isinstance(namespace["data"], np.ndarray)):
+        return namespace["data"]
+    raise _Refused("an eval() call that is not paddle's DenseTensor record")
+
+
+def _load_paddle(path: Any, trusted: bool) -> Any:
+    import pickle
+
+    if trusted:
+        import paddle
+
+        # return_numpy: arrays, not paddle Tensors (tensors would need a device).
+        return paddle.load(os.fspath(path), return_numpy=True)
+    import importlib
+
+    class WeightsUnpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if (module, name) in _PADDLE_GLOBALS:
+                return getattr(importlib.import_module(module.replace("__builtin__",
+                                                                      "builtins")), name)
+            if (module, name) in (("builtins", "eval"), ("__builtin__", "eval")):
+                return _dense_tensor_data
+            raise _Refused(f"a reference to {module}.{name}")
+
+    with open(path, "rb") as f:
+        obj = WeightsUnpickler(f, encoding="latin1").load()
+    return _paddle_numpy(obj)
+
+
+def _paddle_numpy(obj: Any) -> Any:
+    """What ``paddle.load(path, return_numpy=True)`` makes of an unpickled object."""
+    import numpy as np
+
+    if isinstance(obj, dict):
+        parts = obj.pop("UnpackBigParamInfor@@", {})  # arrays over 4 GB, split in slices
+        for key, info in parts.items():
+            obj[key] = np.concatenate([obj.pop(s) for s in info["slices"]]).reshape(
+                info["OriginShape"])
+        if "StructuredToParameterName@@" in obj:
+            del obj["StructuredToParameterName@@"]
+            return obj
+
+    def tensor_record(x: Any) -> bool:
+        return (type(x) is tuple and len(x) == 2 and isinstance(x[0], str)
+                and isinstance(x[1], np.ndarray))
+
+    def walk(x: Any) -> Any:
+        if tensor_record(x):
+            return x[1]
+        if type(x) in (dict, OrderedDict):
+            for k in list(x):
+                x[k] = walk(x[k])
+            return x
+        if type(x) in (list, tuple, set):
+            return type(x)(walk(v) for v in x)
+        return x
+
+    return walk(obj)
 
 
 def _plain(value: Any) -> Any:
@@ -366,8 +530,9 @@ def _plain(value: Any) -> Any:
 
 
 def save_file(obj: Any, path: str | os.PathLike) -> None:
-    """Writes a checkpoint file atomically: a temp file in the same folder, then
-    ``os.replace``. A process killed mid-write leaves the old file whole.
+    """Writes a checkpoint file atomically: a temp file beside it, then ``os.replace``
+    (:func:`unifiedamp._files.atomic_path`): a failure or a process killed mid-write
+    leaves the old file whole, and a symlink stays a link to the rewritten file.
 
     Example:
         >>> import os, tempfile
@@ -381,14 +546,15 @@ def save_file(obj: Any, path: str | os.PathLike) -> None:
         raise ValueError(f"{path}: a .keras file is a whole Keras model: write a scaler state "
                          "into one with port_state_file(src, dst.keras, to='keras'), which "
                          "loads the model, assigns its optimizer's variables and saves it")
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.splitext(path)[1])
-    # mkstemp makes the file private (0600): give it the mode an ordinary open() would.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    try:
-        with os.fdopen(fd, "wb") as f:
+    if kind == "npz":
+        arrays = _flat_arrays(obj, path)  # refused before anything is written
+    with atomic_path(path, suffix=os.path.splitext(path)[1]) as tmp:
+        if kind == "paddle":
+            import paddle
+
+            paddle.save(obj, tmp)
+            return
+        with open(tmp, "wb") as f:
             if kind == "json":
                 f.write(json.dumps(obj, indent=1, default=_plain).encode())
             elif kind == "msgpack":
@@ -398,24 +564,11 @@ def save_file(obj: Any, path: str | os.PathLike) -> None:
             elif kind == "npz":
                 import numpy as np
 
-                np.savez(f, **_flat_arrays(obj, path))
-            elif kind == "paddle":
-                import paddle
-
-                f.close()
-                paddle.save(obj, tmp)
+                np.savez(f, **arrays)
             else:
                 import torch
 
                 torch.save(obj, f)
-            if not f.closed:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def _flat_arrays(obj: Any, path: Any) -> dict[str, Any]:
@@ -526,7 +679,7 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
     converted = convert_state(state, to, config)
     if dst is not None and file_type(dst) == "keras":
         # The model and optimizer of dst (src itself in place) are the target.
-        _save_keras(converted, cfg, dst, dst)
+        _save_keras(converted, cfg, dst, dst, trusted)
         return {"src": os.fspath(src), "dst": os.fspath(dst), "key": found_key,
                 "from": form, "to": to, "whole": True, "config": cfg.to_dict(),
                 "state": st._asdict(), "state_dict": converted}
@@ -547,7 +700,7 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
 # writes, its loss-scale optimizer's variables. Prints one line: _KERAS_MARK + JSON.
 _KERAS_CHILD = r'''
 import json, sys
-mode, path = sys.argv[1], sys.argv[2]
+mode, path, trust = sys.argv[1], sys.argv[2], sys.argv[3]
 MARK = "@@unifiedamp-keras@@"
 def done(**out):
     print(MARK + json.dumps(out), flush=True)
@@ -555,7 +708,8 @@ def done(**out):
 import keras
 import unifiedamp.backends.keras as uak  # registers SpecLossScaleOptimizer
 from unifiedamp import port_state
-model = keras.models.load_model(path)
+# safe_mode (Keras's default) refuses Lambda layers' bytecode and unsafe deserialisation.
+model = keras.models.load_model(path, safe_mode=trust != "trusted")
 opt = getattr(model, "optimizer", None)
 if not isinstance(opt, keras.optimizers.LossScaleOptimizer):
     done(error=f"{path}: the model's optimizer is {type(opt).__name__}, not a "
@@ -577,7 +731,7 @@ if mode == "read":
     if ours:
         out["hysteresis_counter"] = int(keras.ops.convert_to_numpy(opt.hysteresis_counter))
     done(state=out, scaler_config=config, optimizer=cls)
-state, source, tmp = json.loads(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
+state, source, tmp = json.loads(sys.argv[4]), json.loads(sys.argv[5]), sys.argv[6]
 rule = ("growth_factor", "backoff_factor", "growth_interval", "hysteresis", "min_scale",
         "max_scale", "dynamic", "enabled")
 differ = [f"{k}={source[k]!r} (the optimizer's: {config[k]!r})" for k in rule
@@ -600,55 +754,49 @@ done(optimizer=cls)
 _KERAS_MARK = "@@unifiedamp-keras@@"
 
 
-def _keras_child(*args: str) -> dict[str, Any]:
+def _keras_child(mode: str, path: Any, trusted: bool, *args: str) -> dict[str, Any]:
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-c", _KERAS_CHILD, *args], capture_output=True,
-                          text=True, env=dict(os.environ))
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path} is not a Keras .keras archive (model.save writes a zip "
+                         "file): it is damaged or of another type; nothing was read")
+    _check_zip(path)
+    proc = subprocess.run([sys.executable, "-c", _KERAS_CHILD, mode, os.fspath(path),
+                           "trusted" if trusted else "safe", *args],
+                          capture_output=True, text=True, env=dict(os.environ))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_KERAS_MARK)]
     if proc.returncode != 0 or not lines:
-        raise ValueError(f"{args[1]}: loading it with keras.models.load_model failed "
-                         f"(exit {proc.returncode}): {proc.stderr.strip()[-1500:]}")
+        # The exception's own line says why; the child's traceback says nothing more to a user.
+        last = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:] or [""]
+        raise ValueError(f"{path}: keras.models.load_model could not load it (exit "
+                         f"{proc.returncode}): {last[0].strip()[:500]}")
     out = json.loads(lines[-1][len(_KERAS_MARK):])
     if "error" in out:
         raise ValueError(out["error"])
     return out
 
 
-def _load_keras(path: Any) -> dict[str, Any]:
+def _load_keras(path: Any, trusted: bool) -> dict[str, Any]:
     # The keras form of the model's loss-scale optimizer, and its canonical config.
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file")
-    out = _keras_child("read", os.fspath(path))
+    out = _keras_child("read", path, trusted)
     return {**out["state"], "scaler_config": out["scaler_config"]}
 
 
 def _save_keras(state: dict[str, Any], config: ScalerConfig, path: Any,
-                model_from: Any) -> None:
+                model_from: Any, trusted: bool = False) -> None:
     """Assigns the keras-form ``state`` to the optimizer of the model in ``model_from`` and
-    saves the model to ``path`` atomically (temp file + ``os.replace``)."""
+    saves the model to ``path`` atomically (:func:`unifiedamp._files.atomic_path`)."""
     if not os.path.exists(model_from):
         raise ValueError(f"{model_from} does not exist: writing a scaler state into a .keras "
                          "file needs that file to exist already, its model and loss-scale "
                          "optimizer are the target (save it with model.save first); nothing "
                          "was written")
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".keras")
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    try:
-        plain = {k: _number(state, k) for k in ("dynamic_scale", "step_counter",
-                                                "hysteresis_counter") if k in state}
-        _keras_child("write", os.fspath(model_from), json.dumps(plain, default=_plain),
+    plain = {k: _number(state, k) for k in ("dynamic_scale", "step_counter",
+                                            "hysteresis_counter") if k in state}
+    with atomic_path(path, suffix=".keras") as tmp:
+        _keras_child("write", model_from, trusted, json.dumps(plain, default=_plain),
                      json.dumps(config.to_dict()), tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 # ------------------------------------------------------------------ command line
@@ -708,5 +856,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--config", help="JSON of the parameters the input form does not carry, "
                                     "e.g. '{\"growth_interval\": 100}' for Keras variables")
     p.add_argument("--trust", action="store_true",
-                   help="unpickle a torch file in full when weights_only=True refuses it")
+                   help="run the file's own code if it asks to: unpickle torch and paddle "
+                        "files in full (arbitrary objects, any code the file names) and "
+                        "load .keras models with safe_mode=False (Lambda layers); without "
+                        "it no file runs code, and a file that needs this is refused")
     p.set_defaults(func=_cmd)

@@ -76,7 +76,11 @@ def _scale_value(value: Any) -> float:
         value = value.item()
     if not is_real(value):
         raise _state_error(f"scale must be a number, got {value!r}")
-    scale = float(value)
+    try:
+        scale = float(value)
+    except OverflowError:  # an int past float64's range, e.g. 10**400 from JSON
+        raise _state_error(f"scale must be finite and >= 0 in float32, got an int of "
+                           f"{len(str(abs(int(value))))} digits") from None
     # 0 is a state the rule reaches (backoffs without min_scale end there), and a
     # scaler reloads every state it can write.
     if not (math.isfinite(scale) and scale >= 0 and math.isfinite(f32(scale))):
@@ -150,6 +154,9 @@ def parse_state_dict(
     if d["format"] != STATE_FORMAT:
         raise _state_error(f"format must be {STATE_FORMAT!r}, got {d['format']!r}")
     version = d.get("version")
+    if type(version) is float and version == STATE_VERSION:
+        raise _state_error(f"version must be the int {STATE_VERSION}, got the float "
+                           f"{version!r}; write \"version\": {STATE_VERSION}")
     if version != STATE_VERSION or isinstance(version, bool):
         raise _state_error(
             f"version {d.get('version')!r} is not supported (this unifiedamp reads version "
