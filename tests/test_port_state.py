@@ -499,7 +499,7 @@ def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint_as_if_never_
             break
     assert proc.wait(timeout=60) == -signal.SIGKILL
     assert load_file(ckpt)["step"] == 8
-    assert [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")] == []
+    assert [p for p in os.listdir(tmp_path) if "unifiedamp-tmp-" in p] == []
 
     resumed = subprocess.run([*run, "0"], capture_output=True, text=True, timeout=120,
                              cwd=tmp_path)
@@ -593,4 +593,207 @@ def test_a_keras_file_is_read_and_written_through_its_loss_scale_optimizer(tmp_p
         port_state_file(tmp_path / "t.json", tmp_path / "native.keras", to="canonical")
     assert (tmp_path / "plain.keras").read_bytes() == plain
     assert not (tmp_path / "new.keras").exists()
-    assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp-")]
+    assert not [p for p in os.listdir(tmp_path) if "unifiedamp-tmp-" in p]
+
+
+# ================================================================ untrusted files
+
+
+class _Payload:
+    """Unpickling this runs a shell command that creates a marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant_payload(path, marker):
+    state = {"scale": np.array([1024.0], np.float32), "incr_count": 0, "decr_count": 0}
+    if path.suffix == ".npz":
+        np.savez(path, scale=np.float32(1024.0), _growth_tracker=np.int64(0),
+                 payload=np.array([_Payload(marker)], dtype=object))
+    elif path.suffix in (".pdparams", ".pdopt", ".pdckpt"):
+        import pickle
+
+        with open(path, "wb") as f:  # paddle.save's own format: a protocol-4 pickle
+            pickle.dump({"scaler": state, "payload": _Payload(marker)}, f, protocol=4)
+    else:
+        import torch
+
+        torch.save({"scaler": {"scale": 1024.0, "_growth_tracker": 0},
+                    "payload": _Payload(marker)}, path)
+
+
+@pytest.mark.parametrize("name", ["a.pt", "b.ckpt", "c.pdparams", "d.pdopt", "e.pdckpt",
+                                  "f.npz"])
+def test_no_checkpoint_runs_code_unless_the_user_trusts_it(tmp_path, name):
+    path, marker = tmp_path / name, tmp_path / "code-ran"
+    _plant_payload(path, marker)
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=r"system.*trusted=True; CLI: --trust\); nothing was read"):
+        load_file(path)
+    proc = subprocess.run([sys.executable, "-m", "unifiedamp.cli", "port-state", str(path),
+                           "--to", "canonical", "--in-place"], capture_output=True, text=True)
+    assert proc.returncode == 2 and str(path) in proc.stderr, proc.stderr
+    assert not marker.exists() and path.read_bytes() == before
+    # The payload is live: the trust flag runs it, as its help says.
+    load_file(path, trusted=True)
+    assert marker.exists()
+
+
+def test_the_trust_flags_help_says_it_runs_the_files_code():
+    proc = subprocess.run([sys.executable, "-m", "unifiedamp.cli", "port-state", "--help"],
+                          capture_output=True, text=True)
+    help_text = " ".join(proc.stdout.split())
+    assert "--trust run the file's own code" in help_text
+    assert "paddle" in help_text and "safe_mode=False" in help_text
+
+
+def _tensor_file(path):
+    import torch
+
+    torch.save({"scaler": {"scale": 1024.0, "growth_factor": 2.0, "backoff_factor": 0.5,
+                           "growth_interval": 3, "_growth_tracker": 1},
+                "weight": torch.arange(4096, dtype=torch.float32)}, path)
+
+
+def _flip_a_byte_inside(path, member_suffix):
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(member_suffix))
+    data = bytearray(path.read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start + info.compress_size // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name,member", [("w.pt", "data/0"), ("w.ckpt", "data/0"),
+                                         ("w.npz", "weight.npy")])
+def test_a_checkpoint_whose_data_fails_its_own_checksum_is_refused(tmp_path, name, member):
+    path = tmp_path / name
+    if name.endswith(".npz"):
+        np.savez(path, scale=np.float32(8.0), _growth_tracker=np.int64(1),
+                 growth_factor=2.0, backoff_factor=0.5, growth_interval=3,
+                 weight=np.arange(4096, dtype=np.float32))
+    else:
+        _tensor_file(path)
+    assert load_file(path)  # whole, it loads
+    _flip_a_byte_inside(path, member)
+    with pytest.raises(ValueError, match=rf"{path}.*does not match the CRC-32") as info:
+        load_file(path)
+    assert "trust" not in str(info.value)
+
+
+def _damaged(tmp_path, ext):
+    whole = tmp_path / f"whole{ext}"
+    if ext in (".pt", ".ckpt"):
+        _tensor_file(whole)
+    elif ext == ".npz":
+        np.savez(whole, scale=np.float32(8.0), _growth_tracker=np.int64(1))
+    else:
+        save_file({"scaler": {"scale": np.array([8.0], np.float32), "incr_count": 1,
+                              "decr_count": 0}} if ext in (".pdparams", ".pdopt")
+                  else {"scale": 8.0, "_growth_tracker": 1}, whole)
+    data = whole.read_bytes()
+    return {"empty": b"", "truncated": data[: len(data) // 2], "junk": b"hello world" * 3}
+
+
+@pytest.mark.parametrize("ext", [".pt", ".ckpt", ".npz", ".pdparams", ".pdopt", ".json",
+                                 ".msgpack"])
+def test_an_empty_truncated_or_foreign_file_is_refused_naming_it(tmp_path, ext):
+    for what, data in _damaged(tmp_path, ext).items():
+        path = tmp_path / f"{what}{ext}"
+        path.write_bytes(data)
+        with pytest.raises(ValueError) as info:
+            load_file(path)
+        message = str(info.value)
+        assert str(path) in message and "nothing was read" in message, (what, message)
+        assert "trust" not in message, (what, message)  # trusting a damaged file helps nothing
+
+
+def test_deeply_nested_json_is_refused_not_a_recursion_error(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="nested deeper than Python's recursion limit"):
+        port_state_file(path, to="canonical")
+
+
+@pytest.mark.parametrize("form", [
+    {"_growth_tracker": 1, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3},
+    {"incr_count": 1, "decr_count": 0, "incr_ratio": 2.0},
+])
+def test_a_native_state_without_scale_is_refused_naming_the_key(form):
+    with pytest.raises(ValueError, match=r"needs 'scale'.*nothing was loaded"):
+        convert_state(form, "canonical")
+
+
+# ================================================================ writes
+
+
+def _checkpoint(path):
+    save_file({"step": 3, "scaler": canonical(), "blob": np.zeros(100_000, np.float32)}
+              if path.suffix == ".npz" else {"step": 3, "scaler": canonical(),
+                                             "blob": list(range(20_000))}, path)
+
+
+def _temps(folder):
+    return [p for p in os.listdir(folder) if "unifiedamp-tmp-" in p]
+
+
+def test_in_place_through_a_symlink_rewrites_the_target_and_keeps_the_link(tmp_path):
+    real = tmp_path / "store" / "ckpt.json"
+    real.parent.mkdir()
+    _checkpoint(real)
+    link = tmp_path / "latest.json"
+    link.symlink_to(real)
+    port_state_file(link, to="torch", in_place=True)
+    assert link.is_symlink() and os.readlink(link) == str(real)
+    assert "_growth_tracker" in load_file(real)["scaler"]
+    assert _temps(tmp_path) == [] and _temps(real.parent) == []
+
+
+WRITE_UNDER_LIMIT = r'''
+import resource, sys
+from unifiedamp.port_state import port_state_file
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    port_state_file(sys.argv[1], to="torch", in_place=True)
+except OSError as exc:
+    print("refused:", exc)
+    sys.exit(3)
+'''
+
+KILLED_WHILE_WRITING = r'''
+import os, signal, sys, json
+from unifiedamp import port_state
+real_dumps = json.dumps
+def dumps_then_die(*args, **kwargs):
+    text = real_dumps(*args, **kwargs)
+    sys.stdout.write("writing\n"); sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+port_state.json.dumps = dumps_then_die
+port_state.port_state_file(sys.argv[1], to="torch", in_place=True)
+'''
+
+
+def test_a_write_stopped_by_a_full_disk_or_sigkill_leaves_the_checkpoint_whole(tmp_path):
+    path = tmp_path / "ckpt.json"
+    _checkpoint(path)
+    before = path.read_bytes()
+    assert len(before) > 4096
+    # A file-size limit (a full disk): the write fails, the original stays byte for byte.
+    proc = subprocess.run([sys.executable, "-c", WRITE_UNDER_LIMIT, str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 3, proc.stderr
+    assert path.read_bytes() == before and _temps(tmp_path) == []
+    # SIGKILL after the temp file exists: the original is whole, the temp left behind...
+    proc = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL and "writing" in proc.stdout
+    assert path.read_bytes() == before and len(_temps(tmp_path)) == 1
+    # ...and removed by the next write to that file.
+    port_state_file(path, to="torch", in_place=True)
+    assert _temps(tmp_path) == [] and "_growth_tracker" in load_file(path)["scaler"]

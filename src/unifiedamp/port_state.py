@@ -341,8 +341,10 @@ def load_file(path: str | os.PathLike, trusted: bool = False) -> Any:
         if os.path.isdir(path):
             raise IsADirectoryError(f"{path} is a directory, not a checkpoint file")
         raise FileNotFoundError(f"{path}: no such file")
-    if kind in ("torch", "npz", "keras") and zipfile.is_zipfile(path):
+    if kind in ("torch", "npz") and zipfile.is_zipfile(path):
         _check_zip(path)
+    elif kind == "npz":  # np.load would take any other bytes for a pickle
+        raise _unreadable(path, kind, zipfile.BadZipFile("not a zip archive"))
     with _reading(path, kind):
         if kind == "keras":
             return _load_keras(path, trusted)
