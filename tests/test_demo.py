@@ -101,6 +101,15 @@ def test_usage_errors_exit_2(monkeypatch, capsys):
     assert "pip install 'unifiedamp[demo]'" in capsys.readouterr().err
 
 
+def test_an_output_it_could_not_write_is_refused_before_the_run(tmp_path, capsys):
+    (tmp_path / "history.json").write_text("{}")
+    for argv, message in ((["--out", str(tmp_path / "missing" / "x.png")], "does not exist"),
+                          (["--history", str(tmp_path / "history.json")], "is a file")):
+        assert cli.main(["demo", "--backend", "numpy", *argv]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+
+
 def test_a_diverging_trajectory_is_reported_with_its_step():
     records = [{"scale_hex": spec.f32_hex(s.scale), "growth_tracker": s.growth_tracker,
                 "hysteresis_tracker": s.hysteresis_tracker, "skipped": demo.forced_overflow(i)}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import warnings
 
 import numpy as np
@@ -64,6 +66,25 @@ def test_history_json_round_trip_and_arrays(tmp_path):
 def test_history_from_bad_json_names_what_it_expects(text):
     with pytest.raises(ValueError, match="not a scale history"):
         ScaleHistory.from_json(text)
+
+
+@pytest.mark.parametrize("field, values, message", [
+    ("skipped", ["false"], "skipped 0 must be true or false, got 'false'"),
+    ("skipped", [1], "skipped 0 must be true or false, got 1"),
+    ("scale", [float("nan")], "scale 0 must be a finite number >= 0, got nan"),
+    ("scale", [-4.0], "scale 0 must be a finite number >= 0, got -4.0"),
+    ("iteration", [1e400], "iteration 0 must be an int >= 0, got inf"),
+    ("iteration", [1.5], "iteration 0 must be an int >= 0, got 1.5"),
+])
+def test_history_from_json_refuses_a_record_it_would_misread(field, values, message):
+    record = {"iteration": [1], "scale": [2.0], "skipped": [False], field: values}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ScaleHistory.from_json(json.dumps(record).replace("Infinity", "1e400"))
+
+
+def test_history_iterations_must_increase():
+    with pytest.raises(ValueError, match="iterations must increase, got 3 then 2 at record 1"):
+        ScaleHistory([3, 2], [1.0, 1.0], [False, False])
 
 
 def test_history_refuses_lists_of_different_lengths():
@@ -137,13 +158,19 @@ def test_max_finite_is_a_float_even_when_infinite_values_are_all_there_is():
     assert over.max_finite == 0.0 and not math.isnan(over.max_finite)
 
 
-@pytest.mark.parametrize("output", ["scale.notaformat", "missing-folder/scale.png"])
-def test_plot_command_fails_clearly_when_it_cannot_write(tmp_path, capsys, output):
+@pytest.mark.parametrize("output, message", [
+    ("scale.notaformat", "not supported"), ("missing-folder/scale.png", "does not exist"),
+    ("a-folder", "names no image file"), ("no-suffix", "names no image file")])
+def test_plot_command_fails_clearly_when_it_cannot_write(tmp_path, capsys, output, message):
     pytest.importorskip("matplotlib")
+    (tmp_path / "a-folder").mkdir()
     history = tmp_path / "history.json"
     ScaleHistory([1, 2], [2.0, 1.0], [True, False]).to_json(history)
+    before = sorted(os.listdir(tmp_path))
     assert main(["plot", str(history), "-o", str(tmp_path / output)]) == 2
-    assert "cannot write" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "cannot write" in err and message in err, err
+    assert sorted(os.listdir(tmp_path)) == before  # no adir.png, no temp file
 
 
 def test_a_report_that_counted_nothing_does_not_blame_the_scale():

@@ -82,6 +82,21 @@ def new_scale_value(new_scale: Any) -> float:
     return scale
 
 
+def mid_iteration_load_error() -> RuntimeError:
+    """What an imperative backend's ``load_state_dict`` raises between an iteration's
+    checks (``unscale_``/``step``) and its ``update()``, before changing anything."""
+    return RuntimeError(
+        "load_state_dict() was called between step()/unscale_() and update(): update() would "
+        "apply this iteration's inf checks to the loaded state. Call update() first, or load "
+        "before the iteration's first unscale_()/step(); nothing was loaded")
+
+
+#: The most records a history ring keeps, on every backend: 2**24 records take about
+#: 150 MB of device memory (int32 iteration, float32 scale, bool skipped), and a ring's
+#: indices stay far inside int32.
+MAX_HISTORY = 2**24
+
+
 def diagnostics_options(diagnose: Any, history: Any) -> int:
     """Checks the imperative backends' ``diagnose`` and ``history`` options; the ring size.
 
@@ -97,10 +112,11 @@ def diagnostics_options(diagnose: Any, history: Any) -> int:
         raise TypeError(f"diagnose must be True or False, got {diagnose!r}: pass diagnose=True "
                         "to keep the overflow report of each skipped step (computed only then)")
     is_int = isinstance(history, numbers.Integral) and not isinstance(history, bool)
-    if not is_int or history < 0:
+    if not is_int or not 0 <= history <= MAX_HISTORY:
         raise (ValueError if is_int else TypeError)(
             f"history must be an int >= 0 (the number of updates the ring keeps; 0 keeps "
-            f"none), got {history!r}: pass e.g. history=1000")
+            f"none) and at most {MAX_HISTORY} (MAX_HISTORY), got {history!r}: pass e.g. "
+            "history=1000")
     return int(history)
 
 

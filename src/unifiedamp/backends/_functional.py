@@ -26,7 +26,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor, ScaleCollapseError, ScaleCollapseWarning
-from unifiedamp._scaler import GradScaler
+from unifiedamp._scaler import MAX_HISTORY, GradScaler
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
 from unifiedamp.spec import ScalerConfig, ScalerState
 
@@ -429,9 +429,10 @@ def history_init(backend: type[FunctionalGradScaler], size: Any) -> dict[str, An
     if isinstance(size, bool) or not isinstance(size, numbers.Integral):
         raise TypeError(f"history_init(size) takes the number of updates to keep, an int >= 1, "
                         f"got {size!r} of type {type(size).__name__}: e.g. history_init(1000)")
-    if size < 1:
-        raise ValueError(f"history_init(size) takes the number of updates to keep, an int >= 1, "
-                         f"got {size}: e.g. history_init(1000)")
+    if not 1 <= size <= MAX_HISTORY:
+        raise ValueError(f"history_init(size) takes the number of updates to keep, an int >= 1 "
+                         f"and at most {MAX_HISTORY} (MAX_HISTORY), got {size}: e.g. "
+                         "history_init(1000)")
     xp, n = backend.xp, int(size)
     # One buffer per array: a jitted step may donate them all.
     return {"iteration": xp.zeros((n,), xp.int32), "scale": xp.zeros((n,), xp.float32),

@@ -32,6 +32,7 @@ from unifiedamp._scaler import (
     NoInfChecksError,
     SkipReports,
     diagnostics_options,
+    mid_iteration_load_error,
     new_scale_value,
     report_note,
     watched_pairs,
@@ -237,6 +238,8 @@ class NumpyGradScaler(SkipReports, GradScaler):
             >>> b.load_state_dict(a.state_dict()); b.get_scale()
             8.0
         """
+        if self._found_inf or self._functional_found_inf:
+            raise mid_iteration_load_error()
         config, state = spec.parse_state_dict(state_dict, base=self._config)
         self._config = config.replace(enabled=self._config.enabled)
         self._state = state

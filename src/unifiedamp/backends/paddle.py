@@ -30,6 +30,7 @@ scaler's place, written with device ops.
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from collections import defaultdict
 from typing import Any
@@ -49,6 +50,7 @@ from unifiedamp._scaler import (
     ScaleNotCalledError,
     SkipReports,
     diagnostics_options,
+    mid_iteration_load_error,
     new_scale_value,
     report_note,
     watched_pairs,
@@ -232,6 +234,10 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
                 "init_loss_scaling=65536.0, backend='paddle')")
         config = spec.config_from_args(args, kwargs, extra_names=_EXTRA_NAMES)
         monitor = CollapseMonitor(max_consecutive_skips, on_collapse)
+        if process_group is not None and not isinstance(process_group, dist.collective.Group):
+            raise TypeError(f"process_group must be a paddle.distributed group "
+                            f"(paddle.distributed.new_group(ranks)) or None, got "
+                            f"{process_group!r}")
         place = _place(device)
         # paddle 3.3.1 disables an enabled scaler on a CPU place (with a warning)
         # and asserts factors != 1: built disabled, it sets nothing we need, and
@@ -253,6 +259,8 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         self._scale_called = False
         self._bf16_warned = False
         self._updates = 0
+        # The thread that began this iteration (its first verb since the last update).
+        self._iteration_thread: int | None = None
         # Diagnostics: what overflow_report() needs, kept only until the next update.
         self._diagnose = diagnose
         self._watched: dict[int, tuple[str, Any]] = {}  # id(param) -> (name, param)
@@ -284,6 +292,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         d["_factors"] = {}
         d["_optimizer_states"] = None
         d["_functional_found_inf"] = []
+        d["_iteration_thread"] = None
         # Diagnostics: the ring goes as arrays, the last report as a report; watch()
         # names, optimizers and gradients do not (a copy forgets watch()).
         d["_ring_scales"] = self._ring_scales.numpy()
@@ -295,7 +304,8 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
 
     def __setstate__(self, d: dict[str, Any]) -> None:
         # A scaler pickled before the diagnostics existed has none of them.
-        self.__dict__.update({"_diagnose": False, "_watched": {}, "_checked": {},
+        self.__dict__.update({"_iteration_thread": None,
+                              "_diagnose": False, "_watched": {}, "_checked": {},
                               "_prechecked": {}, "_last_output": None, "_last": None,
                               "_ring_iterations": np.zeros(0, np.int64), "_ring_count": 0,
                               "_ring_scales": np.zeros(0, np.float32),
@@ -450,6 +460,9 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         ``enabled`` stays as this scaler was built. A dict that fails validation
         raises ``ValueError`` and changes nothing.
         """
+        if self._functional_found_inf or any("found_inf" in s
+                                             for s in self._optimizer_states.values()):
+            raise mid_iteration_load_error()
         config, state = spec.parse_state_dict(state_dict, base=self._config)
         self._config = config.replace(enabled=self._config.enabled)
         self._sync_paddle_attributes()
@@ -484,6 +497,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         kept), on every place and whatever ``auto_cast`` is set to."""
         if not self._config.enabled:
             return var
+        self._claim()
         self._scale_called = True
         if not self._bf16_warned:
             self._warn_if_bf16(var)
@@ -551,6 +565,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         agreed across ranks when ``paddle.distributed`` is initialised."""
         if not self._config.enabled:
             return
+        self._claim()
         self._require_scale_called("unscale_")
         state = self._optimizer_states[id(optimizer)]
         if state["state"] is OptimizerState.UNSCALED:
@@ -598,6 +613,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
     def _step(self, optimizer: Any, call: Any, *args: Any, **kwargs: Any) -> Any:
         if not self._config.enabled:
             return call(*args, **kwargs)
+        self._claim()
         self._require_scale_called("step")
         state = self._optimizer_states[id(optimizer)]
         if state["state"] is OptimizerState.STEPPED:
@@ -653,6 +669,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         out = tree_map(lambda g: g.detach().clone(), grads)
         if not self._config.enabled:
             return out, True
+        self._claim()
         found = self._check_and_unscale(leaves(out))
         self._functional_found_inf.append(found)
         if isinstance(found, bool):
@@ -669,6 +686,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         """
         if not self._config.enabled:
             return
+        self._claim()
         found_inf = False
         if new_scale is not None:
             if isinstance(new_scale, paddle.Tensor):
@@ -701,10 +719,24 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         self._optimizer_states = defaultdict(_refresh_optimizer_state)
         self._functional_found_inf = []
         self._checked, self._prechecked, self._last_output = {}, {}, None
+        self._iteration_thread = None
         if new_scale is None:
             # After the update is applied: on_collapse="raise" leaves a consistent scaler.
             self._monitor.observe(self._updates, self._state.scale, found_inf,
                                   detail=self._collapse_detail if found_inf else None)
+
+    def _claim(self) -> None:
+        # One scaler's iteration (scale ... update) must run in one thread: two threads
+        # interleaving their verbs mix their inf checks and updates (wrong scales, no
+        # error). Comparing thread ids costs far less than a verb's tensor work.
+        me = threading.get_ident()
+        if self._iteration_thread is None:
+            self._iteration_thread = me
+        elif self._iteration_thread != me:
+            raise RuntimeError(
+                "this scaler is in the middle of an iteration begun by another thread: a "
+                "scaler is not thread-safe; give each thread its own scaler, or finish the "
+                "iteration (update()) before another thread uses it")
 
     def _update(self) -> None:
         # The name paddle.amp.GradScaler's own code calls after a step.

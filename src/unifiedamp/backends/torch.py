@@ -37,6 +37,7 @@ from unifiedamp._scaler import (
     NoInfChecksError,
     ScaleNotCalledError,
     diagnostics_options,
+    mid_iteration_load_error,
     new_scale_value,
     watched_pairs,
 )
@@ -405,6 +406,11 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         args, device = _split_device(args, device)
         config = spec.config_from_args(args, kwargs, extra_names=_EXTRA_NAMES)
         monitor = CollapseMonitor(max_consecutive_skips, on_collapse)
+        if process_group is not None and not (dist.is_available()
+                                              and isinstance(process_group, dist.ProcessGroup)):
+            raise TypeError(f"process_group must be a torch.distributed group "
+                            f"(torch.distributed.new_group(ranks)) or None, got "
+                            f"{process_group!r}")
         explicit = torch.device(device) if device is not None else None
         if explicit is not None and explicit.type == "cuda" and config.enabled \
                 and not torch.cuda.is_available():
@@ -622,6 +628,11 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             1024.0
         """
         state = self.state
+        if not (math.isfinite(state.scale) and state.scale >= 0):
+            raise ValueError(
+                f"the scale is {state.scale!r}, a state no scaler can load: it was set by "
+                "update(new_scale=tensor) on an accelerator, whose value is not checked "
+                "there; set a finite scale > 0 with update(new_scale=...) before saving")
         canonical = spec.to_state_dict(self._config, state, self.backend)
         if not torch_expressible(self._config):
             # torch would load the keys and run another rule (no hysteresis, no
@@ -656,6 +667,9 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         ``enabled`` stays as this scaler was built. A dict that fails validation
         raises ``ValueError`` and changes nothing.
         """
+        if self._functional_found_inf or any(s["found_inf_per_device"]
+                                             for s in self._per_optimizer_states.values()):
+            raise mid_iteration_load_error()
         config, state = spec.parse_state_dict(state_dict, base=self._config)
         if (self._diag_found is not None and not self._diag_report_ready
                 and self._ring is None and self._scale is not None
@@ -1027,7 +1041,10 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                     not new_scale.dtype.is_floating_point:
                 raise TypeError(f"{refused} (a tensor must be floating-point, with "
                                 "requires_grad=False)")
-            # The value is not checked: that would wait for the device.
+            if new_scale.device.type == "cpu":
+                new_scale_value(new_scale.item())  # on the host, a check costs no wait
+            # On an accelerator the value is checked where the scale is read anyway
+            # (state_dict): checking here would wait for the device.
             self._scale.copy_(new_scale.reshape(()))
             self._check_unscalable_from = self._updates
             return
