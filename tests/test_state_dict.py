@@ -126,6 +126,13 @@ def test_every_corruption_is_rejected_and_changes_nothing(name, bad, message):
     assert scaler.config == before_config and scaler.state == before_state
 
 
+def test_a_dict_written_by_any_backend_name_loads_and_is_then_this_backends():
+    d = {**ua.GradScaler(512.0, backend="numpy").state_dict(), "backend": "tensorflow"}
+    scaler = ua.GradScaler(backend="numpy")
+    scaler.load_state_dict(d)
+    assert scaler.get_scale() == 512.0 and scaler.state_dict()["backend"] == "numpy"
+
+
 def test_a_non_mapping_is_a_type_error():
     with pytest.raises(TypeError, match="state_dict must be a dict, got list"):
         trained_scaler().load_state_dict([("scale", 1.0)])
