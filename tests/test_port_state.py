@@ -541,6 +541,15 @@ native.save(folder + "/native.keras")
 plain = model()
 plain.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
 plain.save(folder + "/plain.keras")
+# A Lambda layer whose code, run when a model is built from the file, leaves a marker.
+marker = folder + "/lambda-ran"
+touch = eval(f"lambda t: (__import__('pathlib').Path({marker!r}).touch(), t)[1]")
+lam = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(touch), keras.layers.Dense(1)])
+lam.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01)),
+            loss="mse")
+lam.save(folder + "/lambda.keras")
+import os
+os.remove(marker)
 print(json.dumps(ua.backends.keras.KerasGradScaler.of(ours.optimizer).state_dict()))
 '''
 
@@ -593,6 +602,18 @@ def test_a_keras_file_is_read_and_written_through_its_loss_scale_optimizer(tmp_p
         port_state_file(tmp_path / "t.json", tmp_path / "native.keras", to="canonical")
     assert (tmp_path / "plain.keras").read_bytes() == plain
     assert not (tmp_path / "new.keras").exists()
+
+    # untrusted: a Lambda layer's code is refused by Keras's safe mode, and nothing runs
+    with pytest.raises(ValueError, match="lambda.keras: keras.models.load_model could not "
+                                         "load it .*[Ll]ambda"):
+        port_state_file(tmp_path / "lambda.keras", to="canonical")
+    assert not (tmp_path / "lambda-ran").exists()
+    port_state_file(tmp_path / "lambda.keras", to="canonical", trusted=True)
+    assert (tmp_path / "lambda-ran").exists()  # the payload was live: trust runs it
+    # a damaged archive is named, without a child's traceback
+    (tmp_path / "junk.keras").write_bytes(b"PK\x03\x04" + b"junk" * 50)
+    with pytest.raises(ValueError, match="junk.keras is not a Keras .keras archive"):
+        port_state_file(tmp_path / "junk.keras", to="canonical")
     assert not [p for p in os.listdir(tmp_path) if "unifiedamp-tmp-" in p]
 
 
