@@ -396,7 +396,7 @@ def _reading(path: Any, kind: str) -> Iterator[None]:
         if isinstance(exc, ValueError) and str(exc).startswith(os.fspath(path)):
             raise
         raise _unreadable(path, kind, exc) from None
-    except (MemoryError, KeyboardInterrupt):
+    except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - any parser failure on untrusted bytes
         raise _unreadable(path, kind, exc) from None
