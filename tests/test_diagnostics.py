@@ -108,6 +108,16 @@ def test_report_text_names_the_gradients_and_says_whose_fault_it_is():
     assert OverflowReport.from_dict(json.loads(json.dumps(model_fault.to_dict()))) == model_fault
 
 
+@pytest.mark.parametrize("count, ending", [(2, "g1 (1 inf, 0 NaN)"),
+                                           (3, "g2 (1 inf, 0 NaN)"),
+                                           (4, "g2 (1 inf, 0 NaN) and 1 more")])
+def test_summary_names_limit_gradients_and_counts_only_the_rest(count, ending):
+    overflows = [GradientOverflow(f"g{i}", (2,), 1, 0, 1.0) for i in range(count)]
+    summary = OverflowReport(7, 1024.0, overflows, checked=count).summary(limit=3)
+    assert summary.startswith("step 7 at scale 1024: g0 (1 inf, 0 NaN), ")
+    assert summary.endswith(ending)
+
+
 def test_collapse_message_ends_with_the_detail_which_is_built_only_then():
     calls = []
 

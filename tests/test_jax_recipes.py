@@ -1,6 +1,6 @@
 """Every documented JAX recipe (docs/backends/jax.md) trains exactly like an unscaled run
 that skips the same steps: loss_scaled alone, with clipping, with MultiSteps, in flax nnx,
-and in a default (vma-checked) shard_map.
+and with axis_name in a default (vma-checked) shard_map and under pmap.
 
 The scale stays a power of two, so scaling the loss and unscaling the gradients is exact
 in float32: the scaled run must give the reference's parameters bit for bit (up to the
@@ -236,17 +236,31 @@ for i in range(4):
     grads = jax.grad(lambda r: sum(local_loss(r[j:j + 1], x[j:j + 1]) for j in range(n)))(ref)
     updates, ref_state = ref_tx.update(grads, ref_state, ref)
     ref = optax.apply_updates(ref, updates)
+
+# The same steps under pmap, which checks no replication: each device holds its own
+# scaler, and only axis_name makes them agree.
+pmapped = jax.pmap(step, axis_name="d")
+w_p = jnp.arange(n * 3, dtype=jnp.float32).reshape(n, 1, 3) / 10.0
+state_p = jax.vmap(tx.init)(w_p)
+for i in range(4):
+    w_p, state_p = pmapped(w_p, state_p, batches(i)[:, None])
+s = find_scaler(state_p)
 print(json.dumps({"w": np.asarray(w).tolist(), "ref": np.asarray(ref).tolist(),
-                  "state": list(find_scaler(opt_state).state)}))
+                  "state": list(find_scaler(opt_state).state),
+                  "pmap_w": np.asarray(w_p).reshape(n, 3).tolist(),
+                  "pmap_states": np.stack([s.loss_scale, s.growth_tracker,
+                                           s.hysteresis_tracker], 1).tolist()}))
 '''
 
 
-def test_loss_scaled_with_axis_name_in_a_default_shard_map(run_python):
+def test_loss_scaled_with_axis_name_skips_on_every_device_in_shard_map_and_pmap(run_python):
     proc = run_python(SHARD_MAP_PROGRAM, env={
         "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # F I F F: every device skips step 1 (an inf on device 2 only) and backs off together
     assert out["state"] == [1024.0, 0, 0]
-    np.testing.assert_allclose(np.asarray(out["w"], np.float32),
-                               np.asarray(out["ref"], np.float32), rtol=4e-7, atol=0)
+    assert out["pmap_states"] == [[1024.0, 0, 0]] * 4
+    for w in (out["w"], out["pmap_w"]):
+        np.testing.assert_allclose(np.asarray(w, np.float32),
+                                   np.asarray(out["ref"], np.float32), rtol=4e-7, atol=0)

@@ -122,6 +122,35 @@ def test_functional_unscale_returns_copies_and_feeds_update():
     assert scaler.unscale([]) == ([], True)
 
 
+def test_update_clears_the_functional_checks_so_one_inf_skips_one_update():
+    w = np.ones(3, np.float32)
+    opt = SGD([w], lr=0.1)
+    scaler = ua.GradScaler(1024.0, growth_interval=1, backend="numpy", history=3)
+    for value in (np.inf, 1.0, 1.0):
+        grads, finite = scaler.unscale([scaler.scale(np.array([1.0, value, 2.0], np.float32))])
+        if finite:
+            opt.grads = grads
+            opt.step()
+        scaler.update()
+    # backed off once, then grew at each finite update
+    assert scaler.history().as_list() == [(1, 1024.0, True), (2, 512.0, False),
+                                          (3, 1024.0, False)]
+    assert scaler.get_scale() == 2048.0 and opt.step_count == 2
+
+
+def test_unscale_checks_the_gradients_as_given_not_as_unscaled():
+    """As torch's kernel and the functional unscale (the conformance contract): at a scale
+    below 1, unscaling multiplies by more than 1 and takes finite gradients near float32's
+    maximum past it; they were finite as backpropagated, so the update counts them so."""
+    scaler = ua.GradScaler(2.0**-10, growth_interval=1, backend="numpy")
+    opt = SGD([np.zeros(2, np.float32)])
+    opt.grads = [np.full(2, 3e38, np.float32)]
+    scaler.unscale_(opt)
+    assert np.isinf(opt.grads[0]).all()  # the unscaled values did overflow
+    scaler.update()
+    assert scaler.state == ScalerState(2.0**-9, 0, 0)  # a finite update: it grew
+
+
 def test_one_inf_in_either_of_two_optimizers_backs_off_once():
     scaler = ua.GradScaler(1024.0, growth_interval=1, backend="numpy")
     a, b = SGD([np.zeros(1, np.float32)]), SGD([np.zeros(1, np.float32)])

@@ -902,6 +902,33 @@ def test_functional_unscale_counts_towards_the_update(paddle):
     assert scaler.state == spec.ScalerState(512.0, 0, 0)
 
 
+def test_update_clears_the_functional_checks_so_one_inf_skips_one_update(paddle):
+    model = mlp()
+    scaler = scaler_of(1024.0, growth_interval=1)
+    scales = []
+    for poison in (INF, None, None):
+        loss = scaler.scale(loss_of(model, *batch(poison=poison)))
+        _, finite = scaler.unscale(paddle.grad(loss, model.parameters()))
+        scaler.update()
+        scales.append((bool(finite), scaler.get_scale()))
+    # backed off once, then grew at each finite update
+    assert scales == [(False, 512.0), (True, 1024.0), (True, 2048.0)]
+
+
+def test_a_float64_gradient_is_checked_in_float64(paddle):
+    # 1e39 is finite in float64 and inf in float32: a float32 check would skip the step.
+    w = paddle.create_parameter([2], "float64",
+                                default_initializer=paddle.nn.initializer.Constant(1.0))
+    opt = paddle.optimizer.SGD(learning_rate=1.0, parameters=[w])
+    scaler = scaler_of(2.0)
+    loss = (w * paddle.to_tensor([1e39, -1.0], dtype="float64")).sum()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert not scaler.last_step_skipped and scaler.state.growth_tracker == 1
+    assert w.numpy().tolist() == [1.0 - 1e39, 2.0]
+
+
 def bf16_problem(lr=0.5):
     """A bfloat16 parameter with SGD(multi_precision=True): it runs on Paddle's CPU kernels
     (bf16 elementwise ops exist) and takes the backend's non-float32 unscale path."""

@@ -74,6 +74,17 @@ def test_the_canonical_form_carries_a_config_no_native_form_can():
     assert back["config"] == RICH.to_dict() and back["hysteresis_tracker"] == 1
 
 
+@pytest.mark.parametrize("to", ["canonical", "paddle", "keras"])
+def test_forms_with_a_hysteresis_counter_keep_a_nonzero_tracker(to):
+    # Two infs of three seen: the next inf backs off. A form that dropped the count
+    # would back off one inf late.
+    config = ScalerConfig(1024.0, growth_interval=3, hysteresis=3)
+    state = ScalerState(512.0, 0, 2)
+    out = convert_state(canonical(config, state), to)
+    assert read_state(out, config)[:2] == (config, state)
+    assert read_state(convert_state(out, "canonical", config))[1] == state
+
+
 @pytest.mark.parametrize(("to", "lost"), [
     ("torch", "hysteresis=2, min_scale=0.5, max_scale=1048576.0"),
     ("paddle", "min_scale=0.5, max_scale=1048576.0"),

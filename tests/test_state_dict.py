@@ -164,6 +164,20 @@ def test_native_paddle_dict_with_bad_values_changes_nothing():
     assert scaler.state_dict() == before
 
 
+@pytest.mark.parametrize("key", ["incr_count", "decr_count", "scale"])
+def test_a_native_paddle_dict_missing_a_key_names_it_and_changes_nothing(key):
+    native = {"scale": np.array([2048.0], np.float32), "incr_ratio": 3.0, "decr_ratio": 0.25,
+              "incr_every_n_steps": 50, "decr_every_n_nan_or_inf": 2, "incr_count": 7,
+              "decr_count": 1, "use_dynamic_loss_scaling": True}
+    del native[key]
+    scaler = trained_scaler()
+    before = scaler.state_dict()
+    with pytest.raises(ValueError, match=rf"missing key\(s\) \['{key}'\] \(a native paddle "
+                                         r"GradScaler dict has .*nothing was loaded"):
+        scaler.load_state_dict(native)
+    assert scaler.state_dict() == before
+
+
 @pytest.mark.framework("torch")
 def test_native_torch_state_dict_from_a_real_torch_scaler_is_accepted():
     torch = pytest.importorskip("torch")

@@ -447,6 +447,23 @@ def test_update_counts_a_functional_check_next_to_an_optimizers(fused):
     assert not bool(finite) and scaler.get_scale() == 512.0
 
 
+def test_functional_unscale_of_several_dtypes_counts_one_inf_for_the_rule():
+    """float32 and float64 gradients both inf: one inf check of the update, whatever the
+    number of (device, dtype) groups the kernel ran on (hysteresis counts it once)."""
+    models = [mlp(), mlp(seed=1).double()]
+    scaler = ua.GradScaler(1024.0, hysteresis=2, growth_interval=2, backend="torch")
+    expected = spec.ScalerState(1024.0)
+    for found in (True, False, True, True, False, False):
+        poison = float("inf") if found else None
+        loss = sum(loss_of(m, *(t.to(m[0].weight.dtype) for t in batch(poison=poison)))
+                   for m in models)
+        params = [p for m in models for p in m.parameters()]
+        _, finite = scaler.unscale(torch.autograd.grad(scaler.scale(loss), params))
+        scaler.update()
+        expected = spec.update(scaler.config, expected, found)
+        assert bool(finite) is not found and scaler.state == expected, (scaler.state, expected)
+
+
 def test_collapse_check_reads_the_device_once_per_period():
     model = mlp()
     opt = torch.optim.AdamW(model.parameters(), fused=True)
@@ -572,6 +589,24 @@ def test_collapse_counts_only_skips_in_a_row(kinds):
             opt.zero_grad()
     messages = [str(w.message) for w in caught if w.category is ua.ScaleCollapseWarning]
     assert len(messages) == 1 and "collapsed at step 15" in messages[0], messages
+
+
+def test_collapse_counts_an_iteration_whose_first_optimizer_skipped():
+    """Two plain optimizers, an inf in the first one's gradients only: every iteration
+    skips (the second optimizer's finite step does not make it a finite one)."""
+    a, b = mlp(seed=0), mlp(seed=1)
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    scaler = ua.GradScaler(backend="torch", max_consecutive_skips=3)
+    with pytest.warns(ua.ScaleCollapseWarning, match="collapsed at step 3: scale 8192.0"):
+        for _ in range(3):
+            losses = [loss_of(a, *batch(poison=float("inf"))), loss_of(b, *batch())]
+            for loss in scaler.scale(losses):
+                loss.backward()
+            scaler.step(opt_a)
+            scaler.step(opt_b)
+            scaler.update()
+            opt_a.zero_grad()
+            opt_b.zero_grad()
 
 
 # ---------------------------------------------------------------- skipped-step reporting

@@ -116,6 +116,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("state-paddle-decr-count-dropped", f"{SPEC}/_state_dict.py",
            'trackers = {"growth_tracker": "incr_count", "hysteresis_tracker": "decr_count"}',
            'trackers = {"growth_tracker": "incr_count"}', _T_STATE),
+    Mutant("state-native-missing-key-unchecked", f"{SPEC}/_state_dict.py",
+           "    if missing:\n        raise _state_error(f\"missing key(s) {missing} (a native",
+           "    if False:\n        raise _state_error(f\"missing key(s) {missing} (a native",
+           "tests/test_state_dict.py::"
+           "test_a_native_paddle_dict_missing_a_key_names_it_and_changes_nothing " + _T_STATE),
     # ---------------------------------------------------------------- spec: config
     Mutant("config-min-max-compared-unrounded", f"{SPEC}/_config.py",
            "if lo is not None and hi is not None and f32(lo) > f32(hi):",
@@ -172,6 +177,12 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("jax-all-finite-any-device", f"{BACKENDS}/jax.py",
            "lax.psum((~finite).astype(jnp.int32), axis_name) == 0",
            "lax.pmax(finite.astype(jnp.int32), axis_name) == 1", _T_JAX),
+    Mutant("jax-loss-scaled-axis-ignored", f"{BACKENDS}/jax.py",
+           "finite = (all_finite(updates, axis_name) & scaler._reciprocal_finite()",
+           "finite = (all_finite(updates) & scaler._reciprocal_finite()",
+           "tests/test_jax_recipes.py::"
+           "test_loss_scaled_with_axis_name_skips_on_every_device_in_shard_map_and_pmap "
+           + _T_JAX),
     # ---------------------------------------------------------------- MLX
     Mutant("mlx-nan-is-finite", f"{BACKENDS}/mlx.py",
            "finite = finite & mx.isfinite(mx.sum(leaf * 0))",
@@ -186,6 +197,19 @@ MUTANTS: tuple[Mutant, ...] = (
            "np.multiply(g, inv, out=g,", "np.multiply(g, 1.0, out=g,", _T_NUMPY),
     Mutant("numpy-all-optimizers-must-be-inf", f"{BACKENDS}/numpy.py",
            "found_inf = any(checks)", "found_inf = all(checks)", _T_NUMPY),
+    Mutant("numpy-update-keeps-functional-checks", f"{BACKENDS}/numpy.py",
+           "        self._functional_found_inf.clear()\n", "",
+           "tests/test_numpy_backend.py::"
+           "test_update_clears_the_functional_checks_so_one_inf_skips_one_update " + _T_NUMPY),
+    Mutant("numpy-unscale-checks-unscaled-grads", f"{BACKENDS}/numpy.py",
+           "            found_inf = found_inf or not bool(np.isfinite(g).all())\n"
+           "            with np.errstate(over=\"ignore\", invalid=\"ignore\"):\n"
+           "                np.multiply(g, inv, out=g, casting=\"same_kind\")\n",
+           "            with np.errstate(over=\"ignore\", invalid=\"ignore\"):\n"
+           "                np.multiply(g, inv, out=g, casting=\"same_kind\")\n"
+           "            found_inf = found_inf or not bool(np.isfinite(g).all())\n",
+           "tests/test_numpy_backend.py::"
+           "test_unscale_checks_the_gradients_as_given_not_as_unscaled " + _T_NUMPY),
     # ---------------------------------------------------------------- torch
     Mutant("torch-spec-update-no-inf-guard", f"{BACKENDS}/torch.py",
            "torch.where(candidate != math.inf, candidate, scale, out=scale)",
@@ -250,6 +274,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("torch-load-takes-enabled", f"{BACKENDS}/torch.py",
            "self._config = config.replace(enabled=self._config.enabled)",
            "self._config = config", _T_TORCH_STATE),
+    Mutant("torch-host-skip-flag-last-optimizer-only", f"{BACKENDS}/torch.py",
+           "self._host_found |= skipped", "self._host_found = skipped",
+           "tests/test_torch_backend.py::"
+           "test_collapse_counts_an_iteration_whose_first_optimizer_skipped " + _T_TORCH),
+    Mutant("torch-functional-unscale-flag-unclamped", f"{BACKENDS}/torch.py",
+           "        if len(groups) > 1:\n            found.clamp_(max=1.0)  # a 0/1 flag",
+           "        #",
+           "tests/test_torch_backend.py::"
+           "test_functional_unscale_of_several_dtypes_counts_one_inf_for_the_rule " + _T_TORCH),
     # ---------------------------------------------------------------- paddle
     Mutant("paddle-update-last-flag-only", f"{BACKENDS}/paddle.py",
            "found_inf = any(bool(flag) for flag in checks)",
@@ -274,6 +307,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "return (self._distributed is not False and dist.is_initialized()",
            "return (False and dist.is_initialized()",
            "tests/test_paddle_distributed.py"),
+    Mutant("paddle-update-keeps-functional-checks", f"{BACKENDS}/paddle.py",
+           "        self._functional_found_inf = []\n        self._checked, self._prechecked",
+           "        self._checked, self._prechecked",
+           "tests/test_paddle_backend.py::"
+           "test_update_clears_the_functional_checks_so_one_inf_skips_one_update " + _T_PADDLE),
+    Mutant("paddle-float64-checked-in-float32", f"{BACKENDS}/paddle.py",
+           "wide = g if g.dtype == paddle.float64 else g.astype(paddle.float32)",
+           "wide = g.astype(paddle.float32)",
+           "tests/test_paddle_backend.py::test_a_float64_gradient_is_checked_in_float64 "
+           + _T_PADDLE),
     # ---------------------------------------------------------------- keras
     Mutant("keras-grow-gt", f"{BACKENDS}/keras.py",
            "grow = growth >= c.growth_interval", "grow = growth > c.growth_interval", _T_KERAS),
@@ -295,6 +338,23 @@ MUTANTS: tuple[Mutant, ...] = (
            "total = distribution.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)",
            "total = distribution.experimental_local_results(per_replica)[0]",
            "tests/test_keras_distributed.py"),
+    # Killed only where the test runs: TensorFlow takes this path for XLA-compiled
+    # replicas on GPUs alone (a CUDA build of TensorFlow); elsewhere the test skips.
+    Mutant("keras-no-merge-call-not-all-reduced", f"{BACKENDS}/keras.py",
+           "total = context.all_reduce(tf.distribute.ReduceOp.SUM, non_finite(grads))",
+           "total = non_finite(grads)",
+           "tests/test_keras_distributed.py::"
+           "test_mirrored_xla_custom_loop_on_gpus_skips_on_every_replica"),
+    # ---------------------------------------------------------------- port-state, diagnostics
+    Mutant("port-state-paddle-decr-count-zero", "src/unifiedamp/port_state.py",
+           '"decr_count": s.hysteresis_tracker,', '"decr_count": 0,',
+           "tests/test_port_state.py::"
+           "test_forms_with_a_hysteresis_counter_keep_a_nonzero_tracker"),
+    Mutant("diagnostics-summary-and-0-more", "src/unifiedamp/diagnostics.py",
+           'names += f" and {more} more" if more > 0 else ""',
+           'names += f" and {more} more" if more >= 0 else ""',
+           "tests/test_diagnostics.py::"
+           "test_summary_names_limit_gradients_and_counts_only_the_rest tests/test_diagnostics.py"),
 )
 
 

@@ -94,16 +94,17 @@ def _parse_native(d: Mapping[str, Any], base: ScalerConfig) -> tuple[ScalerConfi
     # incr_ratio, decr_ratio, incr_every_n_steps, decr_every_n_nan_or_inf,
     # incr_count, decr_count, use_dynamic_loss_scaling. Parameters a native dict
     # does not carry keep the loading scaler's values.
-    if "_growth_tracker" in d:
-        names = FRAMEWORKS["torch"]["names"]
+    framework = "torch" if "_growth_tracker" in d else "paddle"
+    names = FRAMEWORKS[framework]["names"]
+    if framework == "torch":
         trackers = {"growth_tracker": "_growth_tracker"}
     else:
-        names = FRAMEWORKS["paddle"]["names"]
         trackers = {"growth_tracker": "incr_count", "hysteresis_tracker": "decr_count"}
     required = ["scale", *trackers.values()]
     missing = [k for k in required if k not in d]
     if missing:
-        raise _state_error(f"missing key(s) {missing}")
+        raise _state_error(f"missing key(s) {missing} (a native {framework} GradScaler dict "
+                           f"has {required})")
     changes = {native: d[native] for native in names.values() if native in d and native != "scale"}
     try:
         config = config_from_args((), changes, base=base)
@@ -146,7 +147,9 @@ def parse_state_dict(
             "it is empty, possibly saved from a disabled torch or paddle GradScaler"
         )
     if "format" not in d:
-        if "scale" in d and ("_growth_tracker" in d or "incr_count" in d):
+        # Any one tracker key marks a native dict, so that a missing one (or a missing
+        # scale) is named rather than the dict called unknown.
+        if "_growth_tracker" in d or "incr_count" in d or "decr_count" in d:
             return _parse_native(d, base)
         raise _state_error(
             f"no 'format' key and not a torch or paddle GradScaler dict (keys: {sorted(d)})"
