@@ -747,6 +747,23 @@ def test_an_empty_truncated_or_foreign_file_is_refused_naming_it(tmp_path, ext):
         assert "trust" not in message, (what, message)  # trusting a damaged file helps nothing
 
 
+def test_a_torch_file_with_a_damaged_pickle_is_refused_without_suggesting_trust(tmp_path):
+    # A zip whose members match their checksums but whose pickle is not one: torch's
+    # weights_only reader fails on it as it does on a refused object.
+    import zipfile
+
+    _tensor_file(tmp_path / "whole.pt")
+    path = tmp_path / "bad.pt"
+    with zipfile.ZipFile(tmp_path / "whole.pt") as whole, zipfile.ZipFile(path, "w") as out:
+        for info in whole.infolist():
+            data = whole.read(info.filename)
+            out.writestr(info, b"\x80\x02}q\x00\xff\xff" if info.filename.endswith(
+                "data.pkl") else data)
+    with pytest.raises(ValueError, match="cannot be read as a torch.save file") as info:
+        load_file(path)
+    assert "trust" not in str(info.value)
+
+
 def test_deeply_nested_json_is_refused_not_a_recursion_error(tmp_path):
     path = tmp_path / "deep.json"
     path.write_text("[" * 100_000 + "]" * 100_000)

@@ -363,7 +363,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "        if match:\n            raise _Refused(",
            "        if True:\n            raise _Refused(",
            "tests/test_port_state.py::"
-           "test_an_empty_truncated_or_foreign_file_is_refused_naming_it"),
+           "test_a_torch_file_with_a_damaged_pickle_is_refused_without_suggesting_trust"),
     Mutant("files-symlink-replaced", "src/unifiedamp/_files.py",
            "    real = os.path.realpath(path)", "    real = os.path.abspath(path)",
            "tests/test_port_state.py::"
