@@ -360,8 +360,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "tests/test_port_state.py::"
            "test_a_checkpoint_whose_data_fails_its_own_checksum_is_refused"),
     Mutant("port-state-damaged-torch-file-suggests-trust", "src/unifiedamp/port_state.py",
-           "        if match:\n            raise _Refused(",
-           "        if True:\n            raise _Refused(",
+           "        if match:\n            raise _Refused(f\"an object of {match.group(1) or "
+           "match.group(2)}\")",
+           "        if \"Weights only\" in str(exc):\n            raise _Refused(f\"an object "
+           "({exc})\")",
            "tests/test_port_state.py::"
            "test_a_torch_file_with_a_damaged_pickle_is_refused_without_suggesting_trust"),
     Mutant("files-symlink-replaced", "src/unifiedamp/_files.py",
