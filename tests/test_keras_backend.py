@@ -693,6 +693,23 @@ def test_wrap_refuses_loss_scale_optimizers_non_optimizers_and_a_second_optimize
     assert scaler.optimizer is opt
 
 
+def test_an_optimizer_wrapped_by_one_scaler_cannot_be_wrapped_by_another(keras):
+    sgd = keras.optimizers.SGD(0.1, name="sgd")
+    first, second = _scaler(8.0), _scaler(16.0)
+    opt = first.wrap(sgd)
+    with pytest.raises(RuntimeError, match=r"SGD optimizer 'sgd' is wrapped already, by another "
+                                           r"scaler: .*\(KerasGradScaler.of\(it\)"):
+        second.wrap(sgd)
+    with pytest.raises(RuntimeError, match=r"wraps this optimizer already: .*scaler.optimizer"):
+        first.wrap(sgd)
+    assert second.optimizer is None and first.optimizer is opt and opt.inner_optimizer is sgd
+    assert second.wrap(keras.optimizers.SGD()).scaler_config.init_scale == 16.0
+    model = _model()
+    model.compile(optimizer=opt, loss="mse")  # a model lives in reference cycles
+    del first, opt, model  # a wrapper no one holds wraps nothing
+    assert _scaler(4.0).wrap(sgd).inner_optimizer is sgd
+
+
 def _eager_steps(model, opt, kinds: str) -> None:
     """Custom-loop steps (eager: no train function to trace), ``F`` finite, ``I`` inf."""
     x, y = _data(8)

@@ -19,6 +19,7 @@ bit for bit at every float32 value on every Keras backend.
 
 from __future__ import annotations
 
+import gc
 import math
 import warnings
 import weakref
@@ -331,6 +332,20 @@ def _rule_values(config: ScalerConfig) -> list[int]:
 
 # ------------------------------------------------------------ the optimizer
 
+#: The live SpecLossScaleOptimizer of each inner optimizer, by the inner one's id (the
+#: wrapper holds its inner optimizer, so the id stays its own while the entry lives).
+_WRAPPERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def _wrapper_of(inner: Any) -> Any:
+    """The live SpecLossScaleOptimizer around ``inner``, or None."""
+    if _WRAPPERS.get(id(inner)) is not None:
+        # A dropped wrapper of a built optimizer lives on in reference cycles until the
+        # collector runs: it trains nothing, so it does not count.
+        gc.collect()
+    return _WRAPPERS.get(id(inner))
+
+
 @keras.saving.register_keras_serializable(package="unifiedamp")
 class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     """``keras.optimizers.LossScaleOptimizer`` with the unifiedamp spec.
@@ -373,11 +388,21 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                  **kwargs: Any):
         history = diagnostics_options(diagnose, history)
         config = ScalerConfig(**(scaler_config or {}))
+        if _wrapper_of(inner_optimizer) is not None:
+            # Each wrapper would step it with its own scale and skips: one optimizer's
+            # moments and iterations, two rules.
+            raise RuntimeError(
+                f"{type(inner_optimizer).__name__} optimizer {inner_optimizer.name!r} is "
+                "wrapped already, by another scaler: one optimizer takes one scaler. Train "
+                "with the optimizer that scaler's wrap() returned (KerasGradScaler.of(it) "
+                "gives that scaler back), or give this scaler an optimizer of its own, e.g. "
+                "type(opt).from_config(opt.get_config())")
         # Keras's own arguments, for code that reads them; the rule uses the config.
         kwargs.pop("initial_scale", None)
         kwargs.pop("dynamic_growth_steps", None)
         super().__init__(inner_optimizer, initial_scale=f32(config.init_scale),
                          dynamic_growth_steps=config.growth_interval, name=name, **kwargs)
+        _WRAPPERS[id(inner_optimizer)] = self
         self._spec = config
         self._pending: ScalerState | None = None
         self._jitted_apply: Any = None
@@ -1039,7 +1064,8 @@ class KerasGradScaler(GradScaler):
 
         A :class:`SpecLossScaleOptimizer` (a ``keras.optimizers.LossScaleOptimizer``, so
         ``model.compile`` keeps it as it is); with ``enabled=False``, ``optimizer`` itself.
-        A scaler wraps one optimizer: make one scaler per optimizer.
+        A scaler wraps one optimizer, and an optimizer takes one scaler: wrapping it
+        again (by this scaler or another) raises, naming the optimizer to use instead.
         """
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise TypeError(f"wrap() takes a keras.optimizers.Optimizer, got "
@@ -1048,6 +1074,9 @@ class KerasGradScaler(GradScaler):
             raise TypeError("the optimizer is a LossScaleOptimizer already: wrap its "
                             "inner_optimizer")
         if self._optimizer is not None:
+            if optimizer is self._optimizer.inner_optimizer:
+                raise RuntimeError("this scaler wraps this optimizer already: train with the "
+                                   "optimizer the first wrap() returned (scaler.optimizer)")
             raise RuntimeError("this scaler wraps an optimizer already: make one scaler per "
                                "optimizer (each holds its own scale)")
         if not self._config.enabled:
