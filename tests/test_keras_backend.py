@@ -166,6 +166,57 @@ def _scaler(*args, **kwargs):
     return KerasGradScaler(*args, **kwargs)
 
 
+def _fit_states(model, scaler, kinds: str, epochs: int = 1,
+                change=None) -> list[tuple[np.float32, int, int]]:
+    """``model.fit`` over a batch of 4 per kind (``F`` finite, ``I`` inf) in each epoch: the
+    scaler's state after each batch. ``change``: ``(batch, fn)``, ``fn()`` called by a
+    callback after that batch of the first epoch."""
+    import keras
+
+    x, y = _data(4 * len(kinds))
+    for i, kind in enumerate(kinds):
+        if kind == "I":
+            x = _with_inf(x, row=4 * i + 1)
+    seen = []
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            assert self.model is model  # under JAX, reading .model syncs the variables
+            seen.append(_as_tuple(scaler.state))
+            if change is not None and len(seen) == change[0] + 1:
+                change[1]()
+
+    model.fit(x, y, batch_size=4, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[Record()])
+    return seen
+
+
+def _compiled_apply(opt, variables):
+    """``grads -> None``: ``opt.apply`` compiled by the user's own tracer (``tf.function``;
+    ``jax.jit`` of ``stateless_apply``, the results written back), eager on torch."""
+    import keras
+
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(lambda grads: opt.apply(grads, variables))
+    if backend == "jax":
+        import jax
+
+        step = jax.jit(opt.stateless_apply)
+
+        def apply(grads):
+            new_tvs, new_ovs = step([v.value for v in opt.variables], grads,
+                                    [v.value for v in variables])
+            for var, value in zip([*variables, *opt.variables], [*new_tvs, *new_ovs],
+                                  strict=True):
+                var.assign(value)
+
+        return apply
+    return lambda grads: opt.apply(grads, variables)
+
+
 # ------------------------------------------------------------ checks, on every Keras backend
 
 
@@ -179,16 +230,7 @@ def check_fit_with_mixed_float16_follows_spec_over_epochs():
         model.compile(optimizer=opt, loss="mse")
         assert model.optimizer is opt
         assert model.layers[0].compute_dtype == "float16"
-        x, y = _data(24)
-        x = _with_inf(x, row=17)  # batch 4 of the 6 in every epoch
-        seen = []
-
-        class Record(keras.callbacks.Callback):
-            def on_train_batch_end(self, batch, logs=None):
-                assert self.model is model  # under JAX, reading .model syncs the variables
-                seen.append(_as_tuple(scaler.state))
-
-        model.fit(x, y, batch_size=4, epochs=3, shuffle=False, verbose=0, callbacks=[Record()])
+        seen = _fit_states(model, scaler, "FFFFIF", epochs=3)
     expected = _reference(scaler.config, [True, True, True, True, False, True] * 3)
     assert max(s[0] for s in expected) > 1024.0 and min(s[0] for s in expected) < 1024.0
     _assert_states(seen, expected)
@@ -268,6 +310,66 @@ def check_skipped_step_leaves_weights_moments_and_iterations_untouched():
     assert int(opt.iterations) == 3
     assert not np.array_equal(_numpy(model.trainable_variables)[0], before[0])
     assert _as_tuple(scaler.state) == (np.float32(64.0), 1, 0)
+
+
+def check_fit_and_compiled_apply_follow_a_rule_changed_after_compiling():
+    """``model.fit``'s train step and a loop's ``apply`` compiled by the user follow each
+    change of the rule made after they were traced, also in the middle of ``fit``: the
+    setters; ``load_state_dict`` of another config (before the optimizer is built; min_scale
+    and max_scale; dynamic=False), its state included."""
+    import keras
+    from keras import ops
+
+    scaler = _scaler(1024.0, growth_interval=3)
+    model = _model()
+    opt = scaler.wrap(keras.optimizers.SGD(1e-3))
+    model.compile(optimizer=opt, loss="mse")
+    apply = _compiled_apply(opt, model.trainable_variables)
+    kinds = "FFIIF"
+    flags = [kind == "F" for kind in kinds]
+    # Whether a step skips is all the rule sees of the gradients.
+    grads = {"F": [np.full(v.shape, 0.5, np.float32) for v in model.trainable_variables]}
+    grads["I"] = [g.copy() for g in grads["F"]]
+    grads["I"][0].flat[-1] = np.inf
+
+    def follows(change):
+        previous = scaler.config
+        change()
+        config, start = scaler.config, scaler.state
+        assert opt.scaler_config == config != previous
+        expected = _reference(config, flags, start)
+        assert expected != _reference(previous, flags, start), "the change changes nothing"
+        _assert_states(_fit_states(model, scaler, kinds), expected)
+        expected = _reference(config, flags, scaler.state)
+        seen = []
+        for kind in kinds:
+            apply([ops.convert_to_tensor(g) for g in grads[kind]])
+            seen.append(_as_tuple(scaler.state))
+        _assert_states(seen, expected)
+
+    def load(config, state):
+        return lambda: scaler.load_state_dict(spec.to_state_dict(config, state, "torch"))
+
+    def setters():
+        scaler.set_growth_interval(1)
+        scaler.set_growth_factor(1.5)
+        scaler.set_backoff_factor(0.25)
+        scaler.set_hysteresis(2)
+
+    assert not opt.built
+    follows(load(ScalerConfig(1024.0, growth_interval=2), ScalerState(1536.0, 1, 0)))
+    follows(setters)
+    assert scaler.config == ScalerConfig(1024.0, 1.5, 0.25, 1, hysteresis=2)
+    previous, start = scaler.config, scaler.state
+    seen = _fit_states(model, scaler, kinds, change=(1, lambda: scaler.set_growth_interval(2)))
+    before = _reference(previous, flags[:2], start)
+    after = _reference(scaler.config, flags[2:], ScalerState(float(before[-1][0]),
+                                                             *before[-1][1:]))
+    assert before + after != _reference(previous, flags, start)
+    _assert_states(seen, before + after)
+    follows(load(ScalerConfig(512.0, 4.0, 0.125, 2, min_scale=200.0, max_scale=1000.0),
+                 ScalerState(300.0, 1, 0)))
+    follows(load(ScalerConfig(512.0, dynamic=False), ScalerState(300.0, 1, 0)))
 
 
 # ------------------------------------------------------------ checks specific to JAX
@@ -430,6 +532,7 @@ def check_jax_stateful_apply_compiles_once():
 
 CHILD_CHECKS = {
     "jax": ["check_fit_with_mixed_float16_follows_spec_over_epochs",
+            "check_fit_and_compiled_apply_follow_a_rule_changed_after_compiling",
             "check_custom_loop_follows_spec_step_by_step",
             "check_unscaled_gradients_are_the_gradients_of_the_unscaled_loss",
             "check_skipped_step_leaves_weights_moments_and_iterations_untouched",
@@ -439,6 +542,7 @@ CHILD_CHECKS = {
             "check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped",
             "check_finiteness_test_is_exact_for_every_shape_and_dtype"],
     "torch": ["check_fit_with_mixed_float16_follows_spec_over_epochs",
+              "check_fit_and_compiled_apply_follow_a_rule_changed_after_compiling",
               "check_custom_loop_follows_spec_step_by_step",
               "check_unscaled_gradients_are_the_gradients_of_the_unscaled_loss",
               "check_skipped_step_leaves_weights_moments_and_iterations_untouched",
@@ -589,6 +693,23 @@ def test_wrap_refuses_loss_scale_optimizers_non_optimizers_and_a_second_optimize
     assert scaler.optimizer is opt
 
 
+def test_an_optimizer_wrapped_by_one_scaler_cannot_be_wrapped_by_another(keras):
+    sgd = keras.optimizers.SGD(0.1, name="sgd")
+    first, second = _scaler(8.0), _scaler(16.0)
+    opt = first.wrap(sgd)
+    with pytest.raises(RuntimeError, match=r"SGD optimizer 'sgd' is wrapped already, by another "
+                                           r"scaler: .*\(KerasGradScaler.of\(it\)"):
+        second.wrap(sgd)
+    with pytest.raises(RuntimeError, match=r"wraps this optimizer already: .*scaler.optimizer"):
+        first.wrap(sgd)
+    assert second.optimizer is None and first.optimizer is opt and opt.inner_optimizer is sgd
+    assert second.wrap(keras.optimizers.SGD()).scaler_config.init_scale == 16.0
+    model = _model()
+    model.compile(optimizer=opt, loss="mse")  # a model lives in reference cycles
+    del first, opt, model  # a wrapper no one holds wraps nothing
+    assert _scaler(4.0).wrap(sgd).inner_optimizer is sgd
+
+
 def _eager_steps(model, opt, kinds: str) -> None:
     """Custom-loop steps (eager: no train function to trace), ``F`` finite, ``I`` inf."""
     x, y = _data(8)
@@ -703,6 +824,10 @@ def test_tensorflow_is_the_keras_backend_and_keras_objects_are_detected(keras):
 
 def test_fit_with_mixed_float16_follows_spec_over_epochs(keras):
     check_fit_with_mixed_float16_follows_spec_over_epochs()
+
+
+def test_fit_and_compiled_apply_follow_a_rule_changed_after_compiling(keras):
+    check_fit_and_compiled_apply_follow_a_rule_changed_after_compiling()
 
 
 def test_custom_loop_with_gradient_tape_follows_spec_step_by_step(keras):

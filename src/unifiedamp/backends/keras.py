@@ -19,6 +19,7 @@ bit for bit at every float32 value on every Keras backend.
 
 from __future__ import annotations
 
+import gc
 import math
 import warnings
 import weakref
@@ -26,6 +27,7 @@ from functools import partial
 from typing import Any
 
 import keras
+import numpy as np
 from keras import ops
 from keras.src.utils import tracking
 
@@ -110,14 +112,13 @@ def _normalised(bits: Any) -> tuple[Any, Any]:
     return _f32(ops.bitwise_or(_int(127 << 23), frac)), ex
 
 
-def _mul_bits(bits: Any, c: float) -> Any:
+def _mul_bits(bits: Any, cn: Any, ec: Any) -> Any:
     """The bits of ``f32(x * c)`` for the non-negative float32 ``x`` of ``bits`` and a positive
-    float32 constant ``c``, rounded to nearest even, subnormals included."""
-    mant_c, exp_c = math.frexp(c)
-    cn, ec = f32(mant_c * 2), exp_c - 1
+    float32 ``c = cn * 2**ec`` (``cn`` a float32 in [1, 2), ``ec`` an int32: tensors, the
+    rule's factors are a variable's values), rounded to nearest even, subnormals included."""
     xn, ex = _normalised(bits)
     hi = xn * cn
-    lo = _product_error(xn, ops.convert_to_tensor(cn, "float32"), hi)
+    lo = _product_error(xn, cn, hi)
     hbits = _i32(hi)
     e_res = ops.bitwise_and(ops.right_shift(hbits, 23), _int(0xFF)) + ex + ec
     normal = ops.bitwise_or(ops.bitwise_and(hbits, _int(0x7FFFFF)), ops.left_shift(e_res, 23))
@@ -263,8 +264,6 @@ def _gradient_stats(g: Any) -> tuple[Any, Any, Any]:
 def _unscaled(largest: float, scale: float) -> float:
     """A gradient magnitude of the scaled loss times ``f32(1 / scale)``, in float32: what
     unscaling makes of it (rounding is monotonic, so the largest stays the largest)."""
-    import numpy as np
-
     inverse = np.float32(math.inf) if scale == 0 else np.float32(1.0 / scale)
     with np.errstate(over="ignore", invalid="ignore"):
         return float(np.float32(largest) * inverse)
@@ -303,7 +302,48 @@ _NO_DIAGNOSE = ("The gradients stay inside the compiled train step on the Tensor
                 "at each skipped step.")
 
 
+# ------------------------------------------------------------ the rule, as data
+
+
+def _exactly(value: Any) -> Any:
+    """An initializer that gives ``value`` bit for bit (Keras's ``Constant`` multiplies by
+    ones, which flushes a subnormal scale to 0 on TensorFlow)."""
+
+    def initializer(shape: Any, dtype: Any = None) -> Any:
+        return ops.convert_to_tensor(np.asarray(value, dtype=dtype).reshape(shape))
+
+    return initializer
+
+
+def _rule_values(config: ScalerConfig) -> list[int]:
+    """The rule's parameters as the int32 vector ``scaler_rule`` holds: f32(growth_factor)
+    and f32(backoff_factor) each as the bits of its significand (in [1, 2)) and its exponent
+    (split here, not in every step), growth_interval, hysteresis, the bits of min_scale (0
+    for none: every scale is above), of max_scale (inf for none), dynamic."""
+    c = config
+    factors = []
+    for factor in (c.growth_factor, c.backoff_factor):
+        mantissa, exponent = math.frexp(f32(factor))  # exact, subnormals included
+        factors += [f32_bits(mantissa * 2), exponent - 1]
+    return [*factors, c.growth_interval, c.hysteresis,
+            0 if c.min_scale is None else f32_bits(c.min_scale),
+            _EXP_MASK if c.max_scale is None else f32_bits(c.max_scale), int(c.dynamic)]
+
+
 # ------------------------------------------------------------ the optimizer
+
+#: The live SpecLossScaleOptimizer of each inner optimizer, by the inner one's id (the
+#: wrapper holds its inner optimizer, so the id stays its own while the entry lives).
+_WRAPPERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def _wrapper_of(inner: Any) -> Any:
+    """The live SpecLossScaleOptimizer around ``inner``, or None."""
+    if _WRAPPERS.get(id(inner)) is not None:
+        # A dropped wrapper of a built optimizer lives on in reference cycles until the
+        # collector runs: it trains nothing, so it does not count.
+        gc.collect()
+    return _WRAPPERS.get(id(inner))
 
 
 @keras.saving.register_keras_serializable(package="unifiedamp")
@@ -315,6 +355,10 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     ``hysteresis_counter``. Works in ``model.fit`` and in custom loops on every
     Keras backend: ``apply(scaled_grads)`` (TensorFlow, torch, and JAX too) and
     ``stateless_apply`` (JAX).
+
+    The rule's parameters are in the variable ``scaler_rule`` (see
+    :meth:`set_scaler_config`), so every compiled step follows a change of the config;
+    it is not state: ``model.save`` leaves it out (``get_config`` holds the config).
 
     Diagnostics (``diagnose``, ``history``) add variables of their own, only when
     on: ``update_count`` (the updates since the optimizer was built), the history
@@ -344,17 +388,29 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                  **kwargs: Any):
         history = diagnostics_options(diagnose, history)
         config = ScalerConfig(**(scaler_config or {}))
+        if _wrapper_of(inner_optimizer) is not None:
+            # Each wrapper would step it with its own scale and skips: one optimizer's
+            # moments and iterations, two rules.
+            raise RuntimeError(
+                f"{type(inner_optimizer).__name__} optimizer {inner_optimizer.name!r} is "
+                "wrapped already, by another scaler: one optimizer takes one scaler. Train "
+                "with the optimizer that scaler's wrap() returned (KerasGradScaler.of(it) "
+                "gives that scaler back), or give this scaler an optimizer of its own, e.g. "
+                "type(opt).from_config(opt.get_config())")
         # Keras's own arguments, for code that reads them; the rule uses the config.
         kwargs.pop("initial_scale", None)
         kwargs.pop("dynamic_growth_steps", None)
         super().__init__(inner_optimizer, initial_scale=f32(config.init_scale),
                          dynamic_growth_steps=config.growth_interval, name=name, **kwargs)
+        _WRAPPERS[id(inner_optimizer)] = self
         self._spec = config
         self._pending: ScalerState | None = None
         self._jitted_apply: Any = None
         self._diagnose = diagnose
         self._history_size = history
-        self._diagnostic_ids: frozenset[int] = frozenset()
+        # The variables model.save leaves out: the rule (the config is saved) and the
+        # diagnostics.
+        self._unsaved_ids: frozenset[int] = frozenset()
         # torch only (the host path): updates so far, the last loss given to
         # scale_loss, and the last skipped update.
         self._host_updates = 0
@@ -376,21 +432,33 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         """How many updates the history ring keeps (0: none)."""
         return self._history_size
 
-    # As Keras's own build: the optimizer tracks its variables itself.
+    # Keras's LossScaleOptimizer.build, its variables made with their start values (a
+    # state loaded before the build, and the rule) as initializers: model.fit on
+    # TensorFlow builds the optimizer inside the train step it traces, a trace
+    # tf.function discards once it has made the variables, so an assignment after the
+    # build would be lost; initializers run outside it. As Keras's own build, the
+    # optimizer tracks its variables itself.
     @tracking.no_automatic_dependency_tracking
     def build(self, var_list: Any) -> None:
         if self.built:
             return
-        super().build(var_list)
-        self.hysteresis_counter = self.add_variable(
-            shape=(), dtype="int", initializer=keras.initializers.Zeros(), aggregation="none",
-            name="hysteresis_counter")
-        self._build_diagnostics(len(var_list))
-        if self._pending is not None:
-            self._assign_state(self._pending)
-            self._pending = None
+        start, self._pending = self._pending or ScalerState.initial(self._spec), None
 
-    def _build_diagnostics(self, num_variables: int) -> None:
+        def add(name: str, dtype: str, value: Any) -> Any:
+            return self.add_variable(shape=np.shape(value), dtype=dtype, aggregation="none",
+                                     name=name, initializer=_exactly(value))
+
+        self.step_counter = add("step_counter", "int", start.growth_tracker)
+        self.dynamic_scale = add("dynamic_scale", "float32", start.scale)
+        self.inner_optimizer.build(var_list)
+        super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
+        self.hysteresis_counter = add("hysteresis_counter", "int", start.hysteresis_tracker)
+        self.scaler_rule = add("scaler_rule", "int32", _rule_values(self._spec))
+        self._unsaved_ids = frozenset([id(self.scaler_rule),
+                                       *self._build_diagnostics(len(var_list))])
+
+    def _build_diagnostics(self, num_variables: int) -> list[int]:
+        """Makes the variables ``diagnose`` and ``history`` ask for; their ids."""
         made = []
 
         def add(shape: tuple[int, ...], dtype: str, name: str) -> Any:
@@ -412,7 +480,7 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self.overflow_checked = add((), "int32", "overflow_checked")
             self.overflow_counts = add((num_variables, 2), "int32", "overflow_counts")
             self.overflow_max = add((num_variables,), "float32", "overflow_max")
-        self._diagnostic_ids = frozenset(id(v) for v in made)
+        return [id(v) for v in made]
 
     # ------------------------------------------------------------ state
 
@@ -433,12 +501,23 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
             self._pending = state
 
     def set_scaler_config(self, config: ScalerConfig) -> None:
-        """Changes the config; the state stays. Functions traced before (``model.fit``'s
-        train step) keep the old one: ``model.make_train_function(force=True)``."""
+        """Changes the config; the state stays. Steps traced before follow at their next
+        run: ``model.fit``'s, and a loop's own ``tf.function`` or ``jax.jit``.
+
+        The rule is data, not code: its parameters are in the variable ``scaler_rule``,
+        which the step reads at run time like the scale. Retracing instead would need
+        every function that traced the step (``model.train_function`` of each model the
+        optimizer trains, a loop's own ``tf.function`` or ``jax.jit``), which the
+        optimizer cannot reach, and could not reach a ``fit`` already running; the
+        variable costs a few scalar ops a step. A stateless step (``stateless_apply``
+        under ``jax.jit``) reads the values it is given: pass it ``opt.variables``'
+        values again after a change, as after any assignment to them.
+        """
         self._spec = config
         self.initial_scale = f32(config.init_scale)
         self.dynamic_growth_steps = config.growth_interval
-        self._jitted_apply = None  # holds the old config as constants
+        if self.built:
+            self.scaler_rule.assign(ops.convert_to_tensor(_rule_values(config), "int32"))
 
     def _assign_state(self, state: ScalerState) -> None:
         self.dynamic_scale.assign(ops.convert_to_tensor(state.scale, "float32"))
@@ -455,30 +534,31 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return ops.logical_and(_all_finite([g for g in grads if g is not None]), unscalable)
 
     def _next(self, finite: bool) -> tuple[Any, Any, Any]:
-        """(scale, growth_tracker, hysteresis_tracker) after an update with ``finite``."""
-        c = self._spec
+        """(scale, growth_tracker, hysteresis_tracker) after an update with ``finite``, by
+        the rule in ``scaler_rule``."""
         scale, growth, hyst = (ops.convert_to_tensor(v) for v in (
             self.dynamic_scale, self.step_counter, self.hysteresis_counter))
+        grow_n, grow_e, back_n, back_e, interval, hysteresis, min_bits, max_bits, dynamic = (
+            ops.unstack(ops.convert_to_tensor(self.scaler_rule)))
         zero_g, zero_h = ops.zeros_like(growth), ops.zeros_like(hyst)
-        if not c.dynamic:
-            return ops.convert_to_tensor(scale), zero_g, zero_h
         bits = _i32(scale)
         if finite:
             growth = growth + 1
-            grow = growth >= c.growth_interval
-            grown = _mul_bits(bits, f32(c.growth_factor))
-            if c.max_scale is not None:
-                grown = ops.minimum(grown, _int(f32_bits(c.max_scale)))
+            grow = growth >= ops.cast(interval, growth.dtype)
+            # max_bits is inf's without a max_scale: an overflow stays inf and keeps the scale.
+            grown = ops.minimum(_mul_bits(bits, _f32(grow_n), grow_e), max_bits)
             grown = ops.where(ops.equal(ops.bitwise_and(grown, _int(_EXP_MASK)), _EXP_MASK),
-                              bits, grown)  # an overflow keeps the scale
-            return (_f32(ops.where(grow, grown, bits)), ops.where(grow, zero_g, growth), zero_h)
-        hyst = hyst + 1
-        back_off = hyst >= c.hysteresis
-        backed = _mul_bits(bits, f32(c.backoff_factor))
-        if c.min_scale is not None:
-            backed = ops.maximum(backed, _int(f32_bits(c.min_scale)))
-        return (_f32(ops.where(back_off, backed, bits)), zero_g,
-                ops.where(back_off, zero_h, hyst))
+                              bits, grown)
+            new = (ops.where(grow, grown, bits), ops.where(grow, zero_g, growth), zero_h)
+        else:
+            hyst = hyst + 1
+            back_off = hyst >= ops.cast(hysteresis, hyst.dtype)
+            backed = ops.maximum(_mul_bits(bits, _f32(back_n), back_e), min_bits)
+            new = (ops.where(back_off, backed, bits), zero_g, ops.where(back_off, zero_h, hyst))
+        # dynamic=False: the scale stays, the trackers are reset.
+        dynamic = ops.not_equal(dynamic, 0)
+        return (_f32(ops.where(dynamic, new[0], bits)), ops.where(dynamic, new[1], zero_g),
+                ops.where(dynamic, new[2], zero_h))
 
     def _assign_next(self, finite: bool) -> None:
         self._record(not finite)
@@ -722,7 +802,7 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     def _record(self, skipped: Any) -> None:
         """Counts one update and writes its history record (device ops, no host read):
         iteration = updates so far, the scale it used (before the update), skipped."""
-        if not self._diagnostic_ids:
+        if not (self._diagnose or self._history_size):
             return
         count = ops.convert_to_tensor(self.update_count)
         if self._history_size:
@@ -902,11 +982,10 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     # ------------------------------------------------------------ serialisation
 
     def _saved_variables(self) -> list[Any]:
-        # The diagnostics' variables are not state: model.save leaves them out.
-        return [v for v in self.variables if id(v) not in self._diagnostic_ids]
+        return [v for v in self.variables if id(v) not in self._unsaved_ids]
 
     def save_own_variables(self, store: Any) -> None:
-        """As Keras's, without the diagnostics' variables."""
+        """As Keras's, without the rule's and the diagnostics' variables."""
         for i, variable in enumerate(self._saved_variables()):
             store[str(i)] = variable.numpy()
 
@@ -985,7 +1064,8 @@ class KerasGradScaler(GradScaler):
 
         A :class:`SpecLossScaleOptimizer` (a ``keras.optimizers.LossScaleOptimizer``, so
         ``model.compile`` keeps it as it is); with ``enabled=False``, ``optimizer`` itself.
-        A scaler wraps one optimizer: make one scaler per optimizer.
+        A scaler wraps one optimizer, and an optimizer takes one scaler: wrapping it
+        again (by this scaler or another) raises, naming the optimizer to use instead.
         """
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             raise TypeError(f"wrap() takes a keras.optimizers.Optimizer, got "
@@ -994,6 +1074,9 @@ class KerasGradScaler(GradScaler):
             raise TypeError("the optimizer is a LossScaleOptimizer already: wrap its "
                             "inner_optimizer")
         if self._optimizer is not None:
+            if optimizer is self._optimizer.inner_optimizer:
+                raise RuntimeError("this scaler wraps this optimizer already: train with the "
+                                   "optimizer the first wrap() returned (scaler.optimizer)")
             raise RuntimeError("this scaler wraps an optimizer already: make one scaler per "
                                "optimizer (each holds its own scale)")
         if not self._config.enabled:
@@ -1054,8 +1137,23 @@ class KerasGradScaler(GradScaler):
         return self.config.growth_factor
 
     def set_growth_factor(self, new_factor: float) -> None:
-        """Changes the config; a train function traced before keeps the old one (see
-        :meth:`SpecLossScaleOptimizer.set_scaler_config`). So do the other setters."""
+        """Changes the config. Steps compiled before follow from their next run (``fit``'s,
+        a loop's ``tf.function`` or ``jax.jit``: see
+        :meth:`SpecLossScaleOptimizer.set_scaler_config`); so do the other setters and
+        :meth:`load_state_dict`.
+
+        Example:
+            >>> import keras, numpy as np
+            >>> scaler = KerasGradScaler(8.0, growth_interval=1)
+            >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+            >>> model.compile(optimizer=scaler.wrap(keras.optimizers.SGD()), loss="mse")
+            >>> x, y = np.ones((1, 2)), np.ones((1, 1))
+            >>> _ = model.train_on_batch(x, y)
+            >>> scaler.set_growth_factor(4.0)
+            >>> _ = model.train_on_batch(x, y)
+            >>> scaler.get_scale()
+            64.0
+        """
         self._set_config(growth_factor=new_factor)
 
     def get_backoff_factor(self) -> float:

@@ -150,9 +150,9 @@ class KerasAdapter(Adapter):
         return handle
 
     def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
+        # No retrace: the compiled fit step reads the rule from the optimizer's variables.
         for name, value in changes.items():
             getattr(handle[0], f"set_{name}")(value)
-        handle[1].make_train_function(force=True)
         return handle
 
     def read(self, handle: Any) -> ScalerState:
@@ -169,8 +169,6 @@ class KerasAdapter(Adapter):
 
     def load(self, handle: Any, state_dict: dict[str, Any]) -> Any:
         handle[0].load_state_dict(state_dict)
-        # The compiled fit step holds the config as constants: trace it again.
-        handle[1].make_train_function(force=True)
         return handle
 
     def scale_tree(self, handle: Any, tree: Any) -> Any:
