@@ -345,6 +345,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "total = non_finite(grads)",
            "tests/test_keras_distributed.py::"
            "test_mirrored_xla_custom_loop_on_gpus_skips_on_every_replica"),
+    Mutant("keras-rule-change-not-in-variable", f"{BACKENDS}/keras.py",
+           "        if self.built:\n            self.scaler_rule.assign(",
+           "        if False:\n            self.scaler_rule.assign(",
+           "tests/test_keras_backend.py::"
+           "test_fit_and_compiled_apply_follow_a_rule_changed_after_compiling"),
+    Mutant("keras-second-scaler-accepted", f"{BACKENDS}/keras.py",
+           "        if _wrapper_of(inner_optimizer) is not None:",
+           "        if False:",
+           "tests/test_keras_backend.py::"
+           "test_an_optimizer_wrapped_by_one_scaler_cannot_be_wrapped_by_another"),
     # ---------------------------------------------------------------- port-state, diagnostics
     Mutant("port-state-paddle-decr-count-zero", "src/unifiedamp/port_state.py",
            '"decr_count": s.hysteresis_tracker,', '"decr_count": 0,',
