@@ -298,7 +298,8 @@ def test_cli_diff_is_a_unified_diff_that_applies(tmp_path):
     path.write_text(SOURCES["keras"][0])
     proc = cli(str(path), "--to", "torch", "--diff")
     assert proc.returncode == 1 and "port the training loop too" in proc.stderr
-    assert proc.stdout.startswith(f"--- a/{path}\n+++ b/{path}\n@@ ")
+    rel = str(path).lstrip("/")
+    assert proc.stdout.startswith(f"--- a/{rel}\n+++ b/{rel}\n@@ ")
     patched = tmp_path / "patched.py"
     shutil.copy(path, patched)
     subprocess.run(["patch", "-s", str(patched)], input=proc.stdout, text=True, check=True)

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import io
 import json
+import keyword
 import sys
+import tokenize
 from dataclasses import dataclass, field
 from typing import Any
 
-from unifiedamp import port
+from unifiedamp import _files, port
 from unifiedamp.spec import ScalerConfig
 
 __all__ = ["CallSite", "PortResult", "TARGETS", "port_source"]
@@ -118,10 +121,13 @@ class PortResult:
         return not self.problems
 
     def diff(self, name: str = "<source>") -> str:
-        """The change as a unified diff (``a/name`` -> ``b/name``)."""
+        """The change as a unified diff (``a/name`` -> ``b/name``), headed as ``git diff``
+        heads it: an absolute ``/x/train.py`` is ``a/x/train.py``, which ``git apply`` and
+        ``patch -p1`` run from ``/`` apply (``a//x/train.py`` is an invalid path to git)."""
+        path = name.lstrip("/")
         return "".join(difflib.unified_diff(
             self.original.splitlines(keepends=True), self.code.splitlines(keepends=True),
-            f"a/{name}", f"b/{name}"))
+            f"a/{path}", f"b/{path}"))
 
     def plan(self, name: str = "<source>") -> str:
         """Each call site: line, the call before and after, the config, notes and problems."""
@@ -163,12 +169,15 @@ def _cst() -> Any:
     return libcst
 
 
-def port_source(code: str, to: str, from_version: Any = None,
+def port_source(code: str | bytes, to: str, from_version: Any = None,
                 filename: str = "<source>") -> PortResult:
     """Rewrites every native scaler constructor in ``code`` for the target ``to``.
 
+    A UTF-8 byte order mark and the file's line endings (``\\r\\n`` included) are kept, and
+    an added line ends as the file's lines do.
+
     Args:
-        code: Python source.
+        code: Python source, as text or as UTF-8 bytes.
         to: ``"unifiedamp"`` (``ua.GradScaler(..., backend=<the source's backend>)``),
             ``"torch"``, ``"paddle"``, ``"keras"`` or ``"jmp"``.
         from_version: The source framework's version where its defaults depend on it
@@ -180,8 +189,10 @@ def port_source(code: str, to: str, from_version: Any = None,
         was found), ``sites`` the plan, ``problems`` what needs a human.
 
     Raises:
-        SyntaxError: ``code`` does not parse.
-        ValueError: ``to`` is not a target.
+        SyntaxError: ``code`` does not parse, is not UTF-8, holds a NUL byte, or nests
+            deeper than port reads (more than 200 brackets, which Python refuses too, or
+            1000 levels: libcst's parser would overflow the stack and crash).
+        ValueError: ``to`` is not a target, or ``from_version`` not a version number.
 
     Example:
         >>> src = '''import torch
@@ -199,7 +210,131 @@ def port_source(code: str, to: str, from_version: Any = None,
     """
     if to not in TARGETS:
         raise ValueError(f"to must be one of {', '.join(TARGETS)}, got {to!r}")
+    port._check_version(from_version)
+    if isinstance(code, bytes):
+        code = _decode(code, filename)
+    bom = "\ufeff" if code.startswith("\ufeff") else ""  # libcst drops it
+    depth, line = _check_source(code[len(bom):], filename)
     cst = _cst()
+    try:
+        result = _port(cst, code[len(bom):], to, from_version, filename)
+    except RecursionError:
+        # libcst's visitors recurse in Python: a RecursionError, which leaves nothing behind.
+        raise SyntaxError(f"nested {depth} levels deep: too deep for port to read within "
+                          "Python's recursion limit", (filename, line, None, None)) from None
+    result.original, result.code = bom + result.original, bom + result.code
+    return result
+
+
+def _decode(data: bytes, filename: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise SyntaxError(f"not UTF-8 text (byte 0x{data[exc.start]:02x}): port reads Python "
+                          "source encoded as UTF-8; convert it first (iconv -t UTF-8)",
+                          (filename, line, None, None)) from None
+
+
+_MAX_BRACKETS = 200  # CPython's own limit (its tokenizer refuses more)
+_MAX_DEPTH = 1000  # libcst's parser crashes from about 1500 brackets or 3500 lambdas
+_SEPARATORS = frozenset({",", ";", "=", "+=", "-=", "*=", "/=", "//=", "%=", "@=", "&=", "|=",
+                         "^=", ">>=", "<<=", "**="})
+_NOT_COUNTED = frozenset({":", "->", ")", "]", "}"})
+_STRINGS = {tokenize.STRING, getattr(tokenize, "FSTRING_START", tokenize.STRING)}
+
+
+def _check_source(code: str, filename: str) -> tuple[int, int]:
+    """Refuses what libcst's native parser must not see: a NUL byte, and nesting deep
+    enough to overflow its stack (it recurses without a limit: a segfault, not an error).
+    Returns the nesting depth and its line, for a later RecursionError's message."""
+    nul = code.find("\0")
+    if nul >= 0:
+        raise SyntaxError("a NUL byte: not Python source",
+                          (filename, code.count("\n", 0, nul) + 1, None, None))
+    (brackets, at), (depth, line) = _nesting(code)
+    if brackets > _MAX_BRACKETS:
+        raise SyntaxError(f"{brackets} nested brackets (Python allows at most {_MAX_BRACKETS})",
+                          (filename, at, None, None))
+    if depth > _MAX_DEPTH:
+        raise SyntaxError(f"nested {depth} levels deep (port reads at most {_MAX_DEPTH})",
+                          (filename, line, None, None))
+    return depth, line
+
+
+def _nesting(code: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``((brackets, line), (depth, line))``: the deepest bracket nesting, and a bound on how
+    deep the syntax tree nests, with their lines, read with the tokenize module (Python,
+    no recursion).
+
+    The bound: a path down an expression's tree passes, at each bracket level, through at
+    most the operators, keywords and strings of one comma-separated segment, and into one
+    bracket; a statement adds its indentation, an ``elif`` its place in the chain.
+
+    Example:
+        >>> _nesting("x = [-1, -2, -3]\\nif a:\\n    y = not not f(g(1))\\n")
+        ((2, 3), (5, 3))
+    """
+    brackets, deepest = (0, 1), (0, 1)
+    indent, first, start, chain = 0, True, 1, 0
+    elifs: dict[int, int] = {}  # indentation -> length of the if/elif chain there
+    # Per open bracket: [counted tokens in the segment, deepest bracket in it, deepest
+    # segment so far, inside a lambda's parameters].
+    levels: list[list[Any]] = [[0, 0, 0, False]]
+
+    def fold(level: list[Any]) -> int:
+        return max(level[2], level[0] + level[1])
+
+    def close() -> None:
+        inner = fold(levels.pop())
+        levels[-1][1] = max(levels[-1][1], inner)
+
+    def end() -> None:
+        nonlocal deepest, levels, first
+        while len(levels) > 1:
+            close()
+        depth = indent + chain + fold(levels[0])
+        if depth > deepest[0]:
+            deepest = (depth, start)
+        levels, first = [[0, 0, 0, False]], True
+
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            kind, text = tok.type, tok.string
+            if kind == tokenize.INDENT:
+                indent += 1
+            elif kind == tokenize.DEDENT:
+                indent -= 1
+            elif kind == tokenize.NEWLINE:
+                end()
+            elif kind not in (tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER):
+                if first:
+                    first, start = False, tok.start[0]
+                    elifs[indent] = elifs.get(indent, 0) + 1 if text == "elif" else 0
+                    chain = elifs[indent]
+                level = levels[-1]
+                if kind == tokenize.OP and text in "([{":
+                    level[0] += 1
+                    levels.append([0, 0, 0, False])
+                    if len(levels) - 1 > brackets[0]:
+                        brackets = (len(levels) - 1, tok.start[0])
+                elif kind == tokenize.OP and text in ")]}" and len(levels) > 1:
+                    close()
+                elif kind == tokenize.OP and text in _SEPARATORS and not level[3]:
+                    level[0], level[1], level[2] = 0, 0, fold(level)
+                elif text == ":" and level[3]:
+                    level[3] = False
+                elif (kind == tokenize.OP and text not in _NOT_COUNTED) or kind in _STRINGS \
+                        or (kind == tokenize.NAME and keyword.iskeyword(text)):
+                    level[0] += 1
+                    level[3] = level[3] or text == "lambda"
+    except (tokenize.TokenError, SyntaxError):
+        pass  # the parser reports it; what was read is measured
+    end()
+    return brackets, deepest
+
+
+def _port(cst: Any, code: str, to: str, from_version: Any, filename: str) -> PortResult:
     from libcst.metadata import (
         MetadataWrapper,
         PositionProvider,
@@ -639,11 +774,14 @@ def add_parser(sub: Any) -> None:
                     "every value explicit, and the scaler's method calls where the mapping is "
                     "exact. Everything else in the file is kept byte for byte.",
         epilog="exit status: 0 when the target expresses everything; 1 when a problem was "
-               "reported (one line per problem, on stderr, or in the --check plan); 2 for a "
-               "usage error (a file that does not exist or does not parse)")
+               "reported (one line per problem, on stderr, or in the --check plan); 2 for an "
+               "error that stops it, with nothing written (a file that does not exist, is not "
+               "UTF-8 Python source, does not parse or nests too deeply; a bad --from-version; "
+               "-o into a missing folder or onto a directory; a write that fails: the target "
+               "is left as it was). Writes go to a temp file renamed over the target.")
     p.add_argument("file", help="the Python file, or - for standard input")
     p.add_argument("--to", required=True, choices=TARGETS, help="the target")
-    p.add_argument("--from-version", metavar="V", default=None,
+    p.add_argument("--from-version", metavar="V", default=None, type=_version_arg,
                    help="the source framework's version where its defaults depend on it "
                         "(paddle 2.x: 32768 / 1000 / 2, 3.x: 65536 / 2000 / 1; tf-keras 2 or "
                         "Keras 3); default: the installed one")
@@ -657,37 +795,64 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=_cmd_port)
 
 
+def _version_arg(value: str) -> str:
+    try:
+        port._check_version(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _emit(text: str) -> None:
+    """Writes ``text`` to stdout as UTF-8 bytes: a BOM and ``\\r\\n`` as they are."""
+    sys.stdout.flush()
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write(text.encode("utf-8"))
+        out.flush()
+
+
+def _error(message: str) -> int:
+    print(f"unifiedamp port: {message}", file=sys.stderr)
+    return 2
+
+
 def _cmd_port(args: argparse.Namespace) -> int:
     name = "<stdin>" if args.file == "-" else args.file
     if args.in_place and args.file == "-":
-        print("unifiedamp port: --in-place needs a file, not -", file=sys.stderr)
-        return 2
+        return _error("--in-place needs a file, not -")
     try:
         if args.file == "-":
-            code = sys.stdin.read()
+            data = sys.stdin.buffer.read()
         else:
-            with open(args.file, encoding="utf-8") as f:
-                code = f.read()
-        result = port_source(code, args.to, args.from_version, filename=name)
+            with open(args.file, "rb") as f:
+                data = f.read()
+        result = port_source(data, args.to, args.from_version, filename=name)
     except OSError as exc:
-        print(f"unifiedamp port: {name}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return _error(f"{name}: {exc.strerror or exc}")
     except SyntaxError as exc:
-        print(f"unifiedamp port: {name}:{exc.lineno}:{exc.offset}: {exc.msg}", file=sys.stderr)
-        return 2
+        where = ":".join(str(p) for p in (name, exc.lineno, exc.offset) if p is not None)
+        return _error(f"{where}: {exc.msg}")
     except ImportError as exc:
-        print(f"unifiedamp port: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc))
     if args.check:
-        sys.stdout.write(result.plan(name))
+        _emit(result.plan(name))
         return 0 if result.ok else 1
     if args.diff:
-        sys.stdout.write(result.diff(name))
+        _emit(result.diff(name))
     elif args.output or args.in_place:
-        with open(args.output or args.file, "w", encoding="utf-8") as f:
-            f.write(result.code)
+        target = args.output or args.file
+        try:
+            _files.write_bytes(target, result.code.encode("utf-8"))
+        except OSError as exc:
+            # A missing folder or a directory (the message names it), or a failed write
+            # (a full disk, a file-size limit): the target is as it was.
+            return _error(str(exc) if exc.strerror is None else
+                          f"cannot write {target}: {exc.strerror} (nothing was written)")
     else:
-        sys.stdout.write(result.code)
+        _emit(result.code)
     if not result.sites:
         print(f"{name}: no native loss-scaler constructor found", file=sys.stderr)
     for problem in result.problems:
