@@ -248,3 +248,32 @@ def test_diff_of_an_absolute_path_applies_with_git_apply_and_patch_p1(tmp_path, 
     assert check.returncode == 0, check.stderr
     subprocess.run(["patch", "-s", "-p1"], input=diff, cwd="/", check=True)
     assert path.read_text() == ported
+
+
+# ================================================================ what port cannot follow
+
+# mmengine's AmpOptimWrapper: the class is imported, then called through a local.
+MMENGINE = textwrap.dedent("""\
+    from torch.cuda.amp import GradScaler
+
+
+    class AmpOptimWrapper:
+        def __init__(self, loss_scale='dynamic'):
+            scaler_type = GradScaler
+            self.loss_scaler = scaler_type(**loss_scale)
+""")
+
+
+def test_a_scaler_class_port_cannot_follow_exits_1_naming_the_import(tmp_path, port):
+    path = tmp_path / "amp_optimizer_wrapper.py"
+    path.write_text(MMENGINE)
+    status, out, err = port(path, "--to", "unifiedamp")
+    assert status == 1 and out == MMENGINE.encode()
+    assert err.splitlines() == [
+        f"{path}: no native loss-scaler constructor call found",
+        f"{path}:6: problem: torch.cuda.amp.GradScaler (imported at line 1) is used here as a "
+        "value, not called: port cannot follow it to the call that builds the scaler, and this "
+        "line keeps meaning torch's class; port that code by hand"]
+    path.write_text("import torch\nx = torch.ones(3)\n")
+    status, _, err = port(path, "--to", "unifiedamp")
+    assert status == 0 and err == f"{path}: no native loss-scaler constructor call found\n"

@@ -186,6 +186,15 @@ NATIVE_SCALERS: dict[str, dict[str, Any]] = {
         "fix": _KERAS_FIX,
         "quirks": _TF_KERAS2["quirks"] + _KERAS3["quirks"],
     },
+    # The tf-keras package (import tf_keras): Keras 2 for tensorflow >= 2.16, where tf.keras is
+    # Keras 3 (tf-models-official uses it). Always tf-keras 2's class.
+    "tf_keras.mixed_precision.LossScaleOptimizer": {
+        "framework": "keras", "backend": "keras", "package": "tf-keras",
+        "params": _TF_KERAS2["params"], "names": _TF_KERAS2["names"], "keyword_only": ("name",),
+        "ignored": _KERAS_IGNORED,
+        "versions": {"2": {"defaults": _TF_KERAS2["defaults"], "fixed": _TF_KERAS2["fixed"]}},
+        "fix": _KERAS_FIX, "quirks": _TF_KERAS2["quirks"],
+    },
     "jmp.DynamicLossScale": {
         "framework": "jmp", "backend": "jax", "package": "jmp",
         "params": ("loss_scale", "counter", "period", "factor", "min_loss_scale"),

@@ -76,16 +76,18 @@ _USAGE = {
 
 @dataclass
 class CallSite:
-    """One rewritten (or reported) line: a constructor call or a verb on its scaler.
+    """One rewritten (or reported) line: a constructor call, a verb on its scaler, or another
+    mention of a scaler class (a "reference": the class used as a value, looked up with
+    getattr, or imported and never used), which port cannot follow.
 
     ``before``/``after`` are the call as written and as rewritten (``after`` is ``before``
     where nothing could be written); ``config`` the canonical values the source call
-    builds (``{}`` for a verb); ``notes`` what was filled in or mapped; ``problems`` what the
-    target cannot express, each saying what to do instead.
+    builds (``{}`` for a verb or a reference); ``notes`` what was filled in or mapped;
+    ``problems`` what the target cannot express, each saying what to do instead.
     """
 
     line: int
-    kind: str  # "constructor" or "verb"
+    kind: str  # "constructor", "verb" or "reference"
     source: str
     target: str
     before: str
@@ -140,8 +142,10 @@ class PortResult:
                 out.append("  config: " + ", ".join(f"{k}={v}" for k, v in s.config.items()))
             out += [f"  note: {n}" for n in s.notes]
             out += [f"  PROBLEM: {p}" for p in s.problems]
-        calls = sum(s.kind == "constructor" for s in self.sites)
-        out.append(f"{calls} constructor call(s), {len(self.sites) - calls} verb call(s), "
+        count = {kind: sum(s.kind == kind for s in self.sites)
+                 for kind in ("constructor", "verb", "reference")}
+        out.append(f"{count['constructor']} constructor call(s), {count['verb']} verb call(s), "
+                   f"{count['reference']} other mention(s) of a scaler class, "
                    f"{len(self.problems)} problem(s)")
         return "\n".join(out) + "\n"
 
@@ -361,20 +365,23 @@ def _port(cst: Any, code: str, to: str, from_version: Any, filename: str) -> Por
     replacements: dict[Any, Any] = {}
     scalers: dict[str, tuple[str, bool]] = {}  # variable -> (source qualname, rewritten)
     sites = []
-    for node in _walk(cst, module):
-        if not isinstance(node, cst.Call):
-            continue
-        name = next((_normalise(q) for q in imported(node.func) if _normalise(q)), None)
-        if name is None:
-            continue
-        site, new = _port_call(ctx, node, name)
-        site.line = positions[node].start.line
-        sites.append(site)
-        if new is not None:
-            replacements[node] = new
-        variable = ctx.assigned.get(node)
-        if variable is not None:
-            scalers[variable] = (name, new is not None)
+    for index, stmt in enumerate(module.body):
+        ctx.at = index  # an import the call needs must come before this statement
+        for node in _walk(cst, stmt):
+            if not isinstance(node, cst.Call):
+                continue
+            name = ctx.scaler(node.func)
+            if name is None:
+                continue
+            site, new = _port_call(ctx, node, name)
+            site.line = positions[node].start.line
+            sites.append(site)
+            if new is not None:
+                replacements[node] = new
+            for variable in ctx.assigned.get(node, ()):
+                scalers[variable] = (name, new is not None)
+    _follow_aliases(ctx.aliases, scalers)
+    sites += _references(ctx, positions)
     for node in _walk(cst, module):
         verb = _verb_of(cst, module, node, scalers)
         if verb is None:
@@ -407,10 +414,146 @@ def _Replace(cst: Any, replacements: dict[Any, Any]) -> Any:
 
 
 def _walk(cst: Any, node: Any) -> Any:
-    """Every node under ``node``, in source order."""
-    yield node
-    for child in node.children:
-        yield from _walk(cst, child)
+    """Every node under ``node``, in source order (a stack, not recursion: deep trees)."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children))
+
+
+def _branches(cst: Any, expr: Any) -> Any:
+    """``expr`` and the values it may take: both sides of ``a if c else b`` and ``a or b``."""
+    yield expr
+    if isinstance(expr, cst.IfExp):
+        yield from _branches(cst, expr.body)
+        yield from _branches(cst, expr.orelse)
+    elif isinstance(expr, cst.BooleanOperation):
+        yield from _branches(cst, expr.left)
+        yield from _branches(cst, expr.right)
+
+
+def _follow_aliases(aliases: list[tuple[str, str]], scalers: dict[str, tuple[str, bool]]
+                    ) -> None:
+    """Adds each variable a scaler variable is assigned to (``self.s = s``, ``t = self.s``),
+    until none is new: its verbs are the scaler's."""
+    changed = True
+    while changed:
+        changed = False
+        for target, value in aliases:
+            if value in scalers and target not in scalers:
+                scalers[target] = scalers[value]
+                changed = True
+
+
+# Modules a getattr() picks a scaler class from (not keras.optimizers: its optimizers are
+# looked up that way too).
+_LOOKUP_MODULES = frozenset({"jmp", "torch.amp", "torch.cuda.amp", "paddle.amp",
+                             "keras.mixed_precision", "tensorflow.keras.mixed_precision",
+                             "tf_keras.mixed_precision"})
+# The classes a port to each target writes: a mention of one of them stays right.
+_STAYS = {"torch": ("torch.amp.GradScaler",
+                    "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler"),
+          "paddle": ("paddle.amp.GradScaler",), "keras": ("keras.optimizers.LossScaleOptimizer",),
+          "jmp": ("jmp.DynamicLossScale", "jmp.StaticLossScale"), "unifiedamp": ()}
+
+
+def _root(cst: Any, node: Any) -> str | None:
+    """The name an expression such as ``torch.cuda.amp.GradScaler`` starts from."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def _bindings(ctx: _Context, node: Any) -> list[tuple[str, str]]:
+    """``(local name, qualified name)`` of each name an import statement binds."""
+    cst = ctx.cst
+    if isinstance(node, cst.Import):
+        return [(a.asname.name.value if a.asname else ctx.code(a.name).split(".")[0],
+                 ctx.code(a.name)) for a in node.names]
+    if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+        return []
+    return [(a.asname.name.value if a.asname else ctx.code(a.name),
+             f"{ctx.code(node.module)}.{ctx.code(a.name)}") for a in node.names]
+
+
+def _references(ctx: _Context, positions: Any) -> list[CallSite]:
+    """A site for each mention of a scaler class that is not a call port could rewrite: the
+    class used as a value (``scaler_type = GradScaler``, ``isinstance(x, GradScaler)``), picked
+    by ``getattr(jmp, name)``, or imported and never used (a re-export). The call that builds
+    the scaler is elsewhere: a problem, unless the class is the one the port writes."""
+    cst = ctx.cst
+    skip: set[Any] = set()  # prefixes (torch.cuda.amp), callees, import statements
+    annotated: set[Any] = set()
+    imports: dict[str, int] = {}  # local name -> the line of its import
+    reexports: dict[str, tuple[str, int]] = {}  # local name -> (scaler class, line)
+    used: set[str | None] = set()  # names a mention of a scaler class starts from
+    sites = []
+
+    def site(node: Any, name: str, text: str, problem: bool = True) -> None:
+        before = ctx.code(node)
+        sites.append(CallSite(positions[node].start.line, "reference", name, ctx.to, before,
+                              before, notes=[] if problem else [text],
+                              problems=[text] if problem else []))
+
+    for node in _walk(cst, ctx.module):
+        if isinstance(node, cst.Annotation):
+            annotated.update(_walk(cst, node))
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            skip.update(_walk(cst, node))
+            for local, qualname in _bindings(ctx, node):
+                imports.setdefault(local, positions[node].start.line)
+                name = _normalise(qualname)
+                if name is not None:
+                    reexports.setdefault(local, (name, positions[node].start.line))
+        if isinstance(node, cst.Attribute):
+            skip.add(node.value)
+        if isinstance(node, cst.Call):
+            skip.add(node.func)
+            if ctx.scaler(node.func) is not None:
+                used.add(_root(cst, node.func))
+            module = _looked_up(ctx, node)
+            if module is not None:
+                site(node, module, f"getattr({ctx.code(node.args[0].value)}, ...) picks a class "
+                                   f"of {module} at run time: port cannot follow it to the "
+                                   "scaler it builds; write the constructor call out to port it")
+        if node in skip or not isinstance(node, (cst.Name, cst.Attribute)):
+            continue
+        name = ctx.scaler(node)
+        if name is None:
+            continue
+        root = _root(cst, node)
+        used.add(root)
+        if name in _STAYS[ctx.to]:
+            continue
+        where = f" (imported at line {imports[root]})" if root in imports else ""
+        if node in annotated:
+            site(node, name, f"{name}{where} names a type here: port leaves annotations as "
+                             "they are", problem=False)
+        else:
+            framework = port.NATIVE_SCALERS[name]["framework"]
+            site(node, name, f"{name}{where} is used here as a value, not called: port cannot "
+                             "follow it to the call that builds the scaler, and this line keeps "
+                             f"meaning {framework}'s class; port that code by hand")
+    for local, (name, line) in reexports.items():
+        if local not in used and name not in _STAYS[ctx.to]:
+            sites.append(CallSite(line, "reference", name, ctx.to, local, local, problems=[
+                f"imports {name} and never uses it here: port cannot follow it to the files "
+                "that import it from here (a re-export?); port those files"]))
+    return sites
+
+
+def _looked_up(ctx: _Context, node: Any) -> str | None:
+    """The module of ``getattr(module, name)`` where it may pick a scaler class, or None."""
+    cst = ctx.cst
+    if ctx.code(node.func) != "getattr" or ctx.imported(node.func) or len(node.args) < 2:
+        return None
+    module = next(iter(ctx.imported(node.args[0].value) & _LOOKUP_MODULES), None)
+    attr = node.args[1].value
+    if module is None or (isinstance(attr, cst.SimpleString)
+                          and _normalise(f"{module}.{attr.evaluated_value}") is None):
+        return None
+    return module
 
 
 def _normalise(qualname: str) -> str | None:
@@ -423,10 +566,11 @@ def _normalise(qualname: str) -> str | None:
     return None
 
 
-def _module_imports(cst: Any, module: Any) -> dict[str, str]:
-    """Top-level ``import x`` / ``import x as y``: module -> the name it is bound to."""
-    bound = {}
-    for stmt in module.body:
+def _module_imports(cst: Any, module: Any) -> dict[str, tuple[str, int]]:
+    """Top-level ``import x`` / ``import x as y``: module -> (the name it is bound to, the
+    index of its statement in the module's body)."""
+    bound: dict[str, tuple[str, int]] = {}
+    for index, stmt in enumerate(module.body):
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
         for small in stmt.body:
@@ -434,9 +578,9 @@ def _module_imports(cst: Any, module: Any) -> dict[str, str]:
                 for alias in small.names:
                     dotted = module.code_for_node(alias.name)
                     if alias.asname is not None:
-                        bound.setdefault(dotted, alias.asname.name.value)
+                        bound.setdefault(dotted, (alias.asname.name.value, index))
                     else:
-                        bound.setdefault(dotted.split(".")[0], dotted.split(".")[0])
+                        bound.setdefault(dotted.split(".")[0], (dotted.split(".")[0], index))
     return bound
 
 
@@ -444,42 +588,59 @@ class _Context:
     """What every call site needs: the tree, the target, and the imports to add."""
 
     def __init__(self, cst: Any, module: Any, to: str, version: Any, imported: Any,
-                 bound: dict[str, str]) -> None:
+                 bound: dict[str, tuple[str, int]]) -> None:
         self.cst, self.module, self.to, self.version = cst, module, to, version
         self.imported, self.bound = imported, bound
-        self.needed: set[str] = set()
-        # The variable each constructor call is assigned to (x = ..., self.x = ...).
-        self.assigned: dict[Any, str] = {}
+        self.at = 0  # the index of the top-level statement being ported
+        self.needed: dict[str, int] = {}  # target module -> first statement that uses it
+        # The variables each constructor call is assigned to (x = ..., self.x = y = ...,
+        # x = given or GradScaler()), and each `target = name_or_attribute` (aliases).
+        self.assigned: dict[Any, list[str]] = {}
+        self.aliases: list[tuple[str, str]] = []
         for node in _walk(cst, module):
-            if isinstance(node, cst.Assign) and len(node.targets) == 1:
-                self.assigned[node.value] = module.code_for_node(node.targets[0].target)
+            if isinstance(node, cst.Assign):
+                targets = [module.code_for_node(t.target) for t in node.targets]
             elif isinstance(node, cst.AnnAssign) and node.value is not None:
-                self.assigned[node.value] = module.code_for_node(node.target)
+                targets = [module.code_for_node(node.target)]
+            else:
+                continue
+            for expr in _branches(cst, node.value):
+                self.assigned[expr] = targets
+            if isinstance(node.value, (cst.Name, cst.Attribute)):
+                self.aliases += [(t, module.code_for_node(node.value)) for t in targets]
 
     def code(self, node: Any) -> str:
         return self.module.code_for_node(node)
 
+    def scaler(self, node: Any) -> str | None:
+        """The NATIVE_SCALERS key of the class ``node`` names through an import, or None."""
+        return next((_normalise(q) for q in self.imported(node) if _normalise(q)), None)
+
     def prefix(self, target: str) -> str:
-        """The name the target module goes by in this file (its import is added if none)."""
+        """The name the target module goes by in this file: its import where one comes
+        before the statement being ported, else the one added (see add_imports)."""
         module, alias = _IMPORTS[target]
-        if module in self.bound:
-            return self.bound[module]
-        self.needed.add(target)
+        if module in self.bound and self.bound[module][1] < self.at:
+            return self.bound[module][0]
+        self.needed[target] = min(self.needed.get(target, self.at), self.at)
         return alias or module
 
     def add_imports(self, module: Any) -> Any:
-        """The module with one ``import`` line per target module it lacks, right after its
-        last top-level import (after the docstring where it has none); nothing else moves."""
+        """The module with one ``import`` line per target module it lacks, before the first
+        top-level statement that uses it: after the last top-level import above that
+        statement (or the docstring), so that a script that builds its scaler before a later
+        import still runs; nothing else moves."""
         cst = self.cst
         body = list(module.body)
-        at = 0
-        for index, stmt in enumerate(body):
-            if isinstance(stmt, cst.SimpleStatementLine) and (
-                    isinstance(stmt.body[0], (cst.Import, cst.ImportFrom))
-                    or index == 0 and isinstance(stmt.body[0], cst.Expr)
-                    and isinstance(stmt.body[0].value, cst.SimpleString)):
-                at = index + 1
-        for target in sorted(self.needed, reverse=True):
+        # The lowest first: inserting there leaves the indices above it valid.
+        for target, first in sorted(self.needed.items(), key=lambda item: -item[1]):
+            at = 0
+            for index, stmt in enumerate(body[:first]):
+                if isinstance(stmt, cst.SimpleStatementLine) and (
+                        isinstance(stmt.body[0], (cst.Import, cst.ImportFrom))
+                        or index == 0 and isinstance(stmt.body[0], cst.Expr)
+                        and isinstance(stmt.body[0].value, cst.SimpleString)):
+                    at = index + 1
             name, alias = _IMPORTS[target]
             line = f"import {name} as {alias}\n" if alias else f"import {name}\n"
             body.insert(at, cst.parse_statement(line))
@@ -598,6 +759,7 @@ def _target_call(ctx: _Context, site: CallSite, node: Any, row: dict[str, Any],
         site.problems += problems
         if framework == "torch" and to == "unifiedamp":  # the torch backend takes both
             extras.update({p: bound[p] for p in ("device", "process_group") if p in bound})
+            site.notes += _cuda_note(name, bound)
         extras["backend"] = row["backend"] if to == "unifiedamp" else "keras"
         if inner is not None:
             extra = f".wrap({_fmt(inner)})"
@@ -648,6 +810,16 @@ def _target_call(ctx: _Context, site: CallSite, node: Any, row: dict[str, Any],
         carried.add("device")
     if to == "keras" and inner is not None:
         carried.add("inner_optimizer")
+    # A parameter with no canonical meaning that the target class of the same framework
+    # takes too (jmp's counter, Keras's name) keeps its value.
+    target_row = port.NATIVE_SCALERS[qualname]
+    if target_row["framework"] == framework:
+        target_row = port._spec(target_row, sorted(target_row["versions"], key=int)[-1])
+        shared = (*target_row["params"], *target_row.get("keyword_only", ()))
+        for param, value in bound.items():
+            if row["names"].get(param) is None and param not in carried and param in shared:
+                extras[param] = value
+                carried.add(param)
     for param, value in bound.items():
         if row["names"].get(param) is None and param != "factor" and param not in carried:
             site.notes.append(f"dropped {param}={_fmt(value)}: {qualname} has no such "
@@ -656,6 +828,37 @@ def _target_call(ctx: _Context, site: CallSite, node: Any, row: dict[str, Any],
     site.target = qualname
     text = leading + [f"{k}={_fmt(v)}" for k, v in {**kwargs, **extras}.items()]
     return callee, text, extra
+
+
+def _cuda_note(name: str, bound: dict[str, Any]) -> list[str]:
+    """torch disables its scaler where CUDA is not available; unifiedamp's does not."""
+    device = bound.get("device")
+    enabled = bound.get("enabled", True)
+    text = _fmt(enabled)
+    if not _grouped(text):
+        text = f"({text})"
+    keep = ("enabled=torch.cuda.is_available()" if enabled is True
+            else f"enabled={text} and torch.cuda.is_available()")
+    if name == "torch.cuda.amp.GradScaler" or device is None:
+        what = name if name == "torch.cuda.amp.GradScaler" else f'{name}\'s default device "cuda"'
+        return [f"{what} disables the scaler where CUDA is not available (a CPU-only run "
+                "trains unscaled); ua.GradScaler without device= scales on the parameters' "
+                f"device, the CPU included: write {keep} to keep the original behaviour"]
+    if isinstance(device, str) and device.startswith("cuda"):
+        return [f'device="{device}": where CUDA is not available torch disables its scaler, '
+                f"unifiedamp's raises (naming the fix): write {keep} to keep the original "
+                "behaviour"]
+    return []
+
+
+def _grouped(text: str) -> bool:
+    """Whether ``text`` is one parenthesised group, ``(a == b)`` (not ``(a) or (b)``)."""
+    depth = 0
+    for index, char in enumerate(text):
+        depth += (char == "(") - (char == ")")
+        if depth == 0 and index < len(text) - 1:
+            return False
+    return text.startswith("(")
 
 
 def _usage_problem(site: CallSite, framework: str, to: str) -> None:
@@ -773,8 +976,11 @@ def add_parser(sub: Any) -> None:
                     "in a Python file for unifiedamp or another framework's native scaler, "
                     "every value explicit, and the scaler's method calls where the mapping is "
                     "exact. Everything else in the file is kept byte for byte.",
-        epilog="exit status: 0 when the target expresses everything; 1 when a problem was "
-               "reported (one line per problem, on stderr, or in the --check plan); 2 for an "
+        epilog="exit status: 0 when the target expresses everything (also for a file with no "
+               "scaler at all: a note says so); 1 when a problem was reported (one line per "
+               "problem, on stderr, or in the --check plan), a scaler class port cannot follow "
+               "to the call that builds it included (used as a value, as in scaler_type = "
+               "GradScaler; looked up with getattr; imported and never used); 2 for an "
                "error that stops it, with nothing written (a file that does not exist, is not "
                "UTF-8 Python source, does not parse or nests too deeply; a bad --from-version; "
                "-o into a missing folder or onto a directory; a write that fails: the target "
@@ -853,8 +1059,8 @@ def _cmd_port(args: argparse.Namespace) -> int:
                           f"cannot write {target}: {exc.strerror} (nothing was written)")
     else:
         _emit(result.code)
-    if not result.sites:
-        print(f"{name}: no native loss-scaler constructor found", file=sys.stderr)
+    if not any(s.kind == "constructor" for s in result.sites):
+        print(f"{name}: no native loss-scaler constructor call found", file=sys.stderr)
     for problem in result.problems:
         print(f"{name}:{problem.removeprefix('line ').replace(': ', ': problem: ', 1)}",
               file=sys.stderr)
