@@ -277,3 +277,12 @@ def test_a_scaler_class_port_cannot_follow_exits_1_naming_the_import(tmp_path, p
     path.write_text("import torch\nx = torch.ones(3)\n")
     status, _, err = port(path, "--to", "unifiedamp")
     assert status == 0 and err == f"{path}: no native loss-scaler constructor call found\n"
+
+
+def test_brackets_past_where_the_tokenizer_stopped_still_count():
+    # Python 3.12's tokenize stops at 200 nested brackets and libcst's tokenizer does not:
+    # what the tokenize module did not read is still measured (here it stops at line 3).
+    src = "if a:\n        x = 1\n    y = " + "(" * 5000 + "1" + ")" * 5000 + "\n"
+    with pytest.raises(SyntaxError, match=r"^5000 nested brackets") as info:
+        port_source(src, "paddle")
+    assert info.value.lineno == 3

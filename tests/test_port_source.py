@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("libcst")
 
+from unifiedamp.cli import main  # noqa: E402
 from unifiedamp.port import config_from_call  # noqa: E402
 from unifiedamp.port_source import port_source  # noqa: E402
 from unifiedamp.spec import ScalerConfig  # noqa: E402
@@ -80,9 +83,22 @@ def read_back(code: str, version=None) -> ScalerConfig:
                            if k.arg not in ("backend", "device", "process_group")})
 
 
-def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "unifiedamp.cli", "port", *args],
-                          capture_output=True, text=True, input=stdin, timeout=300)
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """``cli(*args, stdin=None)``: ``unifiedamp port ARGS`` in this process, with its exit
+    status, standard output and standard error."""
+
+    def run(*args: str, stdin: str | None = None) -> SimpleNamespace:
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
+        try:
+            status = main(["port", *args])
+        except SystemExit as exc:  # argparse: --help, usage errors
+            status = exc.code
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=status, stdout=out, stderr=err)
+
+    return run
 
 
 # ================================================================ no framework
@@ -483,11 +499,17 @@ def test_torch_cuda_amp_to_unifiedamp_notes_that_it_then_scales_without_cuda():
     assert not namespace["scaler"].is_enabled()  # the note's fix keeps the original's
     plain = port_source("import torch\ns = torch.amp.GradScaler()\n", "unifiedamp")
     assert any("enabled=torch.cuda.is_available()" in n for n in plain.sites[0].notes)
+    for enabled, keep in (("(dtype == 'float16')", "enabled=(dtype == 'float16') and torch"),
+                          ("a or b", "enabled=(a or b) and torch"), ("False", None)):
+        notes = port_source(f"import torch\ns = torch.cuda.amp.GradScaler(enabled={enabled})\n",
+                            "unifiedamp").sites[0].notes
+        cuda = [n for n in notes if "CUDA is not available" in n]
+        assert (keep in cuda[0]) if keep else cuda == [], (enabled, cuda)
 
 # ================================================================ the command
 
 
-def test_cli_check_prints_the_plan_and_writes_nothing(tmp_path):
+def test_cli_check_prints_the_plan_and_writes_nothing(tmp_path, cli):
     path = tmp_path / "train.py"
     path.write_text(SOURCES["torch"][0])
     proc = cli(str(path), "--to", "keras", "--check")
@@ -504,7 +526,7 @@ def test_cli_check_prints_the_plan_and_writes_nothing(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("patch") is None, reason="needs patch(1)")
-def test_cli_diff_is_a_unified_diff_that_applies(tmp_path):
+def test_cli_diff_is_a_unified_diff_that_applies(tmp_path, cli):
     path = tmp_path / "train.py"
     path.write_text(SOURCES["keras"][0])
     proc = cli(str(path), "--to", "torch", "--diff")
@@ -518,7 +540,7 @@ def test_cli_diff_is_a_unified_diff_that_applies(tmp_path):
     assert path.read_text() == SOURCES["keras"][0]
 
 
-def test_cli_writes_stdout_output_and_in_place(tmp_path):
+def test_cli_writes_stdout_output_and_in_place(tmp_path, cli):
     path = tmp_path / "train.py"
     path.write_text(SOURCES["paddle2"][0])
     expected_code = ported("paddle2", "torch").code
@@ -532,7 +554,7 @@ def test_cli_writes_stdout_output_and_in_place(tmp_path):
     assert "ua.GradScaler(" in path.read_text()
 
 
-def test_cli_usage_errors_exit_2(tmp_path):
+def test_cli_usage_errors_exit_2(tmp_path, cli):
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\ns = torch.amp.GradScaler(\n\nx = = 1\n")
     proc = cli(str(bad), "--to", "paddle")

@@ -333,9 +333,27 @@ def _nesting(code: str) -> tuple[tuple[int, int], tuple[int, int]]:
                     level[0] += 1
                     level[3] = level[3] or text == "lambda"
     except (tokenize.TokenError, SyntaxError):
-        pass  # the parser reports it; what was read is measured
+        # The parser reports the error. Python 3.12's tokenize module (the C tokenizer) stops
+        # at 200 nested brackets, libcst's does not: count the brackets of the whole text.
+        brackets = max(brackets, _raw_brackets(code))
     end()
     return brackets, deepest
+
+
+def _raw_brackets(code: str) -> tuple[int, int]:
+    """The deepest nesting of bracket characters anywhere in ``code`` (strings and comments
+    included: a bound for text the tokenizer did not read), and its line."""
+    depth, deepest, line = 0, (0, 1), 1
+    for char in code:
+        if char in "([{":
+            depth += 1
+            if depth > deepest[0]:
+                deepest = (depth, line)
+        elif char in ")]}":
+            depth = max(depth - 1, 0)
+        elif char == "\n":
+            line += 1
+    return deepest
 
 
 def _port(cst: Any, code: str, to: str, from_version: Any, filename: str) -> PortResult:
@@ -614,7 +632,9 @@ class _Context:
 
     def scaler(self, node: Any) -> str | None:
         """The NATIVE_SCALERS key of the class ``node`` names through an import, or None."""
-        return next((_normalise(q) for q in self.imported(node) if _normalise(q)), None)
+        # Sorted: a name bound by two imports (try: ... except ImportError: ...) reads the
+        # same in every run.
+        return next((_normalise(q) for q in sorted(self.imported(node)) if _normalise(q)), None)
 
     def prefix(self, target: str) -> str:
         """The name the target module goes by in this file: its import where one comes
@@ -834,8 +854,10 @@ def _cuda_note(name: str, bound: dict[str, Any]) -> list[str]:
     """torch disables its scaler where CUDA is not available; unifiedamp's does not."""
     device = bound.get("device")
     enabled = bound.get("enabled", True)
+    if enabled is False:
+        return []  # off everywhere, before and after
     text = _fmt(enabled)
-    if not _grouped(text):
+    if not (text.isidentifier() or _grouped(text)):
         text = f"({text})"
     keep = ("enabled=torch.cuda.is_available()" if enabled is True
             else f"enabled={text} and torch.cuda.is_available()")
