@@ -280,6 +280,20 @@ def test_torch_native_call_round_trips_through_a_real_scaler(config):
 
 
 @pytest.mark.framework("torch")
+def test_torch_native_call_rounds_the_factors_so_torchs_kernel_follows_the_spec():
+    # torch multiplies by the float64 factor it is given: 1.1 and 0.3 unrounded make every
+    # growth and backoff drift from the spec's float32 product.
+    import torch
+
+    config = ScalerConfig(1024.0, 1.1, 0.3, 1)
+    kwargs, problems = native_call(config, "torch")
+    assert problems == []
+    assert (kwargs["growth_factor"], kwargs["backoff_factor"]) == (spec.f32(1.1), spec.f32(0.3))
+    scales, _, _ = torch_run(torch.amp.GradScaler("cpu", **kwargs), KINDS)
+    assert hexes(scales) == reference(config, KINDS)
+
+
+@pytest.mark.framework("torch")
 def test_torch_from_native_keeps_state_mid_run():
     import torch
 

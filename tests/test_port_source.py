@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
 pytest.importorskip("libcst")
 
+from unifiedamp.cli import main  # noqa: E402
 from unifiedamp.port import config_from_call  # noqa: E402
 from unifiedamp.port_source import port_source  # noqa: E402
 from unifiedamp.spec import ScalerConfig  # noqa: E402
@@ -80,9 +83,22 @@ def read_back(code: str, version=None) -> ScalerConfig:
                            if k.arg not in ("backend", "device", "process_group")})
 
 
-def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "unifiedamp.cli", "port", *args],
-                          capture_output=True, text=True, input=stdin, timeout=300)
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """``cli(*args, stdin=None)``: ``unifiedamp port ARGS`` in this process, with its exit
+    status, standard output and standard error."""
+
+    def run(*args: str, stdin: str | None = None) -> SimpleNamespace:
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))
+        try:
+            status = main(["port", *args])
+        except SystemExit as exc:  # argparse: --help, usage errors
+            status = exc.code
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=status, stdout=out, stderr=err)
+
+    return run
 
 
 # ================================================================ no framework
@@ -273,10 +289,227 @@ def test_a_file_without_scalers_is_unchanged():
     assert result.code == "import torch\nx = torch.ones(3)\n" and result.sites == []
 
 
+# The shape of tf-models-official's official/modeling/performance.py (tf-keras 2 on TF 2.16+).
+TF_MODELS = textwrap.dedent("""\
+    import tf_keras
+
+
+    def configure_optimizer(optimizer, use_float16=False, loss_scale=None):
+      if use_float16:
+        if loss_scale in (None, 'dynamic'):
+          optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
+        else:
+          optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
+              optimizer, dynamic=False, initial_scale=loss_scale)
+      return optimizer
+""")
+
+
+def test_tf_keras_the_legacy_keras_package_is_read_as_tf_keras_2():
+    result = port_source(TF_MODELS, "unifiedamp")
+    dynamic, static = [s for s in result.sites if s.kind == "constructor"]
+    assert dynamic.source == static.source == "tf_keras.mixed_precision.LossScaleOptimizer"
+    assert (dynamic.line, static.line) == (7, 9)
+    # tf-keras 2's rule: Keras's 32768 and 2000, a floor of 1; the static one keeps its scale.
+    assert read_back(result.code) == ScalerConfig(32768.0, min_scale=1.0)
+    assert static.config["init_scale"] == "loss_scale" and static.config["dynamic"] == "False"
+    assert ("ua.GradScaler(init_scale=loss_scale, growth_factor=2.0, backoff_factor=0.5, "
+            "growth_interval=2000, enabled=True, hysteresis=1, min_scale=1.0, max_scale=None, "
+            'dynamic=False, backend="keras").wrap(optimizer)') in result.code
+    aliased = port_source("from tf_keras import mixed_precision\n"
+                          "opt = mixed_precision.LossScaleOptimizer(inner)\n", "torch")
+    assert aliased.sites[0].source == "tf_keras.mixed_precision.LossScaleOptimizer"
+    assert "init_scale=32768.0" in aliased.code
+
+
+def first_use_after_binding(code: str, name: str) -> bool:
+    """Whether the module binds ``name`` (an import) before the first top-level statement
+    that uses it, as Python runs a module: top to bottom."""
+    tree = ast.parse(code)
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            if name in {(a.asname or a.name).split(".")[0] for a in stmt.names}:
+                return True
+        elif any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt)):
+            return False
+    return True
+
+
+# A module-level scaler built before a later top-level import (nanoGPT-like scripts).
+LATE_IMPORT = textwrap.dedent("""\
+    \"\"\"Train.\"\"\"
+    from __future__ import annotations
+    import torch
+    scaler = torch.amp.GradScaler("cpu", 1024.0)
+    import numpy as np
+    import paddle as pd
+""")
+
+
+@pytest.mark.parametrize(("to", "name"), [("unifiedamp", "ua"), ("paddle", "paddle"),
+                                          ("jmp", "jmp")])
+def test_the_added_import_comes_before_the_first_statement_that_uses_it(to, name):
+    result = port_source(LATE_IMPORT, to)
+    assert first_use_after_binding(result.code, name), result.code
+    lines = result.code.splitlines()
+    assert lines[:3] == ['"""Train."""', "from __future__ import annotations", "import torch"]
+    assert lines[3] == (f"import {name}" if name != "ua" else "import unifiedamp as ua")
+    assert lines[5:] == LATE_IMPORT.splitlines()[4:]  # nothing else moves
+
+
+@pytest.mark.framework("torch")
+def test_the_ported_script_with_a_late_import_runs():
+    pytest.importorskip("torch")
+    namespace: dict = {}
+    exec(compile(port_source(LATE_IMPORT.replace("import paddle as pd\n", ""), "unifiedamp").code,
+                 "train.py", "exec"), namespace)
+    assert namespace["scaler"].get_scale() == 1024.0 and namespace["scaler"].backend == "torch"
+
+
+# The shape of detectron2's AMPTrainer: the scaler reaches self.grad_scaler through a local.
+DETECTRON2 = textwrap.dedent("""\
+    import torch
+
+
+    class AMPTrainer:
+        def __init__(self, model, optimizer, grad_scaler=None):
+            if grad_scaler is None:
+                from torch.cuda.amp import GradScaler
+
+                grad_scaler = GradScaler()
+            self.grad_scaler = grad_scaler
+
+        def run_step(self, losses):
+            self.grad_scaler.scale(losses).backward()
+            self.grad_scaler.step(self.optimizer)
+            self.grad_scaler.update()
+
+        def state_dict(self):
+            scaler = self.grad_scaler
+            return {"grad_scaler": scaler.state_dict(), "scale": self.grad_scaler.get_scale()}
+""")
+
+
+def test_verbs_are_followed_through_assignments_to_attributes_and_locals():
+    result = port_source(DETECTRON2, "paddle")
+    verbs = {(s.line, s.source.rsplit(".", 1)[1]) for s in result.sites if s.kind == "verb"}
+    assert verbs == {(13, "scale"), (14, "step"), (15, "update"), (19, "state_dict"),
+                     (19, "get_scale")}
+    assert not result.ok
+    assert result.problems == ["line 19: get_scale() has no paddle counterpart: "
+                               + result.sites[-1].problems[0].split(": ", 1)[1]]
+    assert "self.grad_scaler.get_scale()" in result.code  # reported, left as it is
+    assert port_source(DETECTRON2, "unifiedamp").ok
+    # A scaler that is one branch of a choice, or assigned to two names at once.
+    for build in ("given if given is not None else torch.amp.GradScaler()",
+                  "given or torch.amp.GradScaler()", "other = torch.amp.GradScaler()"):
+        src = f"import torch\nself.s = {build}\nself.s.get_scale()\n"
+        assert port_source(src, "paddle").problems[-1].startswith(
+            "line 3: get_scale() has no paddle counterpart"), build
+
+
+def test_a_parameter_the_target_class_shares_is_kept():
+    jmp_src = ("import jmp, jax.numpy as jnp\n"
+               "ls = jmp.DynamicLossScale(jnp.float32(2 ** 15), counter=jnp.zeros([], jnp.int32),"
+               " period=1000)\n")
+    result = port_source(jmp_src, "jmp")
+    assert "counter=jnp.zeros([], jnp.int32)" in result.code
+    assert not any("dropped counter" in n for n in result.sites[0].notes)
+    assert any("dropped counter" in n for n in port_source(jmp_src, "unifiedamp").sites[0].notes)
+    keras_src = ("import keras\nopt = keras.optimizers.LossScaleOptimizer(inner, name='lso')\n")
+    assert "name=\"lso\"" in port_source(keras_src, "keras").code
+
+
+# The shape of mmengine's AmpOptimWrapper: the class is picked, then called through a local.
+MMENGINE = textwrap.dedent("""\
+    import torch
+    from torch.cuda.amp import GradScaler
+
+
+    class AmpOptimWrapper:
+        def __init__(self, loss_scale='dynamic', use_fsdp=False):
+            if use_fsdp:
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+                scaler_type = ShardedGradScaler
+            else:
+                scaler_type = GradScaler
+            if loss_scale == 'dynamic':
+                self.loss_scaler = scaler_type()
+            elif isinstance(loss_scale, dict):
+                self.loss_scaler = scaler_type(**loss_scale)
+""")
+# dm-haiku's examples: the class is looked up by name at run time.
+HAIKU = textwrap.dedent("""\
+    import jmp
+
+
+    def get_initial_loss_scale() -> jmp.LossScale:
+      cls = getattr(jmp, f'{FLAGS.mp_scale_type}LossScale')
+      return cls(FLAGS.mp_scale_value) if cls is not jmp.NoOpLossScale else cls()
+""")
+# dinov2-like: a package's __init__ re-exports the class.
+REEXPORT = "from torch.cuda.amp import GradScaler  # noqa: F401\n"
+
+
+@pytest.mark.parametrize(("code", "expected"), [
+    (MMENGINE, ["line 9: torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler "
+                "(imported at line 8) is used here as a value, not called",
+                "line 11: torch.cuda.amp.GradScaler (imported at line 2) is used here as a "
+                "value, not called"]),
+    (HAIKU, ["line 5: getattr(jmp, ...) picks a class of jmp at run time"]),
+    (REEXPORT, ["line 1: imports torch.cuda.amp.GradScaler and never uses it here"]),
+    (TF_MODELS.replace("optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)",
+                       "assert isinstance(optimizer, tf_keras.mixed_precision."
+                       "LossScaleOptimizer)"),
+     ["line 7: tf_keras.mixed_precision.LossScaleOptimizer (imported at line 1) is used here "
+      "as a value, not called"]),
+])
+def test_a_scaler_class_used_other_than_by_a_call_is_a_problem_naming_why(code, expected):
+    result = port_source(code, "paddle")
+    problems = [f"line {s.line}: {p}" for s in result.sites if s.kind == "reference"
+                for p in s.problems]
+    assert [":".join(p.split(":", 2)[:2]) for p in problems] == expected
+    assert all("port cannot follow" in p for p in problems), problems
+    assert not result.ok
+
+
+def test_a_scaler_class_that_stays_the_target_class_is_no_problem():
+    src = ("import torch\ns = torch.amp.GradScaler('cpu')\n"
+           "assert isinstance(s, torch.amp.GradScaler)\n")
+    assert port_source(src, "torch").ok
+    assert not port_source(src, "paddle").ok
+
+
+@pytest.mark.framework("torch")
+def test_torch_cuda_amp_to_unifiedamp_notes_that_it_then_scales_without_cuda():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("measures a CPU-only machine")
+    src = "import torch\nscaler = torch.cuda.amp.GradScaler(enabled=True)\n"
+    result = port_source(src, "unifiedamp")
+    note = next(n for n in result.sites[0].notes if "CUDA is not available" in n)
+    assert "enabled=torch.cuda.is_available()" in note
+    with pytest.warns(UserWarning):
+        assert not torch.cuda.amp.GradScaler(enabled=True).is_enabled()  # the original: off
+    namespace: dict = {}
+    exec(result.code, namespace)
+    assert namespace["scaler"].is_enabled()  # the port: on, as the note says
+    kept = result.code.replace("enabled=True", "enabled=torch.cuda.is_available()")
+    exec(kept, namespace)
+    assert not namespace["scaler"].is_enabled()  # the note's fix keeps the original's
+    plain = port_source("import torch\ns = torch.amp.GradScaler()\n", "unifiedamp")
+    assert any("enabled=torch.cuda.is_available()" in n for n in plain.sites[0].notes)
+    for enabled, keep in (("(dtype == 'float16')", "enabled=(dtype == 'float16') and torch"),
+                          ("a or b", "enabled=(a or b) and torch"), ("False", None)):
+        notes = port_source(f"import torch\ns = torch.cuda.amp.GradScaler(enabled={enabled})\n",
+                            "unifiedamp").sites[0].notes
+        cuda = [n for n in notes if "CUDA is not available" in n]
+        assert (keep in cuda[0]) if keep else cuda == [], (enabled, cuda)
+
 # ================================================================ the command
 
 
-def test_cli_check_prints_the_plan_and_writes_nothing(tmp_path):
+def test_cli_check_prints_the_plan_and_writes_nothing(tmp_path, cli):
     path = tmp_path / "train.py"
     path.write_text(SOURCES["torch"][0])
     proc = cli(str(path), "--to", "keras", "--check")
@@ -293,12 +526,13 @@ def test_cli_check_prints_the_plan_and_writes_nothing(tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("patch") is None, reason="needs patch(1)")
-def test_cli_diff_is_a_unified_diff_that_applies(tmp_path):
+def test_cli_diff_is_a_unified_diff_that_applies(tmp_path, cli):
     path = tmp_path / "train.py"
     path.write_text(SOURCES["keras"][0])
     proc = cli(str(path), "--to", "torch", "--diff")
     assert proc.returncode == 1 and "port the training loop too" in proc.stderr
-    assert proc.stdout.startswith(f"--- a/{path}\n+++ b/{path}\n@@ ")
+    rel = str(path).lstrip("/")
+    assert proc.stdout.startswith(f"--- a/{rel}\n+++ b/{rel}\n@@ ")
     patched = tmp_path / "patched.py"
     shutil.copy(path, patched)
     subprocess.run(["patch", "-s", str(patched)], input=proc.stdout, text=True, check=True)
@@ -306,7 +540,7 @@ def test_cli_diff_is_a_unified_diff_that_applies(tmp_path):
     assert path.read_text() == SOURCES["keras"][0]
 
 
-def test_cli_writes_stdout_output_and_in_place(tmp_path):
+def test_cli_writes_stdout_output_and_in_place(tmp_path, cli):
     path = tmp_path / "train.py"
     path.write_text(SOURCES["paddle2"][0])
     expected_code = ported("paddle2", "torch").code
@@ -320,7 +554,7 @@ def test_cli_writes_stdout_output_and_in_place(tmp_path):
     assert "ua.GradScaler(" in path.read_text()
 
 
-def test_cli_usage_errors_exit_2(tmp_path):
+def test_cli_usage_errors_exit_2(tmp_path, cli):
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\ns = torch.amp.GradScaler(\n\nx = = 1\n")
     proc = cli(str(bad), "--to", "paddle")

@@ -54,6 +54,7 @@ class Mutant(NamedTuple):
 
 SPEC = "src/unifiedamp/spec"
 BACKENDS = "src/unifiedamp/backends"
+PORTING = "src/unifiedamp/port"  # port.py, port_source.py, port_state.py
 
 # Selections, fastest first within each: with -x the first failure ends the run.
 _T_RULE = f"tests/test_spec_reference.py {SPEC}/_rule.py " \
@@ -74,6 +75,7 @@ _T_FUNCTIONAL = f"{_T_MLX} {_T_JAX} tests/test_state_dict.py"
 _T_KERAS = "tests/test_keras_backend.py tests/test_conformance_builtin.py::TestKerasConformance"
 _T_PADDLE = "tests/test_paddle_backend.py " \
             "tests/test_conformance_builtin.py::TestPaddleConformance tests/test_state_dict.py"
+_T_PORT = "tests/test_port.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- spec: the rule
@@ -405,6 +407,9 @@ MUTANTS: tuple[Mutant, ...] = (
            'names += f" and {more} more" if more >= 0 else ""',
            "tests/test_diagnostics.py::"
            "test_summary_names_limit_gradients_and_counts_only_the_rest tests/test_diagnostics.py"),
+    # ---------------------------------------------------------------- porting
+    Mutant("port-torch-factors-unrounded", f"{PORTING}.py",
+           "value = f32(value)", "value = float(value)", _T_PORT),
 )
 
 
@@ -423,6 +428,8 @@ def area(path: str) -> str:
         return "spec"
     if path.startswith(BACKENDS + "/"):
         return "backends"
+    if path.startswith(PORTING):
+        return "porting"
     return "other"
 
 
@@ -559,7 +566,7 @@ def print_table(results: list[Result]) -> None:
 
 def print_summary(results: list[Result]) -> None:
     print()
-    for name in ("spec", "backends", "other"):
+    for name in ("spec", "backends", "porting", "other"):
         rows = [r for r in results if area(r.mutant.path) == name]
         if not rows:
             continue

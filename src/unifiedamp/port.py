@@ -21,6 +21,7 @@ backend it builds. Versions are read from the installed distributions' metadata
 from __future__ import annotations
 
 import math
+import re
 import sys
 
 from unifiedamp.spec import CANONICAL, ScalerConfig, ScalerState, f32
@@ -185,6 +186,15 @@ NATIVE_SCALERS: dict[str, dict[str, Any]] = {
         "fix": _KERAS_FIX,
         "quirks": _TF_KERAS2["quirks"] + _KERAS3["quirks"],
     },
+    # The tf-keras package (import tf_keras): Keras 2 for tensorflow >= 2.16, where tf.keras is
+    # Keras 3 (tf-models-official uses it). Always tf-keras 2's class.
+    "tf_keras.mixed_precision.LossScaleOptimizer": {
+        "framework": "keras", "backend": "keras", "package": "tf-keras",
+        "params": _TF_KERAS2["params"], "names": _TF_KERAS2["names"], "keyword_only": ("name",),
+        "ignored": _KERAS_IGNORED,
+        "versions": {"2": {"defaults": _TF_KERAS2["defaults"], "fixed": _TF_KERAS2["fixed"]}},
+        "fix": _KERAS_FIX, "quirks": _TF_KERAS2["quirks"],
+    },
     "jmp.DynamicLossScale": {
         "framework": "jmp", "backend": "jax", "package": "jmp",
         "params": ("loss_scale", "counter", "period", "factor", "min_loss_scale"),
@@ -282,8 +292,33 @@ def _major(version: Any, default: int) -> int:
     return int(head) if head.isdigit() else default
 
 
+# 2, 2.6, 3.3.1, v3.0, 2.16.0rc1, 2.1.0+cu121, 2.7.0.post1: a release, then what PEP 440 and
+# local builds append.
+_VERSION = re.compile(r"v?\d+(\.\d+)*((a|b|rc|\.?post|\.?dev)\d*)*(\+[A-Za-z0-9.]+)?")
+
+
+def _check_version(version: Any) -> None:
+    """Raises ValueError unless ``version`` is None, an int or a version number string.
+
+    Example:
+        >>> _check_version("3.3.1"), _check_version(2), _check_version(None)
+        (None, None, None)
+        >>> _check_version("banana")
+        Traceback (most recent call last):
+        ...
+        ValueError: 'banana' is not a version: write a version number such as 2, 2.6 or 3.3.1
+    """
+    if version is None or (isinstance(version, int) and not isinstance(version, bool)
+                            and version >= 0):
+        return
+    if not isinstance(version, str) or not _VERSION.fullmatch(version.strip()):
+        raise ValueError(f"{version!r} is not a version: write a version number such as 2, "
+                         "2.6 or 3.3.1")
+
+
 def _version(name: str, row: dict[str, Any], version: Any) -> tuple[str, list[str]]:
     """The row's version key for ``version`` (or the installed one), and a note if guessed."""
+    _check_version(version)
     keys = sorted(row["versions"], key=int)
     if len(keys) == 1:
         return keys[0], []

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import io
 import json
+import keyword
 import sys
+import tokenize
 from dataclasses import dataclass, field
 from typing import Any
 
-from unifiedamp import port
+from unifiedamp import _files, port
 from unifiedamp.spec import ScalerConfig
 
 __all__ = ["CallSite", "PortResult", "TARGETS", "port_source"]
@@ -73,16 +76,18 @@ _USAGE = {
 
 @dataclass
 class CallSite:
-    """One rewritten (or reported) line: a constructor call or a verb on its scaler.
+    """One rewritten (or reported) line: a constructor call, a verb on its scaler, or another
+    mention of a scaler class (a "reference": the class used as a value, looked up with
+    getattr, or imported and never used), which port cannot follow.
 
     ``before``/``after`` are the call as written and as rewritten (``after`` is ``before``
     where nothing could be written); ``config`` the canonical values the source call
-    builds (``{}`` for a verb); ``notes`` what was filled in or mapped; ``problems`` what the
-    target cannot express, each saying what to do instead.
+    builds (``{}`` for a verb or a reference); ``notes`` what was filled in or mapped;
+    ``problems`` what the target cannot express, each saying what to do instead.
     """
 
     line: int
-    kind: str  # "constructor" or "verb"
+    kind: str  # "constructor", "verb" or "reference"
     source: str
     target: str
     before: str
@@ -118,10 +123,13 @@ class PortResult:
         return not self.problems
 
     def diff(self, name: str = "<source>") -> str:
-        """The change as a unified diff (``a/name`` -> ``b/name``)."""
+        """The change as a unified diff (``a/name`` -> ``b/name``), headed as ``git diff``
+        heads it: an absolute ``/x/train.py`` is ``a/x/train.py``, which ``git apply`` and
+        ``patch -p1`` run from ``/`` apply (``a//x/train.py`` is an invalid path to git)."""
+        path = name.lstrip("/")
         return "".join(difflib.unified_diff(
             self.original.splitlines(keepends=True), self.code.splitlines(keepends=True),
-            f"a/{name}", f"b/{name}"))
+            f"a/{path}", f"b/{path}"))
 
     def plan(self, name: str = "<source>") -> str:
         """Each call site: line, the call before and after, the config, notes and problems."""
@@ -134,8 +142,10 @@ class PortResult:
                 out.append("  config: " + ", ".join(f"{k}={v}" for k, v in s.config.items()))
             out += [f"  note: {n}" for n in s.notes]
             out += [f"  PROBLEM: {p}" for p in s.problems]
-        calls = sum(s.kind == "constructor" for s in self.sites)
-        out.append(f"{calls} constructor call(s), {len(self.sites) - calls} verb call(s), "
+        count = {kind: sum(s.kind == kind for s in self.sites)
+                 for kind in ("constructor", "verb", "reference")}
+        out.append(f"{count['constructor']} constructor call(s), {count['verb']} verb call(s), "
+                   f"{count['reference']} other mention(s) of a scaler class, "
                    f"{len(self.problems)} problem(s)")
         return "\n".join(out) + "\n"
 
@@ -163,12 +173,15 @@ def _cst() -> Any:
     return libcst
 
 
-def port_source(code: str, to: str, from_version: Any = None,
+def port_source(code: str | bytes, to: str, from_version: Any = None,
                 filename: str = "<source>") -> PortResult:
     """Rewrites every native scaler constructor in ``code`` for the target ``to``.
 
+    A UTF-8 byte order mark and the file's line endings (``\\r\\n`` included) are kept, and
+    an added line ends as the file's lines do.
+
     Args:
-        code: Python source.
+        code: Python source, as text or as UTF-8 bytes.
         to: ``"unifiedamp"`` (``ua.GradScaler(..., backend=<the source's backend>)``),
             ``"torch"``, ``"paddle"``, ``"keras"`` or ``"jmp"``.
         from_version: The source framework's version where its defaults depend on it
@@ -180,8 +193,10 @@ def port_source(code: str, to: str, from_version: Any = None,
         was found), ``sites`` the plan, ``problems`` what needs a human.
 
     Raises:
-        SyntaxError: ``code`` does not parse.
-        ValueError: ``to`` is not a target.
+        SyntaxError: ``code`` does not parse, is not UTF-8, holds a NUL byte, or nests
+            deeper than port reads (more than 200 brackets, which Python refuses too, or
+            1000 levels: libcst's parser would overflow the stack and crash).
+        ValueError: ``to`` is not a target, or ``from_version`` not a version number.
 
     Example:
         >>> src = '''import torch
@@ -199,7 +214,149 @@ def port_source(code: str, to: str, from_version: Any = None,
     """
     if to not in TARGETS:
         raise ValueError(f"to must be one of {', '.join(TARGETS)}, got {to!r}")
+    port._check_version(from_version)
+    if isinstance(code, bytes):
+        code = _decode(code, filename)
+    bom = "\ufeff" if code.startswith("\ufeff") else ""  # libcst drops it
+    depth, line = _check_source(code[len(bom):], filename)
     cst = _cst()
+    try:
+        result = _port(cst, code[len(bom):], to, from_version, filename)
+    except RecursionError:
+        # libcst's visitors recurse in Python: a RecursionError, which leaves nothing behind.
+        raise SyntaxError(f"nested {depth} levels deep: too deep for port to read within "
+                          "Python's recursion limit", (filename, line, None, None)) from None
+    result.original, result.code = bom + result.original, bom + result.code
+    return result
+
+
+def _decode(data: bytes, filename: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise SyntaxError(f"not UTF-8 text (byte 0x{data[exc.start]:02x}): port reads Python "
+                          "source encoded as UTF-8; convert it first (iconv -t UTF-8)",
+                          (filename, line, None, None)) from None
+
+
+_MAX_BRACKETS = 200  # CPython's own limit (its tokenizer refuses more)
+_MAX_DEPTH = 1000  # libcst's parser crashes from about 1500 brackets or 3500 lambdas
+_SEPARATORS = frozenset({",", ";", "=", "+=", "-=", "*=", "/=", "//=", "%=", "@=", "&=", "|=",
+                         "^=", ">>=", "<<=", "**="})
+_NOT_COUNTED = frozenset({":", "->", ")", "]", "}"})
+_STRINGS = {tokenize.STRING, getattr(tokenize, "FSTRING_START", tokenize.STRING)}
+
+
+def _check_source(code: str, filename: str) -> tuple[int, int]:
+    """Refuses what libcst's native parser must not see: a NUL byte, and nesting deep
+    enough to overflow its stack (it recurses without a limit: a segfault, not an error).
+    Returns the nesting depth and its line, for a later RecursionError's message."""
+    nul = code.find("\0")
+    if nul >= 0:
+        raise SyntaxError("a NUL byte: not Python source",
+                          (filename, code.count("\n", 0, nul) + 1, None, None))
+    (brackets, at), (depth, line) = _nesting(code)
+    if brackets > _MAX_BRACKETS:
+        raise SyntaxError(f"{brackets} nested brackets (Python allows at most {_MAX_BRACKETS})",
+                          (filename, at, None, None))
+    if depth > _MAX_DEPTH:
+        raise SyntaxError(f"nested {depth} levels deep (port reads at most {_MAX_DEPTH})",
+                          (filename, line, None, None))
+    return depth, line
+
+
+def _nesting(code: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``((brackets, line), (depth, line))``: the deepest bracket nesting, and a bound on how
+    deep the syntax tree nests, with their lines, read with the tokenize module (Python,
+    no recursion).
+
+    The bound: a path down an expression's tree passes, at each bracket level, through at
+    most the operators, keywords and strings of one comma-separated segment, and into one
+    bracket; a statement adds its indentation, an ``elif`` its place in the chain.
+
+    Example:
+        >>> _nesting("x = [-1, -2, -3]\\nif a:\\n    y = not not f(g(1))\\n")
+        ((2, 3), (5, 3))
+    """
+    brackets, deepest = (0, 1), (0, 1)
+    indent, first, start, chain = 0, True, 1, 0
+    elifs: dict[int, int] = {}  # indentation -> length of the if/elif chain there
+    # Per open bracket: [counted tokens in the segment, deepest bracket in it, deepest
+    # segment so far, inside a lambda's parameters].
+    levels: list[list[Any]] = [[0, 0, 0, False]]
+
+    def fold(level: list[Any]) -> int:
+        return max(level[2], level[0] + level[1])
+
+    def close() -> None:
+        inner = fold(levels.pop())
+        levels[-1][1] = max(levels[-1][1], inner)
+
+    def end() -> None:
+        nonlocal deepest, levels, first
+        while len(levels) > 1:
+            close()
+        depth = indent + chain + fold(levels[0])
+        if depth > deepest[0]:
+            deepest = (depth, start)
+        levels, first = [[0, 0, 0, False]], True
+
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            kind, text = tok.type, tok.string
+            if kind == tokenize.INDENT:
+                indent += 1
+            elif kind == tokenize.DEDENT:
+                indent -= 1
+            elif kind == tokenize.NEWLINE:
+                end()
+            elif kind not in (tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER):
+                if first:
+                    first, start = False, tok.start[0]
+                    elifs[indent] = elifs.get(indent, 0) + 1 if text == "elif" else 0
+                    chain = elifs[indent]
+                level = levels[-1]
+                if kind == tokenize.OP and text in "([{":
+                    level[0] += 1
+                    levels.append([0, 0, 0, False])
+                    if len(levels) - 1 > brackets[0]:
+                        brackets = (len(levels) - 1, tok.start[0])
+                elif kind == tokenize.OP and text in ")]}" and len(levels) > 1:
+                    close()
+                elif kind == tokenize.OP and text in _SEPARATORS and not level[3]:
+                    level[0], level[1], level[2] = 0, 0, fold(level)
+                elif text == ":" and level[3]:
+                    level[3] = False
+                elif (kind == tokenize.OP and text not in _NOT_COUNTED) or kind in _STRINGS \
+                        or (kind == tokenize.NAME and keyword.iskeyword(text)):
+                    level[0] += 1
+                    level[3] = level[3] or text == "lambda"
+    except (tokenize.TokenError, SyntaxError):
+        # The parser reports the error. Python 3.12's tokenize module (the C tokenizer) stops
+        # at 200 nested brackets, libcst's does not: count the brackets of the whole text.
+        brackets = max(brackets, _raw_brackets(code))
+    end()
+    return brackets, deepest
+
+
+def _raw_brackets(code: str) -> tuple[int, int]:
+    """The deepest nesting of bracket characters anywhere in ``code`` (strings and comments
+    included: a bound for text the tokenizer did not read), and its line."""
+    depth, deepest, line = 0, (0, 1), 1
+    for char in code:
+        if char in "([{":
+            depth += 1
+            if depth > deepest[0]:
+                deepest = (depth, line)
+        elif char in ")]}":
+            depth = max(depth - 1, 0)
+        elif char == "\n":
+            line += 1
+    return deepest
+
+
+def _port(cst: Any, code: str, to: str, from_version: Any, filename: str) -> PortResult:
     from libcst.metadata import (
         MetadataWrapper,
         PositionProvider,
@@ -226,20 +383,23 @@ def port_source(code: str, to: str, from_version: Any = None,
     replacements: dict[Any, Any] = {}
     scalers: dict[str, tuple[str, bool]] = {}  # variable -> (source qualname, rewritten)
     sites = []
-    for node in _walk(cst, module):
-        if not isinstance(node, cst.Call):
-            continue
-        name = next((_normalise(q) for q in imported(node.func) if _normalise(q)), None)
-        if name is None:
-            continue
-        site, new = _port_call(ctx, node, name)
-        site.line = positions[node].start.line
-        sites.append(site)
-        if new is not None:
-            replacements[node] = new
-        variable = ctx.assigned.get(node)
-        if variable is not None:
-            scalers[variable] = (name, new is not None)
+    for index, stmt in enumerate(module.body):
+        ctx.at = index  # an import the call needs must come before this statement
+        for node in _walk(cst, stmt):
+            if not isinstance(node, cst.Call):
+                continue
+            name = ctx.scaler(node.func)
+            if name is None:
+                continue
+            site, new = _port_call(ctx, node, name)
+            site.line = positions[node].start.line
+            sites.append(site)
+            if new is not None:
+                replacements[node] = new
+            for variable in ctx.assigned.get(node, ()):
+                scalers[variable] = (name, new is not None)
+    _follow_aliases(ctx.aliases, scalers)
+    sites += _references(ctx, positions)
     for node in _walk(cst, module):
         verb = _verb_of(cst, module, node, scalers)
         if verb is None:
@@ -272,10 +432,146 @@ def _Replace(cst: Any, replacements: dict[Any, Any]) -> Any:
 
 
 def _walk(cst: Any, node: Any) -> Any:
-    """Every node under ``node``, in source order."""
-    yield node
-    for child in node.children:
-        yield from _walk(cst, child)
+    """Every node under ``node``, in source order (a stack, not recursion: deep trees)."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children))
+
+
+def _branches(cst: Any, expr: Any) -> Any:
+    """``expr`` and the values it may take: both sides of ``a if c else b`` and ``a or b``."""
+    yield expr
+    if isinstance(expr, cst.IfExp):
+        yield from _branches(cst, expr.body)
+        yield from _branches(cst, expr.orelse)
+    elif isinstance(expr, cst.BooleanOperation):
+        yield from _branches(cst, expr.left)
+        yield from _branches(cst, expr.right)
+
+
+def _follow_aliases(aliases: list[tuple[str, str]], scalers: dict[str, tuple[str, bool]]
+                    ) -> None:
+    """Adds each variable a scaler variable is assigned to (``self.s = s``, ``t = self.s``),
+    until none is new: its verbs are the scaler's."""
+    changed = True
+    while changed:
+        changed = False
+        for target, value in aliases:
+            if value in scalers and target not in scalers:
+                scalers[target] = scalers[value]
+                changed = True
+
+
+# Modules a getattr() picks a scaler class from (not keras.optimizers: its optimizers are
+# looked up that way too).
+_LOOKUP_MODULES = frozenset({"jmp", "torch.amp", "torch.cuda.amp", "paddle.amp",
+                             "keras.mixed_precision", "tensorflow.keras.mixed_precision",
+                             "tf_keras.mixed_precision"})
+# The classes a port to each target writes: a mention of one of them stays right.
+_STAYS = {"torch": ("torch.amp.GradScaler",
+                    "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler"),
+          "paddle": ("paddle.amp.GradScaler",), "keras": ("keras.optimizers.LossScaleOptimizer",),
+          "jmp": ("jmp.DynamicLossScale", "jmp.StaticLossScale"), "unifiedamp": ()}
+
+
+def _root(cst: Any, node: Any) -> str | None:
+    """The name an expression such as ``torch.cuda.amp.GradScaler`` starts from."""
+    while isinstance(node, cst.Attribute):
+        node = node.value
+    return node.value if isinstance(node, cst.Name) else None
+
+
+def _bindings(ctx: _Context, node: Any) -> list[tuple[str, str]]:
+    """``(local name, qualified name)`` of each name an import statement binds."""
+    cst = ctx.cst
+    if isinstance(node, cst.Import):
+        return [(a.asname.name.value if a.asname else ctx.code(a.name).split(".")[0],
+                 ctx.code(a.name)) for a in node.names]
+    if node.relative or node.module is None or isinstance(node.names, cst.ImportStar):
+        return []
+    return [(a.asname.name.value if a.asname else ctx.code(a.name),
+             f"{ctx.code(node.module)}.{ctx.code(a.name)}") for a in node.names]
+
+
+def _references(ctx: _Context, positions: Any) -> list[CallSite]:
+    """A site for each mention of a scaler class that is not a call port could rewrite: the
+    class used as a value (``scaler_type = GradScaler``, ``isinstance(x, GradScaler)``), picked
+    by ``getattr(jmp, name)``, or imported and never used (a re-export). The call that builds
+    the scaler is elsewhere: a problem, unless the class is the one the port writes."""
+    cst = ctx.cst
+    skip: set[Any] = set()  # prefixes (torch.cuda.amp), callees, import statements
+    annotated: set[Any] = set()
+    imports: dict[str, int] = {}  # local name -> the line of its import
+    reexports: dict[str, tuple[str, int]] = {}  # local name -> (scaler class, line)
+    used: set[str | None] = set()  # names a mention of a scaler class starts from
+    sites = []
+
+    def site(node: Any, name: str, text: str, problem: bool = True) -> None:
+        before = ctx.code(node)
+        sites.append(CallSite(positions[node].start.line, "reference", name, ctx.to, before,
+                              before, notes=[] if problem else [text],
+                              problems=[text] if problem else []))
+
+    for node in _walk(cst, ctx.module):
+        if isinstance(node, cst.Annotation):
+            annotated.update(_walk(cst, node))
+        if isinstance(node, (cst.Import, cst.ImportFrom)):
+            skip.update(_walk(cst, node))
+            for local, qualname in _bindings(ctx, node):
+                imports.setdefault(local, positions[node].start.line)
+                name = _normalise(qualname)
+                if name is not None:
+                    reexports.setdefault(local, (name, positions[node].start.line))
+        if isinstance(node, cst.Attribute):
+            skip.add(node.value)
+        if isinstance(node, cst.Call):
+            skip.add(node.func)
+            if ctx.scaler(node.func) is not None:
+                used.add(_root(cst, node.func))
+            module = _looked_up(ctx, node)
+            if module is not None:
+                site(node, module, f"getattr({ctx.code(node.args[0].value)}, ...) picks a class "
+                                   f"of {module} at run time: port cannot follow it to the "
+                                   "scaler it builds; write the constructor call out to port it")
+        if node in skip or not isinstance(node, (cst.Name, cst.Attribute)):
+            continue
+        name = ctx.scaler(node)
+        if name is None:
+            continue
+        root = _root(cst, node)
+        used.add(root)
+        if name in _STAYS[ctx.to]:
+            continue
+        where = f" (imported at line {imports[root]})" if root in imports else ""
+        if node in annotated:
+            site(node, name, f"{name}{where} names a type here: port leaves annotations as "
+                             "they are", problem=False)
+        else:
+            framework = port.NATIVE_SCALERS[name]["framework"]
+            site(node, name, f"{name}{where} is used here as a value, not called: port cannot "
+                             "follow it to the call that builds the scaler, and this line keeps "
+                             f"meaning {framework}'s class; port that code by hand")
+    for local, (name, line) in reexports.items():
+        if local not in used and name not in _STAYS[ctx.to]:
+            sites.append(CallSite(line, "reference", name, ctx.to, local, local, problems=[
+                f"imports {name} and never uses it here: port cannot follow it to the files "
+                "that import it from here (a re-export?); port those files"]))
+    return sites
+
+
+def _looked_up(ctx: _Context, node: Any) -> str | None:
+    """The module of ``getattr(module, name)`` where it may pick a scaler class, or None."""
+    cst = ctx.cst
+    if ctx.code(node.func) != "getattr" or ctx.imported(node.func) or len(node.args) < 2:
+        return None
+    module = next(iter(ctx.imported(node.args[0].value) & _LOOKUP_MODULES), None)
+    attr = node.args[1].value
+    if module is None or (isinstance(attr, cst.SimpleString)
+                          and _normalise(f"{module}.{attr.evaluated_value}") is None):
+        return None
+    return module
 
 
 def _normalise(qualname: str) -> str | None:
@@ -288,10 +584,11 @@ def _normalise(qualname: str) -> str | None:
     return None
 
 
-def _module_imports(cst: Any, module: Any) -> dict[str, str]:
-    """Top-level ``import x`` / ``import x as y``: module -> the name it is bound to."""
-    bound = {}
-    for stmt in module.body:
+def _module_imports(cst: Any, module: Any) -> dict[str, tuple[str, int]]:
+    """Top-level ``import x`` / ``import x as y``: module -> (the name it is bound to, the
+    index of its statement in the module's body)."""
+    bound: dict[str, tuple[str, int]] = {}
+    for index, stmt in enumerate(module.body):
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
         for small in stmt.body:
@@ -299,9 +596,9 @@ def _module_imports(cst: Any, module: Any) -> dict[str, str]:
                 for alias in small.names:
                     dotted = module.code_for_node(alias.name)
                     if alias.asname is not None:
-                        bound.setdefault(dotted, alias.asname.name.value)
+                        bound.setdefault(dotted, (alias.asname.name.value, index))
                     else:
-                        bound.setdefault(dotted.split(".")[0], dotted.split(".")[0])
+                        bound.setdefault(dotted.split(".")[0], (dotted.split(".")[0], index))
     return bound
 
 
@@ -309,42 +606,61 @@ class _Context:
     """What every call site needs: the tree, the target, and the imports to add."""
 
     def __init__(self, cst: Any, module: Any, to: str, version: Any, imported: Any,
-                 bound: dict[str, str]) -> None:
+                 bound: dict[str, tuple[str, int]]) -> None:
         self.cst, self.module, self.to, self.version = cst, module, to, version
         self.imported, self.bound = imported, bound
-        self.needed: set[str] = set()
-        # The variable each constructor call is assigned to (x = ..., self.x = ...).
-        self.assigned: dict[Any, str] = {}
+        self.at = 0  # the index of the top-level statement being ported
+        self.needed: dict[str, int] = {}  # target module -> first statement that uses it
+        # The variables each constructor call is assigned to (x = ..., self.x = y = ...,
+        # x = given or GradScaler()), and each `target = name_or_attribute` (aliases).
+        self.assigned: dict[Any, list[str]] = {}
+        self.aliases: list[tuple[str, str]] = []
         for node in _walk(cst, module):
-            if isinstance(node, cst.Assign) and len(node.targets) == 1:
-                self.assigned[node.value] = module.code_for_node(node.targets[0].target)
+            if isinstance(node, cst.Assign):
+                targets = [module.code_for_node(t.target) for t in node.targets]
             elif isinstance(node, cst.AnnAssign) and node.value is not None:
-                self.assigned[node.value] = module.code_for_node(node.target)
+                targets = [module.code_for_node(node.target)]
+            else:
+                continue
+            for expr in _branches(cst, node.value):
+                self.assigned[expr] = targets
+            if isinstance(node.value, (cst.Name, cst.Attribute)):
+                self.aliases += [(t, module.code_for_node(node.value)) for t in targets]
 
     def code(self, node: Any) -> str:
         return self.module.code_for_node(node)
 
+    def scaler(self, node: Any) -> str | None:
+        """The NATIVE_SCALERS key of the class ``node`` names through an import, or None."""
+        # Sorted: a name bound by two imports (try: ... except ImportError: ...) reads the
+        # same in every run.
+        return next((_normalise(q) for q in sorted(self.imported(node)) if _normalise(q)), None)
+
     def prefix(self, target: str) -> str:
-        """The name the target module goes by in this file (its import is added if none)."""
+        """The name the target module goes by in this file: its import where one comes
+        before the statement being ported, else the one added (see add_imports)."""
         module, alias = _IMPORTS[target]
-        if module in self.bound:
-            return self.bound[module]
-        self.needed.add(target)
+        if module in self.bound and self.bound[module][1] < self.at:
+            return self.bound[module][0]
+        self.needed[target] = min(self.needed.get(target, self.at), self.at)
         return alias or module
 
     def add_imports(self, module: Any) -> Any:
-        """The module with one ``import`` line per target module it lacks, right after its
-        last top-level import (after the docstring where it has none); nothing else moves."""
+        """The module with one ``import`` line per target module it lacks, before the first
+        top-level statement that uses it: after the last top-level import above that
+        statement (or the docstring), so that a script that builds its scaler before a later
+        import still runs; nothing else moves."""
         cst = self.cst
         body = list(module.body)
-        at = 0
-        for index, stmt in enumerate(body):
-            if isinstance(stmt, cst.SimpleStatementLine) and (
-                    isinstance(stmt.body[0], (cst.Import, cst.ImportFrom))
-                    or index == 0 and isinstance(stmt.body[0], cst.Expr)
-                    and isinstance(stmt.body[0].value, cst.SimpleString)):
-                at = index + 1
-        for target in sorted(self.needed, reverse=True):
+        # The lowest first: inserting there leaves the indices above it valid.
+        for target, first in sorted(self.needed.items(), key=lambda item: -item[1]):
+            at = 0
+            for index, stmt in enumerate(body[:first]):
+                if isinstance(stmt, cst.SimpleStatementLine) and (
+                        isinstance(stmt.body[0], (cst.Import, cst.ImportFrom))
+                        or index == 0 and isinstance(stmt.body[0], cst.Expr)
+                        and isinstance(stmt.body[0].value, cst.SimpleString)):
+                    at = index + 1
             name, alias = _IMPORTS[target]
             line = f"import {name} as {alias}\n" if alias else f"import {name}\n"
             body.insert(at, cst.parse_statement(line))
@@ -463,6 +779,7 @@ def _target_call(ctx: _Context, site: CallSite, node: Any, row: dict[str, Any],
         site.problems += problems
         if framework == "torch" and to == "unifiedamp":  # the torch backend takes both
             extras.update({p: bound[p] for p in ("device", "process_group") if p in bound})
+            site.notes += _cuda_note(name, bound)
         extras["backend"] = row["backend"] if to == "unifiedamp" else "keras"
         if inner is not None:
             extra = f".wrap({_fmt(inner)})"
@@ -513,6 +830,16 @@ def _target_call(ctx: _Context, site: CallSite, node: Any, row: dict[str, Any],
         carried.add("device")
     if to == "keras" and inner is not None:
         carried.add("inner_optimizer")
+    # A parameter with no canonical meaning that the target class of the same framework
+    # takes too (jmp's counter, Keras's name) keeps its value.
+    target_row = port.NATIVE_SCALERS[qualname]
+    if target_row["framework"] == framework:
+        target_row = port._spec(target_row, sorted(target_row["versions"], key=int)[-1])
+        shared = (*target_row["params"], *target_row.get("keyword_only", ()))
+        for param, value in bound.items():
+            if row["names"].get(param) is None and param not in carried and param in shared:
+                extras[param] = value
+                carried.add(param)
     for param, value in bound.items():
         if row["names"].get(param) is None and param != "factor" and param not in carried:
             site.notes.append(f"dropped {param}={_fmt(value)}: {qualname} has no such "
@@ -521,6 +848,39 @@ def _target_call(ctx: _Context, site: CallSite, node: Any, row: dict[str, Any],
     site.target = qualname
     text = leading + [f"{k}={_fmt(v)}" for k, v in {**kwargs, **extras}.items()]
     return callee, text, extra
+
+
+def _cuda_note(name: str, bound: dict[str, Any]) -> list[str]:
+    """torch disables its scaler where CUDA is not available; unifiedamp's does not."""
+    device = bound.get("device")
+    enabled = bound.get("enabled", True)
+    if enabled is False:
+        return []  # off everywhere, before and after
+    text = _fmt(enabled)
+    if not (text.isidentifier() or _grouped(text)):
+        text = f"({text})"
+    keep = ("enabled=torch.cuda.is_available()" if enabled is True
+            else f"enabled={text} and torch.cuda.is_available()")
+    if name == "torch.cuda.amp.GradScaler" or device is None:
+        what = name if name == "torch.cuda.amp.GradScaler" else f'{name}\'s default device "cuda"'
+        return [f"{what} disables the scaler where CUDA is not available (a CPU-only run "
+                "trains unscaled); ua.GradScaler without device= scales on the parameters' "
+                f"device, the CPU included: write {keep} to keep the original behaviour"]
+    if isinstance(device, str) and device.startswith("cuda"):
+        return [f'device="{device}": where CUDA is not available torch disables its scaler, '
+                f"unifiedamp's raises (naming the fix): write {keep} to keep the original "
+                "behaviour"]
+    return []
+
+
+def _grouped(text: str) -> bool:
+    """Whether ``text`` is one parenthesised group, ``(a == b)`` (not ``(a) or (b)``)."""
+    depth = 0
+    for index, char in enumerate(text):
+        depth += (char == "(") - (char == ")")
+        if depth == 0 and index < len(text) - 1:
+            return False
+    return text.startswith("(")
 
 
 def _usage_problem(site: CallSite, framework: str, to: str) -> None:
@@ -638,12 +998,18 @@ def add_parser(sub: Any) -> None:
                     "in a Python file for unifiedamp or another framework's native scaler, "
                     "every value explicit, and the scaler's method calls where the mapping is "
                     "exact. Everything else in the file is kept byte for byte.",
-        epilog="exit status: 0 when the target expresses everything; 1 when a problem was "
-               "reported (one line per problem, on stderr, or in the --check plan); 2 for a "
-               "usage error (a file that does not exist or does not parse)")
+        epilog="exit status: 0 when the target expresses everything (also for a file with no "
+               "scaler at all: a note says so); 1 when a problem was reported (one line per "
+               "problem, on stderr, or in the --check plan), a scaler class port cannot follow "
+               "to the call that builds it included (used as a value, as in scaler_type = "
+               "GradScaler; looked up with getattr; imported and never used); 2 for an "
+               "error that stops it, with nothing written (a file that does not exist, is not "
+               "UTF-8 Python source, does not parse or nests too deeply; a bad --from-version; "
+               "-o into a missing folder or onto a directory; a write that fails: the target "
+               "is left as it was). Writes go to a temp file renamed over the target.")
     p.add_argument("file", help="the Python file, or - for standard input")
     p.add_argument("--to", required=True, choices=TARGETS, help="the target")
-    p.add_argument("--from-version", metavar="V", default=None,
+    p.add_argument("--from-version", metavar="V", default=None, type=_version_arg,
                    help="the source framework's version where its defaults depend on it "
                         "(paddle 2.x: 32768 / 1000 / 2, 3.x: 65536 / 2000 / 1; tf-keras 2 or "
                         "Keras 3); default: the installed one")
@@ -657,39 +1023,66 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=_cmd_port)
 
 
+def _version_arg(value: str) -> str:
+    try:
+        port._check_version(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
+
+
+def _emit(text: str) -> None:
+    """Writes ``text`` to stdout as UTF-8 bytes: a BOM and ``\\r\\n`` as they are."""
+    sys.stdout.flush()
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write(text.encode("utf-8"))
+        out.flush()
+
+
+def _error(message: str) -> int:
+    print(f"unifiedamp port: {message}", file=sys.stderr)
+    return 2
+
+
 def _cmd_port(args: argparse.Namespace) -> int:
     name = "<stdin>" if args.file == "-" else args.file
     if args.in_place and args.file == "-":
-        print("unifiedamp port: --in-place needs a file, not -", file=sys.stderr)
-        return 2
+        return _error("--in-place needs a file, not -")
     try:
         if args.file == "-":
-            code = sys.stdin.read()
+            data = sys.stdin.buffer.read()
         else:
-            with open(args.file, encoding="utf-8") as f:
-                code = f.read()
-        result = port_source(code, args.to, args.from_version, filename=name)
+            with open(args.file, "rb") as f:
+                data = f.read()
+        result = port_source(data, args.to, args.from_version, filename=name)
     except OSError as exc:
-        print(f"unifiedamp port: {name}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return _error(f"{name}: {exc.strerror or exc}")
     except SyntaxError as exc:
-        print(f"unifiedamp port: {name}:{exc.lineno}:{exc.offset}: {exc.msg}", file=sys.stderr)
-        return 2
+        where = ":".join(str(p) for p in (name, exc.lineno, exc.offset) if p is not None)
+        return _error(f"{where}: {exc.msg}")
     except ImportError as exc:
-        print(f"unifiedamp port: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc))
     if args.check:
-        sys.stdout.write(result.plan(name))
+        _emit(result.plan(name))
         return 0 if result.ok else 1
     if args.diff:
-        sys.stdout.write(result.diff(name))
+        _emit(result.diff(name))
     elif args.output or args.in_place:
-        with open(args.output or args.file, "w", encoding="utf-8") as f:
-            f.write(result.code)
+        target = args.output or args.file
+        try:
+            _files.write_bytes(target, result.code.encode("utf-8"))
+        except OSError as exc:
+            # A missing folder or a directory (the message names it), or a failed write
+            # (a full disk, a file-size limit): the target is as it was.
+            return _error(str(exc) if exc.strerror is None else
+                          f"cannot write {target}: {exc.strerror} (nothing was written)")
     else:
-        sys.stdout.write(result.code)
-    if not result.sites:
-        print(f"{name}: no native loss-scaler constructor found", file=sys.stderr)
+        _emit(result.code)
+    if not any(s.kind == "constructor" for s in result.sites):
+        print(f"{name}: no native loss-scaler constructor call found", file=sys.stderr)
     for problem in result.problems:
         print(f"{name}:{problem.removeprefix('line ').replace(': ', ': problem: ', 1)}",
               file=sys.stderr)
