@@ -22,6 +22,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "framework(name): the test imports this framework; ordered for import safety"
     )
+    config.addinivalue_line(
+        "markers", "slow: one of the heaviest tests (10 s or more on two cores); "
+                   "-m 'not slow' leaves them out"
+    )
 
 
 def _framework_of(item: pytest.Item) -> str | None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from unifiedamp import spec
 
 
@@ -23,6 +25,7 @@ def test_console_script_is_installed():
     assert proc.returncode == 0 and proc.stdout.startswith("unifiedamp ")
 
 
+@pytest.mark.slow
 def test_conformance_prints_a_matrix_with_every_builtin_backend_passing():
     proc = cli("conformance", "--max-examples", "20")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -94,6 +97,7 @@ def test_a_crashing_backend_is_reported_not_fatal(tmp_path):
     assert row.split()[1:] == ["error", "pass"]
 
 
+@pytest.mark.slow
 def test_backends_lists_each_backend_with_version_devices_and_install_hint():
     proc = cli("backends")
     assert proc.returncode == 0, proc.stderr

@@ -69,6 +69,7 @@ def test_all_known_backends_leave_a_missing_framework_as_a_cell_and_say_so(frame
     assert lines[-1] == "result: PASS (not run: torch, paddle, keras, jax, mlx: not installed)"
 
 
+@pytest.mark.slow
 def test_a_framework_whose_import_fails_is_not_importable(frameworks):
     env = frameworks(hidden=("jax", "mlx"), broken=("torch",))
     proc = cli("backends", env=env)

@@ -402,6 +402,7 @@ def _first_difference(got, want):
     return None
 
 
+@pytest.mark.slow
 def test_a_run_checkpointed_in_one_framework_resumes_in_every_other_with_the_same_trajectory(
         tmp_path):
     frameworks = [fw for fw, module in [("torch", "torch"), ("paddle", "paddle"),
@@ -574,6 +575,7 @@ print(json.dumps([type(opt).__name__, float(opt.dynamic_scale.numpy()),
 '''
 
 
+@pytest.mark.slow
 def test_a_keras_file_is_read_and_written_through_its_loss_scale_optimizer(tmp_path,
                                                                            monkeypatch):
     pytest.importorskip("tensorflow")
