@@ -157,8 +157,8 @@ CASES: tuple[Case, ...] = (
          "s.load_state_dict(ua.GradScaler(4096.0, backend='numpy').state_dict()); s.update()"),
     Case("two scalers wrap one Keras optimizer",
          "import os\nos.environ['KERAS_BACKEND'] = 'jax'\nimport keras, unifiedamp as ua",
-         "o = keras.optimizers.SGD(0.1)\nua.GradScaler(backend='keras').wrap(o)\n"
-         "ua.GradScaler(backend='keras').wrap(o)"),
+         "o = keras.optimizers.SGD(0.1)\nfirst = ua.GradScaler(backend='keras').wrap(o)\n"
+         "second = ua.GradScaler(backend='keras').wrap(o)"),
     # ------------------------------------------------------------ histories and plots
     *(Case(f"plot {what}", f"import json\njson.dump({history}, open('h.json', 'w'))",
            "cli:plot h.json -o out.png")
