@@ -322,7 +322,6 @@ def plot_history(history: ScaleHistory, output: str | os.PathLike[str],
 
     if not len(history):
         raise ValueError("the history is empty: no update was recorded")
-    _image_path_error(output)
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
     ax.step(history.iterations, history.scales, where="post", color="tab:blue", label="scale")
     skips = [(i, s) for i, s, k in history.as_list() if k]
@@ -360,9 +359,9 @@ def _save_figure(fig: Any, output: str | os.PathLike[str], **kwargs: Any) -> Non
     names (``kwargs`` go to ``savefig``)."""
     import matplotlib.pyplot as plt
 
-    _image_path_error(output)
     suffix = os.path.splitext(os.fspath(output))[1]
     try:
+        _image_path_error(output)
         with atomic_path(output, suffix=suffix) as tmp:
             fig.savefig(tmp, format=suffix[1:].lower(), **kwargs)
     finally:

@@ -454,7 +454,7 @@ _PADDLE_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
     ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
     ("builtins", "tuple"), ("builtins", "list"), ("builtins", "set"),
-    ("builtins", "frozenset"), ("builtins", "complex"), ("__builtin__", "tuple"),
+    ("builtins", "frozenset"), ("builtins", "complex"),
     ("_codecs", "encode"),  # bytes in protocol 2
 }
 
@@ -477,14 +477,19 @@ def _load_paddle(path: Any, trusted: bool) -> Any:
 
         # return_numpy: arrays, not paddle Tensors (tensors would need a device).
         return paddle.load(os.fspath(path), return_numpy=True)
+    import _compat_pickle
     import importlib
 
     class WeightsUnpickler(pickle.Unpickler):
         def find_class(self, module: str, name: str) -> Any:
+            # Protocol 2 names Python 2's modules (__builtin__, copy_reg): Python 3's first,
+            # as pickle's own find_class does, then the allow-list.
+            if (module, name) in _compat_pickle.NAME_MAPPING:
+                module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+            module = _compat_pickle.IMPORT_MAPPING.get(module, module)
             if (module, name) in _PADDLE_GLOBALS:
-                return getattr(importlib.import_module(module.replace("__builtin__",
-                                                                      "builtins")), name)
-            if (module, name) in (("builtins", "eval"), ("__builtin__", "eval")):
+                return getattr(importlib.import_module(module), name)
+            if (module, name) == ("builtins", "eval"):
                 return _dense_tensor_data
             raise _Refused(f"a reference to {module}.{name}")
 
