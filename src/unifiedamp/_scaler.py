@@ -22,6 +22,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from typing_extensions import Self
+
 
 class NoInfChecksError(RuntimeError, AssertionError):
     """``update()``/``step()`` found no inf check to act on.
@@ -80,6 +82,61 @@ def new_scale_value(new_scale: Any) -> float:
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"new_scale must be finite and > 0 in float32, got {new_scale!r}")
     return scale
+
+
+def is_flag(value: Any) -> bool:
+    """Whether ``value`` is one finite-flag: a bool, or a bool array/tensor of one element
+    (NumPy's, torch's, Paddle's, JAX's, MLX's: read from its dtype, no host sync).
+
+    Example:
+        >>> import numpy as np
+        >>> is_flag(True), is_flag(np.array(True)), is_flag(np.float32(8.0)), is_flag(8)
+        (True, True, False, False)
+    """
+    if isinstance(value, bool):
+        return True
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and str(dtype).rsplit(".", 1)[-1] in ("bool", "bool_")
+
+
+def check_flag(finite: Any) -> None:
+    """Checks ``update(finite)``'s flag from static facts only (type, dtype, shape), so
+    the check is free under tracing: a bool or a 0-d bool array/tensor."""
+    hint = ("pass the flag unscale() returns (or all_finite(grads)): a Python bool or a 0-d "
+            "bool array")
+    if isinstance(finite, bool):
+        return
+    dtype = getattr(finite, "dtype", None)
+    if dtype is None:
+        raise TypeError(f"update(finite) got {type(finite).__name__} {finite!r}; {hint}")
+    # numpy and jax print "bool", mlx "mlx.core.bool".
+    if str(dtype).rsplit(".", 1)[-1] != "bool":
+        raise TypeError(f"update(finite) got an array of dtype {dtype} ({finite!r}); {hint}")
+    if tuple(getattr(finite, "shape", ())) != ():
+        raise ValueError(f"update(finite) got a bool array of shape {tuple(finite.shape)} "
+                         f"({finite!r}); one flag for the whole step is needed: reduce it "
+                         "with jnp.all / mx.all, or pass all_finite(grads)")
+
+
+def update_arguments(finite: Any, new_scale: Any) -> tuple[Any, Any]:
+    """``(finite, new_scale)`` of an imperative ``update(finite=None, *, new_scale=None)``:
+    a first argument that is not a flag (:func:`is_flag`) is torch's positional
+    ``new_scale``.
+
+    Example:
+        >>> update_arguments(True, None), update_arguments(1024.0, None)
+        ((True, None), (None, 1024.0))
+        >>> update_arguments(1024.0, 8.0)
+        Traceback (most recent call last):
+        ...
+        TypeError: update() got new_scale twice (1024.0 and 8.0): pass it once
+    """
+    if finite is None or is_flag(finite):
+        return finite, new_scale
+    if new_scale is not None:
+        raise TypeError(f"update() got new_scale twice ({finite!r} and {new_scale!r}): pass "
+                        "it once")
+    return None, finite
 
 
 def mid_iteration_load_error() -> RuntimeError:
@@ -249,6 +306,43 @@ def report_note(last: LastUpdate, named: bool, checked: int, at_update: bool, *,
             "skipped step.")
 
 
+#: What an optional member of :class:`GradScaler` is for; ``capabilities`` lists those a
+#: backend implements (``GradScaler.supports(name)`` asks).
+OPTIONAL_MEMBERS = {
+    "unscale_": "imperative: unscale an optimizer's gradients in place (torch's verb)",
+    "step": "imperative: unscale, check and step an optimizer (torch's verb)",
+    "minimize": "Paddle's verb: step and update in one call",
+    "wrap": "Keras: the optimizer that scales, checks and updates inside apply()",
+    "watch": "name the parameters the overflow report lists",
+    "overflow_report": "which gradients held inf/NaN at the last skipped update",
+    "history": "the last updates' scales and skips",
+}
+
+
+def _constructor_signature(cls: type) -> Any:
+    """The signature ``inspect``/``help()`` show for a scaler class: the design's five
+    parameters, the spec's keyword-only ones, then the class's own options."""
+    import inspect
+
+    from unifiedamp.spec._config import CANONICAL, POSITIONAL, ScalerConfig
+
+    kind = inspect.Parameter
+    defaults = ScalerConfig()
+    params = [kind(name, kind.POSITIONAL_OR_KEYWORD, default=getattr(defaults, name),
+                   annotation=ScalerConfig.__annotations__[name]) for name in POSITIONAL]
+    params += [kind(name, kind.KEYWORD_ONLY, default=getattr(defaults, name),
+                    annotation=ScalerConfig.__annotations__[name])
+               for name in CANONICAL if name not in POSITIONAL]
+    if cls is GradScaler:
+        params.append(kind("backend", kind.KEYWORD_ONLY, default=None, annotation="str | Any"))
+        params.append(kind("options", kind.VAR_KEYWORD, annotation="Any"))
+    else:
+        own = inspect.signature(cls.__init__).parameters.values()
+        params += [p for p in own if p.kind is kind.KEYWORD_ONLY and p.name not in CANONICAL]
+        params.append(kind("aliases", kind.VAR_KEYWORD, annotation="Any"))
+    return inspect.Signature(params, return_annotation=cls.__name__)
+
+
 class _FacadeMeta(abc.ABCMeta):
     # Dispatch in the metaclass, not in __new__: a __new__ that returns a
     # GradScaler subclass would have Python call its __init__ a second time.
@@ -267,39 +361,84 @@ class _FacadeMeta(abc.ABCMeta):
         name = backend if isinstance(backend, str) else _registry.detect(backend)
         return _registry.load(name)(*args, **kwargs)
 
+    # A data descriptor of the metaclass wins over the class's own attributes, so
+    # inspect.signature(cls) and help(cls) read this, not __call__'s (*args, **kwargs).
+    @property
+    def __signature__(cls) -> Any:
+        return _constructor_signature(cls)
+
 
 class GradScaler(metaclass=_FacadeMeta):
     """A dynamic loss scaler for mixed-precision training, for any framework.
 
-    ``GradScaler(init_scale, growth_factor, backoff_factor, growth_interval,
-    enabled, *, hysteresis, min_scale, max_scale, dynamic, backend)`` returns
-    the scaler of one backend, configured by :class:`unifiedamp.spec.ScalerConfig`
-    (aliases such as ``initScale`` or ``init_loss_scaling`` are accepted).
+    ``GradScaler(init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5,
+    growth_interval=2000, enabled=True, *, hysteresis=1, min_scale=None,
+    max_scale=None, dynamic=True, backend=None, **options)`` returns the scaler
+    of one backend, configured by :class:`unifiedamp.spec.ScalerConfig` (aliases
+    such as ``initScale`` or ``init_loss_scaling`` are accepted); ``options`` are
+    the backend's own (``device`` on torch, ``diagnose``, ``history``...).
 
-    ``backend`` is a name (``"numpy"``...), a ``"module:Class"`` string, an
-    object of the framework (optimizer, tensor, model) whose type decides, or
-    ``None``: the one framework imported decides, NumPy if none is.
+    ``backend`` is a name (``"numpy"``, ``"torch"``, ``"paddle"``, ``"keras"``,
+    ``"jax"``, ``"mlx"``, or a name users type for one: ``"pytorch"``, ``"tf"``,
+    ``"flax"``...), a ``"module:Class"`` string, an object of the framework
+    (optimizer, tensor, model) whose type decides, or ``None``: the one
+    framework imported decides, NumPy if none is.
 
-    Every backend's scaler is an instance of this class. The abstract members
-    below are what every backend provides. Backends come in two styles:
-    imperative ones (numpy, torch, paddle) keep torch's verbs and mutate themselves
-    (``unscale_``, ``step``, ``update()``); functional ones (jax, mlx) are
-    immutable values (``unscale(grads)``, ``update(finite)`` returns a new
-    scaler). The verbs of the other style raise ``NotImplementedError`` saying
-    which to use. The keras backend is a third kind: ``wrap(optimizer)`` returns
-    the Keras optimizer that scales, checks and updates inside ``apply``.
+    Every backend's scaler is an instance of this class, which declares every
+    public member a user may rely on. The members every backend has make one
+    protocol, the same on every framework::
+
+        grads, finite = scaler.unscale(grads)             # unscaled copies, all finite?
+        params = scaler.where_finite(finite, new, params) # keep params on a skipped step
+        scaler = scaler.update(finite)                    # the spec's rule, once
+
+    ``update``, ``restore`` and the ``set_*`` accessors return the scaler: the
+    imperative backends (numpy, torch, paddle, keras) change themselves and return
+    themselves, the functional ones (jax, mlx: ``functional`` is True) are immutable
+    values and return a new one, so ``scaler = scaler.update(finite)`` is right on
+    both. Members only some backends have (torch's ``unscale_``/``step``, Paddle's
+    ``minimize``, Keras's ``wrap``, the diagnostics) are listed in ``capabilities``;
+    ``supports(name)`` asks, and the others raise ``NotImplementedError`` saying what
+    to use.
 
     Example:
         >>> import unifiedamp as ua
         >>> scaler = ua.GradScaler(1024.0, growth_interval=100, backend="numpy")
         >>> isinstance(scaler, ua.GradScaler), scaler.get_scale()
         (True, 1024.0)
+        >>> scaler = scaler.update(False)
+        >>> scaler.get_scale(), scaler.last_step_skipped, scaler.num_steps
+        (512.0, True, 1)
+        >>> scaler.functional, scaler.supports("step"), ua.GradScaler.supports("step")
+        (False, True, False)
     """
 
     #: The backend's name: what ``backend=`` takes and ``state_dict()["backend"]`` holds.
     backend: str = ""
 
-    # ------------------------------------------------------------ every backend
+    #: True when the scaler is an immutable value (jax, mlx): ``update``, ``restore`` and
+    #: the setters return a new scaler and leave this one as it was. False when they
+    #: change the scaler and return it.
+    functional: bool = False
+
+    #: The optional members (:data:`OPTIONAL_MEMBERS`) this backend implements.
+    capabilities: frozenset[str] = frozenset()
+
+    @classmethod
+    def supports(cls, member: str) -> bool:
+        """Whether this backend implements the optional member ``member`` (e.g. ``"step"``).
+
+        Example:
+            >>> from unifiedamp.backends.numpy import NumpyGradScaler
+            >>> NumpyGradScaler.supports("step"), NumpyGradScaler.supports("wrap")
+            (True, False)
+        """
+        if member not in OPTIONAL_MEMBERS:
+            raise ValueError(f"{member!r} is not an optional member of GradScaler; the optional "
+                             f"ones are {sorted(OPTIONAL_MEMBERS)} (every backend has the rest)")
+        return member in cls.capabilities
+
+    # ------------------------------------------------------------ config and state
 
     @property
     @abc.abstractmethod
@@ -316,72 +455,149 @@ class GradScaler(metaclass=_FacadeMeta):
         """Whether the scaler scales at all (``enabled=False`` makes every verb a pass-through)."""
 
     @abc.abstractmethod
-    def get_scale(self) -> float:
-        """The current scale as a Python float; 1.0 when disabled."""
+    def get_scale(self) -> Any:
+        """The current scale as a Python float (inside a traced function, the 0-d array);
+        1.0 when disabled."""
+
+    @property
+    @abc.abstractmethod
+    def last_step_skipped(self) -> Any:
+        """Whether the last update's gradients were not all finite (its step skipped)."""
+
+    @property
+    @abc.abstractmethod
+    def num_skipped_steps(self) -> Any:
+        """Updates whose gradients were not all finite, since the scaler was made."""
+
+    @property
+    @abc.abstractmethod
+    def num_steps(self) -> Any:
+        """Updates made since the scaler was made (a disabled scaler makes none)."""
+
+    @abc.abstractmethod
+    def _reconfigure(self, config: ScalerConfig) -> Any:
+        """The scaler with ``config`` (validated) and its state: imperative backends set
+        it and return ``self``, functional ones return a new scaler."""
+
+    def get_growth_factor(self) -> float:
+        """The factor the scale grows by."""
+        return self.config.growth_factor
+
+    def set_growth_factor(self, new_factor: float) -> Self:
+        """Sets ``growth_factor`` (validated); returns the scaler (a new one if functional)."""
+        return self._reconfigure(self.config.replace(growth_factor=new_factor))
+
+    def get_backoff_factor(self) -> float:
+        """The factor the scale backs off by."""
+        return self.config.backoff_factor
+
+    def set_backoff_factor(self, new_factor: float) -> Self:
+        """Sets ``backoff_factor`` (validated); returns the scaler (a new one if functional)."""
+        return self._reconfigure(self.config.replace(backoff_factor=new_factor))
+
+    def get_growth_interval(self) -> int:
+        """Consecutive finite updates before the scale grows."""
+        return self.config.growth_interval
+
+    def set_growth_interval(self, new_interval: int) -> Self:
+        """Sets ``growth_interval``; a tracker already past it grows at the next finite
+        update. Returns the scaler (a new one if functional)."""
+        return self._reconfigure(self.config.replace(growth_interval=new_interval))
+
+    def get_hysteresis(self) -> int:
+        """Consecutive non-finite updates before the scale backs off."""
+        return self.config.hysteresis
+
+    def set_hysteresis(self, new_hysteresis: int) -> Self:
+        """Sets ``hysteresis`` (validated); returns the scaler (a new one if functional)."""
+        return self._reconfigure(self.config.replace(hysteresis=new_hysteresis))
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The canonical, JSON-serialisable state (see :func:`unifiedamp.spec.to_state_dict`)."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Imperative: loads a canonical dict of any backend or a native torch/Paddle dict in
+        place, validated before anything is written; returns None, as torch's. Functional:
+        raises, naming :meth:`restore`."""
+        raise NotImplementedError
+
+    def restore(self, state_dict: dict[str, Any]) -> Self:
+        """The scaler holding a state dict's config and state: :meth:`load_state_dict`
+        and ``self`` on imperative backends, a new scaler on functional ones."""
+        self.load_state_dict(state_dict)
+        return self
+
+    # ------------------------------------------------------------ the verbs
 
     @abc.abstractmethod
     def scale(self, outputs: Any) -> Any:
         """The loss (or a tree of outputs) multiplied by the scale, each keeping its dtype."""
 
     @abc.abstractmethod
-    def update(self, *args: Any, **kwargs: Any) -> Any:
-        """Applies the spec's rule once: imperative ``update(new_scale=None)`` from the checks
-        recorded since the last update; functional ``update(finite)`` returns a new scaler."""
+    def unscale(self, grads: Any) -> tuple[Any, Any]:
+        """``(grads divided by the scale, all finite)``: unscaled copies and one flag (a bool,
+        or a 0-d bool array/tensor that stays on the device). The check counts towards the
+        next :meth:`update` on imperative backends; pass the flag to it on every backend."""
 
     @abc.abstractmethod
-    def state_dict(self) -> dict[str, Any]:
-        """The canonical, JSON-serialisable state (see :func:`unifiedamp.spec.to_state_dict`)."""
+    def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
+        """``new`` where ``finite``, else ``old``: two trees of the same structure (the
+        parameters after and before a step), selected leaf by leaf without a host sync."""
 
     @abc.abstractmethod
-    def load_state_dict(self, state_dict: dict[str, Any]) -> Any:
-        """Imperative: loads a canonical dict of any backend or a native torch/Paddle dict in
-        place, validated before anything is written. Functional: raises, naming restore()."""
+    def update(self, finite: Any = None, *, new_scale: Any = None) -> Self:
+        """Applies the spec's rule once and returns the scaler (a new one if functional).
 
-    # ------------------------------------------------------------ one style only
+        ``finite`` is the flag :meth:`unscale` returned; imperative backends also take
+        the checks ``unscale``/``unscale_``/``step`` recorded since the last update,
+        and ``update()`` with no flag uses those alone (torch's habit). ``new_scale``
+        sets the scale instead (trackers kept, not counted as an update); on imperative
+        backends a number as the first argument is ``new_scale``, as in torch.
+        """
+
+    # ------------------------------------------------------------ optional members
 
     def unscale_(self, optimizer: Any) -> None:
         """Imperative: divides the optimizer's gradients by the scale in place, records inf/NaN."""
-        raise NotImplementedError(self._other_style("unscale_"))
+        raise NotImplementedError(self._unsupported("unscale_"))
 
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """Imperative: unscales if needed and steps the optimizer unless a gradient was inf/NaN."""
-        raise NotImplementedError(self._other_style("step"))
+        raise NotImplementedError(self._unsupported("step"))
 
-    def unscale(self, grads: Any) -> tuple[Any, Any]:
-        """Functional: ``(grads divided by the scale, all finite)``; the check counts."""
-        raise NotImplementedError(self._other_style("unscale"))
+    def minimize(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+        """Paddle: ``step(optimizer)`` then ``update()`` in one call."""
+        raise NotImplementedError(self._unsupported("minimize"))
 
-    def restore(self, state_dict: dict[str, Any]) -> Any:
-        """Functional: a new scaler holding a state dict's config and state."""
-        raise NotImplementedError(self._other_style("restore"))
-
-    # ------------------------------------------------------------ diagnostics
+    def wrap(self, optimizer: Any) -> Any:
+        """Keras: the optimizer that scales, checks and updates inside ``apply``."""
+        raise NotImplementedError(self._unsupported("wrap"))
 
     def watch(self, model: Any) -> None:
         """Names the parameters in :meth:`overflow_report`: a model (``named_parameters()``)
         or an iterable of ``(name, parameter)`` pairs; without it, optimizer indices."""
-        raise NotImplementedError(self._no_diagnostics("watch"))
+        raise NotImplementedError(self._unsupported("watch"))
 
     def overflow_report(self) -> Any:
         """After a skipped step, a :class:`unifiedamp.diagnostics.OverflowReport` naming the
         gradients that held inf/NaN; None when the last update skipped nothing."""
-        raise NotImplementedError(self._no_diagnostics("overflow_report"))
+        raise NotImplementedError(self._unsupported("overflow_report"))
 
     def history(self) -> Any:
         """The last updates' scales and skips, a :class:`unifiedamp.diagnostics.ScaleHistory`
         (built with ``history=N``)."""
-        raise NotImplementedError(self._no_diagnostics("history"))
+        raise NotImplementedError(self._unsupported("history"))
 
-    def _no_diagnostics(self, verb: str) -> str:
-        return (f"the {self.backend!r} backend has no {verb}(): the functional backends "
-                "return per-gradient counts from the jitted step instead "
-                "(overflow_counts / overflow_report in its module, docs/diagnostics.md)")
-
-    def _other_style(self, verb: str) -> str:
-        return (f"the {self.backend!r} backend has no {verb}(): imperative backends use "
-                "scale/unscale_/step/update() and load_state_dict(d), functional ones "
-                "scale/unscale(grads) -> (grads, finite)/update(finite) -> new scaler and "
-                "restore(d) -> new scaler")
+    def _unsupported(self, member: str) -> str:
+        if member in ("watch", "overflow_report", "history") and self.functional:
+            return (f"the {self.backend!r} backend has no {member}(): the functional backends "
+                    "return per-gradient counts from the jitted step instead "
+                    "(overflow_counts / overflow_report in its module, docs/diagnostics.md)")
+        return (f"the {self.backend!r} backend has no {member}() ({OPTIONAL_MEMBERS[member]}); "
+                f"it has {sorted(self.capabilities) or 'none of the optional members'}, and on "
+                "every backend: grads, finite = scaler.unscale(grads); scaler = "
+                "scaler.update(finite) (GradScaler.supports(name) tells which a backend has)")
 
     # ------------------------------------------------------------ tooling
 

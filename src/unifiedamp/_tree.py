@@ -14,8 +14,9 @@ from typing import Any
 __all__ = ["leaves", "tree_map"]
 
 
-def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
-    """The tree with ``fn`` applied to every leaf.
+def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
+    """The tree with ``fn`` applied to every leaf (to the leaves at the same place in
+    ``tree`` and each of ``rest``, trees of the same structure).
 
     Example:
         >>> from typing import NamedTuple
@@ -24,14 +25,29 @@ def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
         ...     b: float
         >>> tree_map(lambda x: x * 2, {"p": Pair(1, 2), "l": [3, (4,)]})
         {'p': Pair(a=2, b=4), 'l': [6, (8,)]}
+        >>> tree_map(lambda x, y: x + y, [1, (2,)], [10, (20,)])
+        [11, (22,)]
     """
     if isinstance(tree, dict):
-        return {key: tree_map(fn, value) for key, value in tree.items()}
+        for other in rest:
+            if not isinstance(other, dict) or other.keys() != tree.keys():
+                raise ValueError(_mismatch(tree, other))
+        return {key: tree_map(fn, value, *(other[key] for other in rest))
+                for key, value in tree.items()}
     if isinstance(tree, (list, tuple)):
-        mapped = [tree_map(fn, value) for value in tree]
+        for other in rest:
+            if not isinstance(other, (list, tuple)) or len(other) != len(tree):
+                raise ValueError(_mismatch(tree, other))
+        mapped = [tree_map(fn, value, *others)
+                  for value, *others in zip(tree, *rest, strict=True)]
         # A NamedTuple is built from its fields, a plain tuple or list from one iterable.
         return type(tree)(*mapped) if hasattr(tree, "_fields") else type(tree)(mapped)
-    return fn(tree)
+    return fn(tree, *rest)
+
+
+def _mismatch(tree: Any, other: Any) -> str:
+    return (f"the trees differ in structure: {type(tree).__name__} of "
+            f"{len(tree)} against {type(other).__name__} {other!r:.80}")
 
 
 def leaves(tree: Any) -> list[Any]:

@@ -26,31 +26,13 @@ from typing import Any, ClassVar, NamedTuple
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor, ScaleCollapseError, ScaleCollapseWarning
-from unifiedamp._scaler import MAX_HISTORY, GradScaler
+from unifiedamp._scaler import MAX_HISTORY, GradScaler, check_flag
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 #: The arrays of a scaler, in pytree order: the state, then the skip counters.
 LEAVES = ("loss_scale", "growth_tracker", "hysteresis_tracker", "skipped_steps",
           "consecutive_skips")
-
-
-def _check_flag(finite: Any) -> None:
-    # Static facts only (type, dtype, shape), so the check is free under tracing.
-    hint = ("pass the flag unscale() returns (or all_finite(grads)): a Python bool or a 0-d "
-            "bool array")
-    if isinstance(finite, bool):
-        return
-    dtype = getattr(finite, "dtype", None)
-    if dtype is None:
-        raise TypeError(f"update(finite) got {type(finite).__name__} {finite!r}; {hint}")
-    # numpy and jax print "bool", mlx "mlx.core.bool".
-    if str(dtype).rsplit(".", 1)[-1] != "bool":
-        raise TypeError(f"update(finite) got an array of dtype {dtype} ({finite!r}); {hint}")
-    if tuple(getattr(finite, "shape", ())) != ():
-        raise ValueError(f"update(finite) got a bool array of shape {tuple(finite.shape)} "
-                         f"({finite!r}); one flag for the whole step is needed: reduce it "
-                         "with jnp.all / mx.all, or pass all_finite(grads)")
 
 
 class FunctionalGradScaler(GradScaler):
@@ -285,7 +267,7 @@ class FunctionalGradScaler(GradScaler):
             >>> ua.GradScaler(8.0, backend="jax").update(False).get_scale()
             4.0
         """
-        _check_flag(finite)
+        check_flag(finite)
         config, xp = self._config, self.xp
         if not config.enabled:
             return self
@@ -464,7 +446,7 @@ def history_record(backend: type[FunctionalGradScaler], set_slot: Any, history: 
     if not isinstance(scaler, backend):
         raise TypeError(f"history_record(history, scaler, finite) takes a {backend.__name__} "
                         f"(the scaler before update(finite)), got {type(scaler).__name__}")
-    _check_flag(finite)
+    check_flag(finite)
     xp = backend.xp
     count = history["count"]
     slot = (count % history["scale"].shape[0]).astype(xp.int32)

@@ -31,10 +31,12 @@ from unifiedamp._scaler import (
     LastUpdate,
     NoInfChecksError,
     SkipReports,
+    check_flag,
     diagnostics_options,
     mid_iteration_load_error,
     new_scale_value,
     report_note,
+    update_arguments,
     watched_pairs,
 )
 from unifiedamp._tree import tree_map
@@ -113,11 +115,6 @@ class NumpyGradScaler(SkipReports, GradScaler):
             ring, read by :meth:`history` (0: none).
         **kwargs: The other config parameters, by canonical name or alias.
 
-    Attributes:
-        last_step_skipped: Whether the last ``step()`` skipped ``optimizer.step()``.
-        num_steps: ``step()`` calls made while enabled.
-        num_skipped_steps: Of those, how many skipped the optimizer.
-
     Example:
         >>> import numpy as np
         >>> from unifiedamp.backends.numpy import NumpyGradScaler, SGD
@@ -136,6 +133,7 @@ class NumpyGradScaler(SkipReports, GradScaler):
     """
 
     backend = "numpy"
+    capabilities = frozenset({"unscale_", "step", "watch", "overflow_report", "history"})
 
     def __init__(
         self,
@@ -168,9 +166,8 @@ class NumpyGradScaler(SkipReports, GradScaler):
         self._ring = (np.zeros(ring, np.int64), np.zeros(ring, np.float32),
                       np.zeros(ring, bool))
         self._ring_count = 0
-        self.last_step_skipped = False
-        self.num_steps = 0
-        self.num_skipped_steps = 0
+        self._last_skipped = False
+        self._skipped = 0
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._state}, {self._config})"
@@ -192,30 +189,24 @@ class NumpyGradScaler(SkipReports, GradScaler):
         """The current scale; 1.0 when disabled, as in torch."""
         return self._state.scale if self._config.enabled else 1.0
 
-    def get_growth_factor(self) -> float:
-        return self._config.growth_factor
+    def _reconfigure(self, config: ScalerConfig) -> NumpyGradScaler:
+        self._config = config
+        return self
 
-    def set_growth_factor(self, new_factor: float) -> None:
-        self._config = self._config.replace(growth_factor=new_factor)
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the last update's gradients were not all finite (its step skipped)."""
+        return self._last_skipped
 
-    def get_backoff_factor(self) -> float:
-        return self._config.backoff_factor
+    @property
+    def num_skipped_steps(self) -> int:
+        """Updates whose gradients were not all finite."""
+        return self._skipped
 
-    def set_backoff_factor(self, new_factor: float) -> None:
-        self._config = self._config.replace(backoff_factor=new_factor)
-
-    def get_growth_interval(self) -> int:
-        return self._config.growth_interval
-
-    def set_growth_interval(self, new_interval: int) -> None:
-        """Changes the interval; a tracker already past it grows on the next finite update."""
-        self._config = self._config.replace(growth_interval=new_interval)
-
-    def get_hysteresis(self) -> int:
-        return self._config.hysteresis
-
-    def set_hysteresis(self, new_hysteresis: int) -> None:
-        self._config = self._config.replace(hysteresis=new_hysteresis)
+    @property
+    def num_steps(self) -> int:
+        """Updates made (``update(new_scale=...)`` and a disabled scaler count none)."""
+        return self._updates
 
     def state_dict(self) -> dict[str, Any]:
         """The canonical dict; a disabled scaler returns it too, with ``enabled`` False.
@@ -311,6 +302,17 @@ class NumpyGradScaler(SkipReports, GradScaler):
         self._functional_found_inf.append(not finite)
         return out, finite
 
+    def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
+        """``new`` if ``finite`` (a bool: what :meth:`unscale` returns), else ``old``.
+
+        Example:
+            >>> s = NumpyGradScaler()
+            >>> s.where_finite(False, [1.0, 2.0], [0.0, 0.0])
+            [0.0, 0.0]
+        """
+        keep = bool(finite)
+        return tree_map(lambda n, o: n if keep else o, new, old)
+
     def _grads_of(self, optimizer: Any) -> list[np.ndarray]:
         missing = [a for a in ("params", "grads", "step") if not hasattr(optimizer, a)]
         if missing:
@@ -368,8 +370,8 @@ class NumpyGradScaler(SkipReports, GradScaler):
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """Unscales (unless ``unscale_`` was called) and steps unless a gradient is inf/NaN.
 
-        Returns what ``optimizer.step`` returned, or ``None`` when skipped;
-        ``last_step_skipped`` tells which.
+        Returns what ``optimizer.step`` returned, or ``None`` when skipped (after
+        ``update()``, ``last_step_skipped`` tells which).
         """
         if not self._config.enabled:
             return optimizer.step(*args, **kwargs)
@@ -385,32 +387,45 @@ class NumpyGradScaler(SkipReports, GradScaler):
         skipped = self._found_inf[id(optimizer)]
         retval = None if skipped else optimizer.step(*args, **kwargs)
         self._stages[id(optimizer)] = _Stage.STEPPED
-        self.last_step_skipped = skipped
-        self.num_steps += 1
-        self.num_skipped_steps += int(skipped)
         return retval
 
-    def update(self, new_scale: float | np.ndarray | None = None) -> None:
-        """Adapts the scale from every check since the last update, per the spec.
+    def update(self, finite: Any = None, *,
+               new_scale: float | np.ndarray | None = None) -> NumpyGradScaler:
+        """Adapts the scale from every check since the last update, per the spec; returns
+        the scaler itself.
 
-        ``new_scale`` (a float or a one-element array, finite and > 0) sets the
-        scale instead, leaving the trackers as they are, as torch does; such a
-        manual set is not counted as an update: it is not recorded in
-        :meth:`history`, and :meth:`overflow_report` is None after it (as on torch).
+        ``finite`` (the flag :meth:`unscale` returned, or any bool) counts as one more
+        check; ``update()`` uses the checks alone. ``new_scale`` (a float or a one-element
+        array, finite and > 0; a number as the first argument, as in torch) sets the scale
+        instead, leaving the trackers as they are, as torch does; such a manual set is not
+        counted as an update: it is not recorded in :meth:`history`, and
+        :meth:`overflow_report` is None after it (as on torch).
+
+        Example:
+            >>> s = NumpyGradScaler(8.0)
+            >>> s.update(False) is s, s.get_scale(), s.update(2.0).get_scale()
+            (True, 4.0, 2.0)
         """
+        finite, new_scale = update_arguments(finite, new_scale)
+        if finite is not None:
+            check_flag(finite)
         if not self._config.enabled:
-            return
+            return self
         if new_scale is not None:
             self._state = self._state._replace(scale=new_scale_value(new_scale))
             self._last = None
         else:
             checks = [*self._found_inf.values(), *self._functional_found_inf]
+            if finite is not None:
+                checks.append(not bool(finite))
             if not checks:
                 raise NoInfChecksError("No inf checks were recorded prior to update.")
             found_inf = any(checks)
             scale = self._state.scale
             self._state = self._next_state(found_inf)
             self._updates += 1
+            self._skipped += int(found_inf)
+            self._last_skipped = found_inf
             self._record(scale, found_inf)
             self._last = None
             if found_inf:
@@ -427,6 +442,7 @@ class NumpyGradScaler(SkipReports, GradScaler):
         if new_scale is None:
             self._monitor.observe(self._updates, self._state.scale, found_inf,
                                   detail=self._collapse_detail if found_inf else None)
+        return self
 
     def __getstate__(self) -> dict[str, Any]:
         # A copy (pickle, deepcopy) keeps the history and the last report, computed now,
