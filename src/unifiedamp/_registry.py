@@ -69,8 +69,10 @@ BUILTIN: dict[str, BackendInfo] = {
                        "pip install 'unifiedamp[mlx]'", f"{_ADAPTERS}.mlx:MlxAdapter"),
 }
 
-#: Other names ``backend=`` takes for a built-in backend.
-BACKEND_ALIASES = {"tensorflow": "keras"}
+#: Other names ``backend=`` takes for a built-in backend: the framework's package or its
+#: common name (matched without regard to case: ``"PyTorch"`` is torch).
+BACKEND_ALIASES = {"pytorch": "torch", "tensorflow": "keras", "tf": "keras", "tf.keras": "keras",
+                   "paddlepaddle": "paddle", "flax": "jax", "optax": "jax", "np": "numpy"}
 
 # Every framework's top-level modules -> its backend name (tensorflow objects are
 # Keras's), so that detection never silently falls back to NumPy.
@@ -205,11 +207,18 @@ def resolve(name: str) -> BackendInfo:
     Example:
         >>> resolve("numpy").target
         'unifiedamp.backends.numpy:NumpyGradScaler'
+        >>> resolve("PyTorch").name, resolve("tf").name, resolve("flax").name
+        ('torch', 'keras', 'jax')
+        >>> resolve("pytroch")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        unifiedamp._registry.UnknownBackendError: Unknown backend 'pytroch' (did you mean ...
         >>> resolve("mypackage.amp:MyScaler").modules
         ('mypackage',)
     """
     rows = available()
-    name = BACKEND_ALIASES.get(name, name) if name not in rows else name
+    if name not in rows:
+        name = BACKEND_ALIASES.get(name.lower(), name.lower() if name.lower() in rows else name)
     if name in rows:
         return rows[name]
     if ":" in name:
@@ -217,8 +226,22 @@ def resolve(name: str) -> BackendInfo:
         module = name.partition(":")[0].split(".")[0]
         return BackendInfo(name, name, module, (module,), f"install the package providing {name}")
     raise UnknownBackendError(
-        f"Unknown backend {name!r}; available: {sorted(rows)}, or 'module:Class'"
+        f"Unknown backend {name!r}{_did_you_mean(name, rows)}; available: {sorted(rows)} "
+        f"(also {', '.join(sorted(BACKEND_ALIASES))}), or 'module:Class'"
     )
+
+
+def _did_you_mean(name: str, rows: dict[str, BackendInfo]) -> str:
+    # difflib is imported only here, for an error message (import time).
+    import difflib
+
+    known = {**{n: n for n in rows}, **BACKEND_ALIASES}
+    close = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.6)
+    if not close:
+        return ""
+    target = known[close[0]]
+    return f" (did you mean {target!r}?)" if close[0] == target else \
+        f" (did you mean {close[0]!r}, that is {target!r}?)"
 
 
 def _check_target(target: str) -> None:

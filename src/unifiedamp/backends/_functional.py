@@ -26,13 +26,13 @@ from typing import Any, ClassVar, NamedTuple
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor, ScaleCollapseError, ScaleCollapseWarning
-from unifiedamp._scaler import MAX_HISTORY, GradScaler, check_flag
+from unifiedamp._scaler import MAX_HISTORY, GradScaler, check_flag, new_scale_value
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 #: The arrays of a scaler, in pytree order: the state, then the skip counters.
 LEAVES = ("loss_scale", "growth_tracker", "hysteresis_tracker", "skipped_steps",
-          "consecutive_skips")
+          "consecutive_skips", "updates")
 
 
 class FunctionalGradScaler(GradScaler):
@@ -46,7 +46,10 @@ class FunctionalGradScaler(GradScaler):
         skipped_steps: Updates whose gradients were not all finite (the skipped
             steps), an int32 0-d array; not part of a state dict, as in torch.
         consecutive_skips: Such updates in a row up to the last one, an int32 0-d array.
+        updates: Updates made, an int32 0-d array; not part of a state dict either.
     """
+
+    functional = True
 
     #: The array namespace: ``jax.numpy`` or ``mlx.core``.
     xp: ClassVar[Any]
@@ -56,7 +59,7 @@ class FunctionalGradScaler(GradScaler):
         # One array per leaf: a jitted step that donates the scaler's buffers may not
         # meet the same buffer twice.
         self._set_arrays(config, *self._arrays(ScalerState.initial(config)),
-                         self._array(0, self.xp.int32), self._array(0, self.xp.int32))
+                         *(self._array(0, self.xp.int32) for _ in LEAVES[3:]))
 
     @classmethod
     def _array(cls, value: Any, dtype: Any) -> Any:
@@ -119,7 +122,7 @@ class FunctionalGradScaler(GradScaler):
             >>> s = ua.GradScaler(8.0, backend="mlx")
             >>> list(s.tree())  # doctest: +NORMALIZE_WHITESPACE
             ['loss_scale', 'growth_tracker', 'hysteresis_tracker', 'skipped_steps',
-             'consecutive_skips']
+             'consecutive_skips', 'updates']
             >>> s.with_tree(s.tree()).get_scale()
             8.0
         """
@@ -160,14 +163,14 @@ class FunctionalGradScaler(GradScaler):
 
     @property
     def num_skipped_steps(self) -> Any:
-        """Updates whose gradients were not all finite: the steps ``step_if_finite`` /
-        ``where_finite`` (or ``apply``) skipped. An int, or the int32 array while traced.
+        """Updates whose gradients were not all finite: the steps ``where_finite`` (or
+        ``step_if_finite``, ``apply``) skipped. An int, or the int32 array while traced.
 
         Example:
             >>> import unifiedamp as ua
             >>> s = ua.GradScaler(8.0, backend="jax").update(False).update(True).update(False)
-            >>> s.num_skipped_steps, s.last_step_skipped
-            (2, True)
+            >>> s.num_skipped_steps, s.last_step_skipped, s.num_steps
+            (2, True, 3)
         """
         return self._host(self.skipped_steps, int)
 
@@ -176,6 +179,15 @@ class FunctionalGradScaler(GradScaler):
         """Whether the last update's gradients were not all finite (a bool, or a 0-d bool
         array while traced); ``consecutive_skips`` counts them in a row."""
         return self._host(self.consecutive_skips > 0, bool)
+
+    @property
+    def num_steps(self) -> Any:
+        """Updates made (an int, or the int32 array while traced); ``update(new_scale=...)``
+        and a disabled scaler count none."""
+        return self._host(self.updates, int)
+
+    def _reconfigure(self, config: ScalerConfig) -> Any:
+        return self._make(config, *self._leaves())
 
     def with_config(self, **changes: Any) -> Any:
         """A scaler with the same state and some parameters changed (validated).
@@ -186,7 +198,7 @@ class FunctionalGradScaler(GradScaler):
             >>> s.config.growth_interval, s.get_scale()
             (5, 8.0)
         """
-        return self._make(self._config.replace(**changes), *self._leaves())
+        return self._reconfigure(self._config.replace(**changes))
 
     def state_dict(self) -> dict[str, Any]:
         """The canonical dict (reads the device)."""
@@ -208,7 +220,7 @@ class FunctionalGradScaler(GradScaler):
         config, state = spec.parse_state_dict(state_dict, base=self._config)
         # The skip counters are this run's, not the checkpoint's (as in torch).
         return self._make(config.replace(enabled=self._config.enabled), *self._arrays(state),
-                          self.skipped_steps, self.consecutive_skips)
+                          *self._leaves()[3:])
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Refused: torch's in-place habit would silently keep the old state here.
@@ -252,7 +264,7 @@ class FunctionalGradScaler(GradScaler):
         """Whether an encoded scale is finite."""
         return self.xp.isfinite(encoded)
 
-    def update(self, finite: Any) -> Any:
+    def update(self, finite: Any = None, *, new_scale: Any = None) -> Any:
         """The scaler after one iteration whose gradients were all ``finite`` (or not).
 
         Args:
@@ -261,22 +273,40 @@ class FunctionalGradScaler(GradScaler):
                 flags) raises ``TypeError``/``ValueError`` rather than being read as
                 true or reshaping the scaler's arrays; the check reads only static
                 type, dtype and shape, so it costs nothing under jit.
+            new_scale: Instead, a scaler whose scale is this host number (finite and
+                > 0 in float32), trackers and counters kept, as torch's
+                ``update(new_scale)``; not counted as an update.
 
         Example:
             >>> import unifiedamp as ua
             >>> ua.GradScaler(8.0, backend="jax").update(False).get_scale()
             4.0
         """
-        check_flag(finite)
         config, xp = self._config, self.xp
+        if new_scale is not None:
+            if finite is not None:
+                raise TypeError("update() takes a finite flag or new_scale, not both: "
+                                "update(finite) applies the rule, update(new_scale=x) sets "
+                                "the scale")
+            if not config.enabled:
+                return self
+            value = self._array(new_scale_value(new_scale), xp.float32)
+            return self._make(config, value, *self._leaves()[1:])
+        if finite is None:
+            raise TypeError("update() needs the flag unscale() returned: grads, finite = "
+                            "scaler.unscale(grads); scaler = scaler.update(finite) (a "
+                            "functional scaler records no checks of its own)")
+        check_flag(finite)
         if not config.enabled:
             return self
         inf = xp.logical_not(self._array(finite, xp.bool_))
         skipped = (self.skipped_steps + inf.astype(xp.int32)).astype(xp.int32)
         in_a_row = xp.where(inf, self.consecutive_skips + 1, 0).astype(xp.int32)
+        updates = (self.updates + 1).astype(xp.int32)
         if not config.dynamic:
             return self._make(config, self.loss_scale, xp.zeros_like(self.growth_tracker),
-                              xp.zeros_like(self.hysteresis_tracker), skipped, in_a_row)
+                              xp.zeros_like(self.hysteresis_tracker), skipped, in_a_row,
+                              updates)
         hyst = xp.where(inf, self.hysteresis_tracker + 1, 0).astype(xp.int32)
         growth = xp.where(inf, 0, self.growth_tracker + 1).astype(xp.int32)
         back_off = inf & (hyst >= config.hysteresis)
@@ -292,7 +322,8 @@ class FunctionalGradScaler(GradScaler):
         new = xp.where(back_off, backed, xp.where(grow, grown, scale))
         return self._make(config, self._decode(new),
                           xp.where(grow, 0, growth).astype(xp.int32),
-                          xp.where(back_off, 0, hyst).astype(xp.int32), skipped, in_a_row)
+                          xp.where(back_off, 0, hyst).astype(xp.int32), skipped, in_a_row,
+                          updates)
 
 
 # ---------------------------------------------------------------- diagnostics

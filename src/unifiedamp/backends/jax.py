@@ -328,6 +328,18 @@ class JaxGradScaler(FunctionalGradScaler):
         scale = jnp.asarray(self.loss_scale)
         return _multiply(tree, *_split(lax.bitcast_convert_type(scale, jnp.int32)))
 
+    def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
+        """``new`` where ``finite``, else ``old``: pytrees of the same structure, selected
+        leaf by leaf (module-level :func:`where_finite`; traceable, no host sync).
+
+        Example:
+            >>> import jax.numpy as jnp, unifiedamp as ua
+            >>> s = ua.GradScaler(backend="jax")
+            >>> s.where_finite(jnp.array(False), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})["w"]
+            Array([0., 0.], dtype=float32)
+        """
+        return where_finite(finite, new, old)
+
     def unscale(self, grads: Any, axis_name: Any = None) -> tuple[Any, jax.Array]:
         """Divides every leaf by the scale; returns ``(grads, all finite)`` in one pass.
 

@@ -99,6 +99,19 @@ class MlxGradScaler(FunctionalGradScaler):
         finite = all_finite(grads) & mx.isfinite(inv)
         return tree_map(lambda g: (g * inv).astype(g.dtype), grads), finite
 
+    def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
+        """``new`` where ``finite``, else ``old``: trees of the same structure, selected
+        leaf by leaf (module-level :func:`where_finite`; no host sync, works in
+        ``mx.compile``).
+
+        Example:
+            >>> import mlx.core as mx
+            >>> s = MlxGradScaler()
+            >>> s.where_finite(mx.array(False), [mx.ones(2)], [mx.zeros(2)])[0].tolist()
+            [0.0, 0.0]
+        """
+        return where_finite(finite, new, old)
+
     def apply(self, optimizer: Any, model: Any, grads: Any, finite: mx.array) -> None:
         """``optimizer.update(model, grads)``, undone where not ``finite``: parameters and
         optimizer state (moments, step) stay as they were, with no host sync."""

@@ -123,11 +123,11 @@ class NumpyGradScaler(SkipReports, GradScaler):
         >>> scaler = NumpyGradScaler(1024.0, growth_interval=2)
         >>> loss_grad = np.ones(3, np.float32)           # d(loss)/dw
         >>> opt.grads = [scaler.scale(loss_grad)]        # as if backpropagated from scale(loss)
-        >>> scaler.step(opt); scaler.update()
+        >>> scaler.step(opt); _ = scaler.update()
         >>> w, scaler.get_scale(), scaler.last_step_skipped
         (array([-0.1, -0.1, -0.1], dtype=float32), 1024.0, False)
         >>> opt.grads = [np.array([np.inf, 0, 0], np.float32)]
-        >>> scaler.step(opt); scaler.update()
+        >>> scaler.step(opt); _ = scaler.update()
         >>> w, scaler.get_scale(), scaler.last_step_skipped
         (array([-0.1, -0.1, -0.1], dtype=float32), 512.0, True)
     """
@@ -472,7 +472,7 @@ class NumpyGradScaler(SkipReports, GradScaler):
             >>> scaler, opt = NumpyGradScaler(8.0), SGD([w, b])
             >>> scaler.watch({"w": w, "b": b})
             >>> opt.grads = [np.array([np.inf, 8], np.float32), np.zeros(1, np.float32)]
-            >>> scaler.step(opt); scaler.update()
+            >>> scaler.step(opt); _ = scaler.update()
             >>> scaler.overflow_report().names
             ['w']
         """
@@ -494,7 +494,7 @@ class NumpyGradScaler(SkipReports, GradScaler):
             >>> scaler, opt = NumpyGradScaler(4.0), SGD([np.ones(3, np.float32)])
             >>> loss = scaler.scale(np.float32(0.5))
             >>> opt.grads = [np.array([8.0, np.nan, -np.inf], np.float32)]
-            >>> scaler.step(opt); scaler.update()
+            >>> scaler.step(opt); _ = scaler.update()
             >>> print(scaler.overflow_report())  # doctest: +NORMALIZE_WHITESPACE
             Step 1 was skipped at scale 4: 1 of 1 gradients held inf/NaN.
               params[0] (3,): 1 inf, 1 NaN, largest finite |g| 2
@@ -515,7 +515,7 @@ class NumpyGradScaler(SkipReports, GradScaler):
             >>> scaler, opt = NumpyGradScaler(4.0, history=2), SGD([np.ones(1, np.float32)])
             >>> for g in (1.0, np.inf, 1.0):
             ...     opt.grads = [np.array([g], np.float32)]
-            ...     scaler.step(opt); scaler.update()
+            ...     scaler.step(opt); _ = scaler.update()
             >>> scaler.history().as_list()
             [(2, 4.0, True), (3, 2.0, False)]
         """

@@ -49,10 +49,12 @@ from unifiedamp._scaler import (
     NoInfChecksError,
     ScaleNotCalledError,
     SkipReports,
+    check_flag,
     diagnostics_options,
     mid_iteration_load_error,
     new_scale_value,
     report_note,
+    update_arguments,
     watched_pairs,
 )
 from unifiedamp._tree import leaves, tree_map
@@ -192,9 +194,6 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
             ``decr_every_n_nan_or_inf``, ``enable``, ``use_dynamic_loss_scaling``).
 
     Attributes:
-        last_step_skipped: Whether the last ``step()`` skipped ``optimizer.step()``.
-        num_steps: ``step()`` calls made while enabled.
-        num_skipped_steps: Of those, how many skipped the optimizer.
 
     Example:
         >>> import paddle
@@ -206,12 +205,14 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         >>> isinstance(scaler, paddle.amp.GradScaler)
         True
         >>> scaler.scale(model(paddle.ones([2, 3])).sum()).backward()
-        >>> scaler.step(opt); scaler.update()
+        >>> scaler.step(opt); _ = scaler.update()
         >>> scaler.get_scale(), scaler.last_step_skipped
         (1024.0, False)
     """
 
     backend = "paddle"
+    capabilities = frozenset({"unscale_", "step", "minimize", "watch", "overflow_report",
+                              "history"})
 
     def __init__(
         self,
@@ -273,9 +274,8 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         self._ring_scales = paddle.to_tensor(np.zeros(ring, np.float32), place=place)
         self._ring_skipped = paddle.to_tensor(np.zeros(ring, bool), place=place)
         self._ring_count = 0
-        self.last_step_skipped = False
-        self.num_steps = 0
-        self.num_skipped_steps = 0
+        self._last_skipped = False
+        self._skipped = 0
         self._sync_paddle_attributes()
 
     def __repr__(self) -> str:
@@ -341,8 +341,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         self._decr_count = state.hysteresis_tracker
 
     def _set_config(self, **changes: Any) -> None:
-        self._config = self._config.replace(**changes)
-        self._sync_paddle_attributes()
+        self._reconfigure(self._config.replace(**changes))
 
     # ------------------------------------------------------------ config and state
 
@@ -381,42 +380,35 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         self._set_config(init_scale=new_init_loss_scaling)
         self._set_state(self._state._replace(scale=spec.f32(self._config.init_scale)))
 
-    def get_growth_factor(self) -> float:
-        return self._config.growth_factor
+    def _reconfigure(self, config: ScalerConfig) -> PaddleGradScaler:
+        self._config = config
+        self._sync_paddle_attributes()
+        return self
 
-    def set_growth_factor(self, new_factor: float) -> None:
-        self._set_config(growth_factor=new_factor)
+    # paddle.amp.GradScaler's names for the interface's accessors.
+    get_incr_ratio = GradScaler.get_growth_factor
+    set_incr_ratio = GradScaler.set_growth_factor
+    get_decr_ratio = GradScaler.get_backoff_factor
+    set_decr_ratio = GradScaler.set_backoff_factor
+    get_incr_every_n_steps = GradScaler.get_growth_interval
+    set_incr_every_n_steps = GradScaler.set_growth_interval
+    get_decr_every_n_nan_or_inf = GradScaler.get_hysteresis
+    set_decr_every_n_nan_or_inf = GradScaler.set_hysteresis
 
-    get_incr_ratio = get_growth_factor
-    set_incr_ratio = set_growth_factor
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the last update's gradients were not all finite (its step skipped)."""
+        return self._last_skipped
 
-    def get_backoff_factor(self) -> float:
-        return self._config.backoff_factor
+    @property
+    def num_skipped_steps(self) -> int:
+        """Updates whose gradients were not all finite."""
+        return self._skipped
 
-    def set_backoff_factor(self, new_factor: float) -> None:
-        self._set_config(backoff_factor=new_factor)
-
-    get_decr_ratio = get_backoff_factor
-    set_decr_ratio = set_backoff_factor
-
-    def get_growth_interval(self) -> int:
-        return self._config.growth_interval
-
-    def set_growth_interval(self, new_interval: int) -> None:
-        """Changes the interval; a tracker already past it grows on the next finite update."""
-        self._set_config(growth_interval=new_interval)
-
-    get_incr_every_n_steps = get_growth_interval
-    set_incr_every_n_steps = set_growth_interval
-
-    def get_hysteresis(self) -> int:
-        return self._config.hysteresis
-
-    def set_hysteresis(self, new_hysteresis: int) -> None:
-        self._set_config(hysteresis=new_hysteresis)
-
-    get_decr_every_n_nan_or_inf = get_hysteresis
-    set_decr_every_n_nan_or_inf = set_hysteresis
+    @property
+    def num_steps(self) -> int:
+        """Updates made (``update(new_scale=...)`` and a disabled scaler count none)."""
+        return self._updates
 
     def state_dict(self) -> dict[str, Any]:
         """The canonical dict (every unifiedamp backend loads it); a disabled scaler
@@ -628,9 +620,6 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         skipped = bool(state["found_inf"])
         state["found_inf"] = skipped
         state["state"] = OptimizerState.STEPPED
-        self.last_step_skipped = skipped
-        self.num_steps += 1
-        self.num_skipped_steps += int(skipped)
         return None if skipped else call(*args, **kwargs)
 
     def minimize(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -676,16 +665,38 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
             return out, paddle.to_tensor(not found)
         return out, paddle.logical_not(found.reshape([]))
 
-    def update(self, new_scale: Any = None) -> None:
-        """Adapts the scale from every check since the last update, per the spec.
+    def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
+        """``new`` where ``finite`` (the bool tensor :meth:`unscale` returns, or a bool),
+        else ``old``: trees of tensors, selected by ``paddle.where``.
 
-        ``new_scale`` (a float, a 1-element array or tensor; finite and > 0) sets the
-        scale instead, leaving the trackers, as torch does; such a manual set is not
-        counted as an update: it is not recorded in :meth:`history`, and
+        Example:
+            >>> import paddle
+            >>> s = PaddleGradScaler()
+            >>> s.where_finite(paddle.to_tensor(False), [paddle.ones([2])],
+            ...                [paddle.zeros([2])])[0].tolist()
+            [0.0, 0.0]
+        """
+        if isinstance(finite, paddle.Tensor):
+            return tree_map(lambda n, o: paddle.where(finite, n, o), new, old)
+        keep = bool(finite)
+        return tree_map(lambda n, o: n if keep else o, new, old)
+
+    def update(self, finite: Any = None, *, new_scale: Any = None) -> PaddleGradScaler:
+        """Adapts the scale from every check since the last update, per the spec; returns
+        the scaler itself.
+
+        ``finite`` (the flag :meth:`unscale` returned, or a bool) counts as one more
+        check; ``update()`` uses the checks alone. ``new_scale`` (a float, a 1-element
+        array or tensor; finite and > 0; a number as the first argument, as in torch)
+        sets the scale instead, leaving the trackers, as torch does; such a manual set
+        is not counted as an update: it is not recorded in :meth:`history`, and
         :meth:`overflow_report` is None after it (as on torch).
         """
+        finite, new_scale = update_arguments(finite, new_scale)
+        if finite is not None:
+            check_flag(finite)
         if not self._config.enabled:
-            return
+            return self
         self._claim()
         found_inf = False
         if new_scale is not None:
@@ -700,6 +711,8 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
             optimizer_checks = [s["found_inf"] for s in self._optimizer_states.values()
                                 if "found_inf" in s]
             checks = optimizer_checks + self._functional_found_inf
+            if finite is not None:
+                checks.append(not bool(finite))
             if not checks:
                 raise NoInfChecksError("No inf checks were recorded prior to update.")
             found_inf = any(bool(flag) for flag in checks)
@@ -707,6 +720,8 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
             scale = self._state.scale
             self._set_state(spec.update(self._config, self._state, found_inf))
             self._updates += 1
+            self._skipped += int(found_inf)
+            self._last_skipped = found_inf
             self._record(scale, found_inf)
             self._last = None
             if found_inf:
@@ -724,6 +739,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
             # After the update is applied: on_collapse="raise" leaves a consistent scaler.
             self._monitor.observe(self._updates, self._state.scale, found_inf,
                                   detail=self._collapse_detail if found_inf else None)
+        return self
 
     def _claim(self) -> None:
         # One scaler's iteration (scale ... update) must run in one thread: two threads
@@ -762,7 +778,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
             >>> scaler.watch(model)
             >>> x = paddle.to_tensor([[float("inf"), 1.0]])  # d(out)/d(weight) = x
             >>> scaler.scale(model(x).sum()).backward()
-            >>> scaler.step(opt); scaler.update()
+            >>> scaler.step(opt); _ = scaler.update()
             >>> scaler.overflow_report().names
             ['weight']
         """
@@ -788,7 +804,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
             >>> scaler = PaddleGradScaler(8.0, diagnose=True)
             >>> x = paddle.to_tensor([[float("nan"), 1.0]])  # d(out)/d(weight) = x
             >>> scaler.scale(model(x).sum()).backward()
-            >>> scaler.step(opt); scaler.update(); opt.clear_grad()
+            >>> scaler.step(opt); _ = scaler.update(); opt.clear_grad()
             >>> print(scaler.overflow_report())  # doctest: +NORMALIZE_WHITESPACE
             Step 1 was skipped at scale 8: 1 of 2 gradients held inf/NaN.
               param_groups[0][0] (2, 1): 0 inf, 1 NaN, largest finite |g| 1
@@ -816,7 +832,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
             >>> scaler = PaddleGradScaler(8.0, history=2)
             >>> for poison in (1.0, float("inf"), 1.0):
             ...     scaler.scale(model(paddle.full([1, 2], poison)).sum()).backward()
-            ...     scaler.step(opt); scaler.update(); opt.clear_grad()
+            ...     scaler.step(opt); _ = scaler.update(); opt.clear_grad()
             >>> scaler.history().as_list()
             [(2, 8.0, True), (3, 4.0, False)]
         """

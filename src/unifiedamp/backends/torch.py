@@ -36,9 +36,11 @@ from unifiedamp._scaler import (
     GradScaler,
     NoInfChecksError,
     ScaleNotCalledError,
+    check_flag,
     diagnostics_options,
     mid_iteration_load_error,
     new_scale_value,
+    update_arguments,
     watched_pairs,
 )
 from unifiedamp._tree import leaves, tree_map
@@ -255,6 +257,15 @@ def _takes_grad_scaler(optimizer: torch.optim.Optimizer) -> bool:
         return takes
 
 
+def _not_finite(finite: Any, device: torch.device) -> torch.Tensor:
+    """``update(finite)``'s flag as a check: a float32 0.0/1.0 (1.0: not finite) on
+    ``device``, without a host sync."""
+    if isinstance(finite, torch.Tensor):
+        return torch.logical_not(finite).to(device=device, dtype=torch.float32,
+                                            non_blocking=True)
+    return torch.tensor(0.0 if bool(finite) else 1.0, device=device)
+
+
 def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
     for group in optimizer.param_groups:
         for param in group["params"]:
@@ -371,9 +382,6 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             small op per update, no host sync.
         **kwargs: The other config parameters (canonical names or aliases).
 
-    Attributes:
-        num_steps: ``step()`` calls made while enabled.
-
     Example:
         >>> import torch
         >>> import unifiedamp as ua
@@ -383,12 +391,13 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         >>> isinstance(scaler, torch.amp.GradScaler)
         True
         >>> scaler.scale(model(torch.ones(2, 3)).sum()).backward()
-        >>> scaler.step(opt); scaler.update()
+        >>> scaler.step(opt); _ = scaler.update()
         >>> scaler.get_scale(), scaler.last_step_skipped
         (1024.0, False)
     """
 
     backend = "torch"
+    capabilities = frozenset({"unscale_", "step", "watch", "overflow_report", "history"})
 
     def __init__(
         self,
@@ -463,7 +472,6 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         # torch lets step()/unscale_() run only once scale() has created the scale;
         # here device= creates it at once, so a flag tells whether scale() ran.
         self._scale_called = False
-        self.num_steps = 0
         self._diagnose = diagnose
         self._history_size = int(history)
         self._reset_diagnostics()
@@ -563,43 +571,32 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         """Whether ``update`` runs ``torch._amp_update_scale_`` (else the spec in tensor ops)."""
         return torch_expressible(self._config)
 
-    def _set_config(self, **changes: Any) -> None:
-        self._config = self._config.replace(**changes)
+    def _reconfigure(self, config: ScalerConfig) -> TorchGradScaler:
+        self._config = config
         self._sync_torch_attributes()
         # A smaller backoff factor shortens the bound: check until the next read.
         self._check_unscalable_from = self._updates
+        # torch's kernel grows on tracker + 1 == interval: a lowered interval below the
+        # tracker would never grow again; the next update clamps the tracker.
+        self._clamp_tracker = True
+        return self
+
+    def _set_config(self, **changes: Any) -> None:
+        self._reconfigure(self._config.replace(**changes))
 
     def _scale_known(self, scale: float) -> None:
         """The host has just learnt the scale (set, loaded or read): move the bound."""
         self._check_unscalable_from = self._updates + _updates_before_unscalable(
             self._config, scale)
 
-    def get_growth_factor(self) -> float:
-        return self._config.growth_factor
-
-    def set_growth_factor(self, new_factor: float) -> None:
-        self._set_config(growth_factor=new_factor)
-
-    def get_backoff_factor(self) -> float:
-        return self._config.backoff_factor
-
-    def set_backoff_factor(self, new_factor: float) -> None:
-        self._set_config(backoff_factor=new_factor)
-
-    def get_growth_interval(self) -> int:
-        return self._config.growth_interval
-
-    def set_growth_interval(self, new_interval: int) -> None:
-        """Changes the interval; a tracker already past it grows on the next finite update
-        (torch's kernel tests ``tracker == interval`` and would never grow again)."""
-        self._set_config(growth_interval=new_interval)
-        self._clamp_tracker = True
-
-    def get_hysteresis(self) -> int:
-        return self._config.hysteresis
-
-    def set_hysteresis(self, new_hysteresis: int) -> None:
-        self._set_config(hysteresis=new_hysteresis)
+    # torch.amp.GradScaler's own accessors come first in the MRO; these are the
+    # interface's, over _reconfigure (validated, one config).
+    get_growth_factor = GradScaler.get_growth_factor
+    set_growth_factor = GradScaler.set_growth_factor
+    get_backoff_factor = GradScaler.get_backoff_factor
+    set_backoff_factor = GradScaler.set_backoff_factor
+    get_growth_interval = GradScaler.get_growth_interval
+    set_growth_interval = GradScaler.set_growth_interval
 
     def _get_hysteresis_tracker(self) -> int:
         if self._hysteresis_tracker is None:
@@ -711,18 +708,23 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
 
     @property
     def last_step_skipped(self) -> bool:
-        """Whether the last ``step()`` skipped ``optimizer.step()`` (reads the device
-        after a fused step; free after a plain one)."""
+        """Whether the last update's gradients were not all finite, so its ``step()``
+        skipped the optimizer (reads the device unless a plain ``step()`` read the flag)."""
         skipped = self._last_skipped
         return bool(skipped.item()) if isinstance(skipped, torch.Tensor) else skipped
 
     @property
     def num_skipped_steps(self) -> int:
-        """How many ``step()`` calls skipped the optimizer (reads the device if any step
-        was fused)."""
+        """Updates whose gradients were not all finite (reads the device unless every
+        flag was read by a plain ``step()``)."""
         on_device = self._skipped_on_device
         extra = int(on_device.item()) if on_device is not None else 0
         return self._skipped_on_host + extra
+
+    @property
+    def num_steps(self) -> int:
+        """Updates made (``update(new_scale=...)`` and a disabled scaler count none)."""
+        return self._updates
 
     # ------------------------------------------------------------ the verbs
 
@@ -860,8 +862,6 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                         *args: Any, **kwargs: Any) -> Any:
         # The plain path's one host read: Python must decide whether to step.
         skipped = bool(sum(v.item() for v in optimizer_state["found_inf_per_device"].values()))
-        self._last_skipped = skipped
-        self._skipped_on_host += skipped
         self._host_reads += 1
         self._host_found |= skipped
         return None if skipped else optimizer.step(*args, **kwargs)
@@ -884,17 +884,6 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             retval = self._fused_step(optimizer, *args, **kwargs)
         else:
             retval = super().step(optimizer, *args, **kwargs)
-        self.num_steps += 1
-        founds = fused and list(
-            self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
-        if founds:  # none: an optimizer with the grad_scaler keyword checked nothing
-            # One op: the flag is 0.0 or 1.0 (torch's kernel, the clamp, the MAX
-            # all-reduce); only flags from several devices are summed and clamped.
-            found = founds[0] if len(founds) == 1 else None
-            if found is None or found.device != self._scale.device:
-                found = sum(f.to(self._scale.device) for f in founds).clamp_(max=1.0)
-            self._last_skipped = found
-            self._skipped_on_device.add_(found)
         return retval
 
     def _fused_step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
@@ -960,10 +949,32 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._functional_found_inf.append(found)
         return out, found == 0
 
-    def update(self, new_scale: float | torch.Tensor | np.ndarray | None = None) -> None:
-        """Adapts the scale from every check since the last update, per the spec; no host sync.
+    def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
+        """``new`` where ``finite`` (the 0-d bool tensor :meth:`unscale` returns, or a
+        bool), else ``old``: trees of tensors, selected by ``torch.where`` without a host
+        sync.
 
-        ``new_scale`` sets the scale instead, leaving the trackers, as torch does:
+        Example:
+            >>> import torch
+            >>> s = TorchGradScaler(device="cpu")
+            >>> s.where_finite(torch.tensor(False), [torch.ones(2)], [torch.zeros(2)])
+            [tensor([0., 0.])]
+        """
+        if isinstance(finite, torch.Tensor):
+            return tree_map(lambda n, o: torch.where(finite, n, o), new, old)
+        keep = bool(finite)
+        return tree_map(lambda n, o: n if keep else o, new, old)
+
+    def update(self, finite: Any = None, *,
+               new_scale: float | torch.Tensor | np.ndarray | None = None) -> TorchGradScaler:
+        """Adapts the scale from every check since the last update, per the spec; no host
+        sync. Returns the scaler itself.
+
+        ``finite`` (the flag :meth:`unscale` returned: a 0-d bool tensor, or a bool)
+        counts as one more check; ``update()`` uses the checks alone.
+
+        ``new_scale`` sets the scale instead, leaving the trackers, as torch does (a
+        number as the first argument is ``new_scale``, as in torch):
         a Python or NumPy number, or a 1-element NumPy array (checked: finite and
         > 0 in float32), or a 1-element floating-point tensor (not checked: that
         would wait for the device). Such a manual update is not counted as an update:
@@ -977,11 +988,14 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         Example:
             >>> import numpy as np
             >>> scaler = TorchGradScaler(1024.0, device="cpu")
-            >>> scaler.update(np.float32(8.0)); scaler.get_scale()
+            >>> scaler.update(np.float32(8.0)).get_scale()
             8.0
         """
+        finite, new_scale = update_arguments(finite, new_scale)
+        if finite is not None:
+            check_flag(finite)
         if not self._enabled:
-            return
+            return self
         # torch's _check_scale_growth_tracker, which torch.compile does not trace.
         scale, growth = self._scale, self._growth_tracker
         if scale is None:
@@ -1008,10 +1022,12 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             functional = self._functional_found_inf
             if functional:
                 found_infs += functional
+            if finite is not None:
+                found_infs.append(_not_finite(finite, scale.device))
             elif not found_infs:
                 raise NoInfChecksError("No inf checks were recorded prior to update.")
             host_found = (self._host_found if self._host_reads == checked and not functional
-                          else None)
+                          and finite is None else None)
             if len(found_infs) > 1:
                 found = torch.stack(found_infs).sum().clamp_(max=1.0)
             else:
@@ -1024,6 +1040,12 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             report = self._diagnose_now(scale, found, host_found) if diagnosed else None
             self._apply_update(scale, growth, found)
             self._updates += 1
+            if host_found is not None:
+                self._last_skipped = host_found
+                self._skipped_on_host += host_found
+            else:
+                self._last_skipped = found
+                self._skipped_on_device.add_(found)
             self._remember_update(found, host_found, report, diagnosed)
             self._watch_collapse(found, host_found)
         self._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
@@ -1032,6 +1054,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._host_reads = 0
         self._host_found = False
         self._checking = {}
+        return self
 
     def _set_scale(self, new_scale: Any) -> None:
         # One message shape with the numpy backend's, whatever the type.
@@ -1167,7 +1190,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             >>> scaler.watch(model)
             >>> scaler.scale(model(torch.ones(1, 2)).sum()).backward()
             >>> model.bias.grad[0] = float("inf")  # an overflow, injected
-            >>> scaler.step(opt); scaler.update()
+            >>> scaler.step(opt); _ = scaler.update()
             >>> report = scaler.overflow_report()
             >>> report.names, report.step, report.scale, report.loss_finite
             (['bias'], 1, 1024.0, True)
@@ -1203,7 +1226,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             >>> scaler = TorchGradScaler(1024.0, growth_interval=1, device="cpu", history=2)
             >>> for x in (1.0, 1.0, float("inf")):  # the third overflows
             ...     scaler.scale(model(torch.full((1, 2), x)).sum()).backward()
-            ...     scaler.step(opt); scaler.update(); opt.zero_grad()
+            ...     scaler.step(opt); _ = scaler.update(); opt.zero_grad()
             >>> scaler.history().as_list()
             [(2, 2048.0, False), (3, 4096.0, True)]
         """
