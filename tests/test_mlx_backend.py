@@ -107,7 +107,9 @@ def test_skip_counters_and_their_tree():
     scaler = MlxGradScaler(8.0).update(mx.array(False)).update(mx.array(False))
     assert (scaler.num_skipped_steps, scaler.last_step_skipped) == (2, True)
     assert sorted(scaler.tree()) == ["consecutive_skips", "growth_tracker",
-                                     "hysteresis_tracker", "loss_scale", "skipped_steps"]
+                                     "hysteresis_tracker", "loss_scale", "skipped_steps",
+                                     "updates"]
+    assert scaler.num_steps == 2
     assert scaler.with_tree(scaler.tree()).update(mx.array(True)).last_step_skipped is False
 
 

@@ -156,11 +156,12 @@ def test_one_inf_in_either_of_two_optimizers_backs_off_once():
     a, b = SGD([np.zeros(1, np.float32)]), SGD([np.zeros(1, np.float32)])
     a.grads, b.grads = [np.array([np.inf], np.float32)], [np.array([1.0], np.float32)]
     scaler.step(a)
-    assert scaler.last_step_skipped
     scaler.step(b)  # b's gradients are finite: b steps, as in torch
-    assert not scaler.last_step_skipped and b.params[0][0] != 0
+    assert a.params[0][0] == 0 and b.params[0][0] != 0
+    assert scaler.num_steps == 0  # the counters are the updates'
     scaler.update()
     assert scaler.get_scale() == 512.0
+    assert scaler.last_step_skipped and (scaler.num_steps, scaler.num_skipped_steps) == (1, 1)
 
 
 CALL_ORDER = [
@@ -388,5 +389,8 @@ def test_update_new_scale_takes_the_same_types_on_every_imperative_backend(backe
     for bad in (True, [8.0], "8", np.ones(2)):
         with pytest.raises(TypeError, match="new_scale must be a float or a 1-element "
                                             "array/tensor, got"):
-            scaler.update(bad)
-    assert scaler.get_scale() == 8.0
+            scaler.update(new_scale=bad)
+        if bad is not True:  # positional, a bool is update(finite)'s flag
+            with pytest.raises(TypeError, match="new_scale must be a float"):
+                scaler.update(bad)
+    assert scaler.get_scale() == 8.0 and scaler.num_steps == 0

@@ -221,13 +221,16 @@ def test_two_optimizers_two_losses_inf_in_either_backs_off_once():
                   for i, m in enumerate((a, b))]
         for loss in scaler.scale(losses):  # a list of losses scales in one call
             loss.backward()
-        skipped = []
+        before = [[p.detach().clone() for p in m.parameters()] for m in (a, b)]
         for opt in (opt_a, opt_b):
             scaler.step(opt)
-            skipped.append(scaler.last_step_skipped)
         scaler.update()
-        assert skipped == [poisoned == 0, poisoned == 1]  # each optimizer skips on its own
+        for i, m in enumerate((a, b)):  # each optimizer skips on its own
+            same = all(torch.equal(x, y) for x, y in zip(before[i], m.parameters(),
+                                                          strict=True))
+            assert same is (i == poisoned), i
         assert scaler.get_scale() == 512.0  # one backoff for the iteration
+        assert scaler.last_step_skipped and (scaler.num_steps, scaler.num_skipped_steps) == (1, 1)
 
 
 def test_dict_of_named_losses_is_scaled():

@@ -275,7 +275,7 @@ def test_update_new_scale_takes_numpy_values_like_the_numpy_backend():
                 [8.0], "8"):
         with pytest.raises(TypeError, match=r"^new_scale must be a float or a 1-element "
                                             r"array/tensor"):
-            scaler.update(bad)
+            scaler.update(new_scale=bad)
     for bad in (np.float32("nan"), np.array([0.0]), np.float64(1e39)):
         with pytest.raises(ValueError, match="new_scale must be finite and > 0 in float32"):
             scaler.update(bad)

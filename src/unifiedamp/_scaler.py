@@ -20,9 +20,16 @@ from unifiedamp.spec import ScalerConfig, ScalerState, f32, unscale_overflows
 # this idiom.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Literal, overload
 
     from typing_extensions import Self
+
+    from unifiedamp.backends.jax import JaxGradScaler
+    from unifiedamp.backends.keras import KerasGradScaler
+    from unifiedamp.backends.mlx import MlxGradScaler
+    from unifiedamp.backends.numpy import NumpyGradScaler
+    from unifiedamp.backends.paddle import PaddleGradScaler
+    from unifiedamp.backends.torch import TorchGradScaler
 
 
 class NoInfChecksError(RuntimeError, AssertionError):
@@ -316,6 +323,10 @@ OPTIONAL_MEMBERS = {
     "watch": "name the parameters the overflow report lists",
     "overflow_report": "which gradients held inf/NaN at the last skipped update",
     "history": "the last updates' scales and skips",
+    "native_state_dict": "the framework's own scaler state dict (torch, Paddle)",
+    "tree": "functional: the scaler's arrays as a dict (for mx.compile, checkpoints)",
+    "with_tree": "functional: the scaler with the arrays of a tree()",
+    "with_config": "functional: the scaler with some parameters changed, state kept",
 }
 
 
@@ -341,6 +352,22 @@ def _constructor_signature(cls: type) -> Any:
         params += [p for p in own if p.kind is kind.KEYWORD_ONLY and p.name not in CANONICAL]
         params.append(kind("aliases", kind.VAR_KEYWORD, annotation="Any"))
     return inspect.Signature(params, return_annotation=cls.__name__)
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeVar
+
+    _F = TypeVar("_F", bound=Callable[..., Any])
+
+    # Type checkers see no abstract members: GradScaler(...) is built through its
+    # metaclass, which returns a backend's class (the overloads of __new__ below), and
+    # would otherwise be an error for instantiating an abstract class. At run time
+    # they are abstract: a backend that leaves one out cannot be built.
+    def _abstract(function: _F) -> _F:
+        return function
+else:
+    _abstract = abc.abstractmethod
 
 
 class _FacadeMeta(abc.ABCMeta):
@@ -413,6 +440,61 @@ class GradScaler(metaclass=_FacadeMeta):
         (False, True, False)
     """
 
+    if TYPE_CHECKING:
+        # What type checkers see of the constructor (the metaclass dispatches at run
+        # time): the design's signature, and the backend's class for a literal name.
+        @overload
+        def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
+                    backoff_factor: float = ..., growth_interval: int = ...,
+                    enabled: bool = ..., *, hysteresis: int = ...,
+                    min_scale: float | None = ..., max_scale: float | None = ...,
+                    dynamic: bool = ..., backend: Literal["numpy", "np"],
+                    **options: Any) -> NumpyGradScaler: ...
+        @overload
+        def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
+                    backoff_factor: float = ..., growth_interval: int = ...,
+                    enabled: bool = ..., *, hysteresis: int = ...,
+                    min_scale: float | None = ..., max_scale: float | None = ...,
+                    dynamic: bool = ..., backend: Literal["torch", "pytorch"],
+                    **options: Any) -> TorchGradScaler: ...
+        @overload
+        def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
+                    backoff_factor: float = ..., growth_interval: int = ...,
+                    enabled: bool = ..., *, hysteresis: int = ...,
+                    min_scale: float | None = ..., max_scale: float | None = ...,
+                    dynamic: bool = ..., backend: Literal["paddle", "paddlepaddle"],
+                    **options: Any) -> PaddleGradScaler: ...
+        @overload
+        def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
+                    backoff_factor: float = ..., growth_interval: int = ...,
+                    enabled: bool = ..., *, hysteresis: int = ...,
+                    min_scale: float | None = ..., max_scale: float | None = ...,
+                    dynamic: bool = ...,
+                    backend: Literal["keras", "tensorflow", "tf", "tf.keras"],
+                    **options: Any) -> KerasGradScaler: ...
+        @overload
+        def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
+                    backoff_factor: float = ..., growth_interval: int = ...,
+                    enabled: bool = ..., *, hysteresis: int = ...,
+                    min_scale: float | None = ..., max_scale: float | None = ...,
+                    dynamic: bool = ..., backend: Literal["jax", "flax", "optax"],
+                    **options: Any) -> JaxGradScaler: ...
+        @overload
+        def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
+                    backoff_factor: float = ..., growth_interval: int = ...,
+                    enabled: bool = ..., *, hysteresis: int = ...,
+                    min_scale: float | None = ..., max_scale: float | None = ...,
+                    dynamic: bool = ..., backend: Literal["mlx"],
+                    **options: Any) -> MlxGradScaler: ...
+        @overload
+        def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
+                    backoff_factor: float = ..., growth_interval: int = ...,
+                    enabled: bool = ..., *, hysteresis: int = ...,
+                    min_scale: float | None = ..., max_scale: float | None = ...,
+                    dynamic: bool = ..., backend: Any = None,
+                    **options: Any) -> GradScaler: ...
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any: ...
+
     #: The backend's name: what ``backend=`` takes and ``state_dict()["backend"]`` holds.
     backend: str = ""
 
@@ -441,40 +523,40 @@ class GradScaler(metaclass=_FacadeMeta):
     # ------------------------------------------------------------ config and state
 
     @property
-    @abc.abstractmethod
+    @_abstract
     def config(self) -> ScalerConfig:
         """The validated configuration."""
 
     @property
-    @abc.abstractmethod
+    @_abstract
     def state(self) -> ScalerState:
         """The scale and both trackers, as Python numbers (may read the device)."""
 
-    @abc.abstractmethod
+    @_abstract
     def is_enabled(self) -> bool:
         """Whether the scaler scales at all (``enabled=False`` makes every verb a pass-through)."""
 
-    @abc.abstractmethod
+    @_abstract
     def get_scale(self) -> Any:
         """The current scale as a Python float (inside a traced function, the 0-d array);
         1.0 when disabled."""
 
     @property
-    @abc.abstractmethod
+    @_abstract
     def last_step_skipped(self) -> Any:
         """Whether the last update's gradients were not all finite (its step skipped)."""
 
     @property
-    @abc.abstractmethod
+    @_abstract
     def num_skipped_steps(self) -> Any:
         """Updates whose gradients were not all finite, since the scaler was made."""
 
     @property
-    @abc.abstractmethod
+    @_abstract
     def num_steps(self) -> Any:
         """Updates made since the scaler was made (a disabled scaler makes none)."""
 
-    @abc.abstractmethod
+    @_abstract
     def _reconfigure(self, config: ScalerConfig) -> Any:
         """The scaler with ``config`` (validated) and its state: imperative backends set
         it and return ``self``, functional ones return a new scaler."""
@@ -512,7 +594,7 @@ class GradScaler(metaclass=_FacadeMeta):
         """Sets ``hysteresis`` (validated); returns the scaler (a new one if functional)."""
         return self._reconfigure(self.config.replace(hysteresis=new_hysteresis))
 
-    @abc.abstractmethod
+    @_abstract
     def state_dict(self) -> dict[str, Any]:
         """The canonical, JSON-serialisable state (see :func:`unifiedamp.spec.to_state_dict`)."""
 
@@ -530,22 +612,22 @@ class GradScaler(metaclass=_FacadeMeta):
 
     # ------------------------------------------------------------ the verbs
 
-    @abc.abstractmethod
+    @_abstract
     def scale(self, outputs: Any) -> Any:
         """The loss (or a tree of outputs) multiplied by the scale, each keeping its dtype."""
 
-    @abc.abstractmethod
+    @_abstract
     def unscale(self, grads: Any) -> tuple[Any, Any]:
         """``(grads divided by the scale, all finite)``: unscaled copies and one flag (a bool,
         or a 0-d bool array/tensor that stays on the device). The check counts towards the
         next :meth:`update` on imperative backends; pass the flag to it on every backend."""
 
-    @abc.abstractmethod
+    @_abstract
     def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
         """``new`` where ``finite``, else ``old``: two trees of the same structure (the
         parameters after and before a step), selected leaf by leaf without a host sync."""
 
-    @abc.abstractmethod
+    @_abstract
     def update(self, finite: Any = None, *, new_scale: Any = None) -> Self:
         """Applies the spec's rule once and returns the scaler (a new one if functional).
 
@@ -588,6 +670,22 @@ class GradScaler(metaclass=_FacadeMeta):
         """The last updates' scales and skips, a :class:`unifiedamp.diagnostics.ScaleHistory`
         (built with ``history=N``)."""
         raise NotImplementedError(self._unsupported("history"))
+
+    def native_state_dict(self) -> dict[str, Any]:
+        """torch, Paddle: the state dict the framework's own scaler writes and reads."""
+        raise NotImplementedError(self._unsupported("native_state_dict"))
+
+    def tree(self) -> dict[str, Any]:
+        """Functional: the scaler's arrays as a dict (what ``mx.compile`` takes)."""
+        raise NotImplementedError(self._unsupported("tree"))
+
+    def with_tree(self, tree: dict[str, Any]) -> Self:
+        """Functional: this scaler's config with the arrays of ``tree`` (from :meth:`tree`)."""
+        raise NotImplementedError(self._unsupported("with_tree"))
+
+    def with_config(self, **changes: Any) -> Self:
+        """Functional: a scaler with the same state and some parameters changed."""
+        raise NotImplementedError(self._unsupported("with_config"))
 
     def _unsupported(self, member: str) -> str:
         if member in ("watch", "overflow_report", "history") and self.functional:

@@ -50,6 +50,7 @@ class FunctionalGradScaler(GradScaler):
     """
 
     functional = True
+    capabilities = frozenset({"tree", "with_tree", "with_config"})
 
     #: The array namespace: ``jax.numpy`` or ``mlx.core``.
     xp: ClassVar[Any]

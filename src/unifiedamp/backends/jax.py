@@ -309,7 +309,7 @@ class JaxGradScaler(FunctionalGradScaler):
 
     # ------------------------------------------------------------ the verbs
 
-    def scale(self, tree: Any) -> Any:
+    def scale(self, outputs: Any) -> Any:
         """Multiplies every leaf (a loss, or a tree of outputs) by the scale; each leaf
         keeps its dtype.
 
@@ -323,10 +323,10 @@ class JaxGradScaler(FunctionalGradScaler):
             Array(1.7763568e-15, dtype=float32)
         """
         if not self._config.enabled:
-            return tree
+            return outputs
         # asarray: in a flax nnx optimizer state the leaf is a Variable, not an array.
         scale = jnp.asarray(self.loss_scale)
-        return _multiply(tree, *_split(lax.bitcast_convert_type(scale, jnp.int32)))
+        return _multiply(outputs, *_split(lax.bitcast_convert_type(scale, jnp.int32)))
 
     def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
         """``new`` where ``finite``, else ``old``: pytrees of the same structure, selected

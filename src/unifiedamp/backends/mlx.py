@@ -4,7 +4,8 @@ Same verbs as the JAX backend: ``scale(tree)``, ``unscale(grads) -> (grads,
 finite)``, ``update(finite) -> scaler``. Nothing waits for the device: the
 skip is a ``mx.where`` over parameters and optimizer state (:meth:`apply`).
 ``mx.compile`` takes trees of arrays, so a compiled step passes the scaler as
-``scaler.tree()`` and rebuilds it with ``scaler.with_tree(tree)``.
+``scaler.tree()`` and rebuilds it with ``scaler.with_tree(tree)``; :func:`compile`
+does that for a function that takes and returns scalers.
 MLX computes float32 subnormals on the CPU (measured with mlx 0.32 on Linux),
 so the update is a plain float32 multiply.
 """
@@ -22,6 +23,7 @@ from unifiedamp.backends import _functional
 from unifiedamp.backends._functional import FunctionalGradScaler, LeafCounts
 
 __all__ = ["LeafCounts", "MlxGradScaler", "all_finite", "check_collapse", "collapse_message",
+           "compile",
            "history_init", "history_record", "overflow_counts", "overflow_report",
            "scale_history", "where_finite"]
 
@@ -43,6 +45,55 @@ def all_finite(tree: Any) -> mx.array:
 def where_finite(finite: mx.array, new: Any, old: Any) -> Any:
     """``new`` where ``finite``, else ``old``, leaf by leaf."""
     return tree_map(lambda n, o: mx.where(finite, n, o), new, old)
+
+
+def compile(fn: Any, **options: Any) -> Any:
+    """``mx.compile(fn)`` for a function whose arguments and results may be scalers.
+
+    ``mx.compile`` takes and returns trees of arrays only: each :class:`MlxGradScaler`
+    among the positional arguments goes in as its :meth:`~MlxGradScaler.tree`, and
+    each among the results (the result itself, or an item of a returned tuple) comes
+    back as a scaler. A scaler's config is static: one compiled function per config.
+    ``options`` go to ``mx.compile`` (``inputs``, ``outputs``, ``shapeless``).
+
+    Example:
+        >>> import mlx.core as mx
+        >>> import unifiedamp as ua
+        >>> @compile
+        ... def step(scaler, w):
+        ...     grads, finite = scaler.unscale(scaler.scale(w))
+        ...     return scaler.update(finite), grads
+        >>> scaler, grads = step(ua.GradScaler(8.0, growth_interval=1, backend="mlx"),
+        ...                      mx.ones(2))
+        >>> scaler.get_scale(), grads.tolist()
+        (16.0, [1.0, 1.0])
+    """
+    compiled: dict[Any, tuple[Any, list[Any]]] = {}
+
+    def run(*args: Any) -> Any:
+        templates = tuple(a if isinstance(a, MlxGradScaler) else None for a in args)
+        key = tuple(None if t is None else (type(t), t._config) for t in templates)
+        if key not in compiled:
+            returned: list[Any] = []  # the scalers' templates among the results, once traced
+
+            def on_trees(*trees: Any) -> Any:
+                inner = [t if template is None else template.with_tree(t)
+                         for t, template in zip(trees, templates, strict=True)]
+                out = fn(*inner)
+                items = out if isinstance(out, tuple) else (out,)
+                returned[:] = [o if isinstance(o, MlxGradScaler) else None for o in items]
+                flat = tuple(o.tree() if isinstance(o, MlxGradScaler) else o for o in items)
+                return flat if isinstance(out, tuple) else flat[0]
+
+            compiled[key] = (mx.compile(on_trees, **options), returned)
+        function, returned = compiled[key]
+        out = function(*(a.tree() if isinstance(a, MlxGradScaler) else a for a in args))
+        items = out if isinstance(out, tuple) else (out,)
+        rebuilt = tuple(o if template is None else template.with_tree(o)
+                        for o, template in zip(items, returned, strict=True))
+        return rebuilt if isinstance(out, tuple) else rebuilt[0]
+
+    return run
 
 
 class MlxGradScaler(FunctionalGradScaler):
@@ -84,11 +135,11 @@ class MlxGradScaler(FunctionalGradScaler):
 
     # ------------------------------------------------------------ the verbs
 
-    def scale(self, tree: Any) -> Any:
+    def scale(self, outputs: Any) -> Any:
         """Multiplies every leaf by the scale; each keeps its dtype."""
         if not self._config.enabled:
-            return tree
-        return tree_map(lambda x: (x * self.loss_scale).astype(x.dtype), tree)
+            return outputs
+        return tree_map(lambda x: (x * self.loss_scale).astype(x.dtype), outputs)
 
     def unscale(self, grads: Any) -> tuple[Any, mx.array]:
         """``(grads / scale, all finite)``; finiteness is decided on the scaled gradients,

@@ -212,7 +212,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
 
     backend = "paddle"
     capabilities = frozenset({"unscale_", "step", "minimize", "watch", "overflow_report",
-                              "history"})
+                              "history", "native_state_dict"})
 
     def __init__(
         self,
@@ -484,18 +484,18 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         return (tensor.astype(paddle.float32) * self._factor(tensor.dtype, reciprocal)
                 ).astype(tensor.dtype)
 
-    def scale(self, var: Any) -> Any:
+    def scale(self, outputs: Any) -> Any:
         """Multiplies a tensor, or a list/tuple/dict of them, by the scale (shape and dtype
         kept), on every place and whatever ``auto_cast`` is set to."""
         if not self._config.enabled:
-            return var
+            return outputs
         self._claim()
         self._scale_called = True
         if not self._bf16_warned:
-            self._warn_if_bf16(var)
-        scaled = tree_map(self._scale_one, var)
+            self._warn_if_bf16(outputs)
+        scaled = tree_map(self._scale_one, outputs)
         # For overflow_report().loss_finite, read only after a skipped update.
-        self._last_output = var if isinstance(var, paddle.Tensor) else None
+        self._last_output = outputs if isinstance(outputs, paddle.Tensor) else None
         return scaled
 
     def _scale_one(self, tensor: Any) -> Any:

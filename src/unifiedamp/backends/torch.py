@@ -397,7 +397,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
     """
 
     backend = "torch"
-    capabilities = frozenset({"unscale_", "step", "watch", "overflow_report", "history"})
+    capabilities = frozenset({"unscale_", "step", "watch", "overflow_report", "history",
+                              "native_state_dict"})
 
     def __init__(
         self,
