@@ -7,16 +7,17 @@ differs per framework is outside it, in ``FRAMEWORKS``: how to make arrays, how 
 take a gradient (NumPy has no autodiff: the model's gradient is written by hand),
 and how to compile the step (``jax.jit``, ``unifiedamp.backends.mlx.compile``).
 
-Run it to train a small linear model with two forced overflows (an inf in the batch)
-on one framework, printing the scale and skip decision of every step::
+Run it to train a small linear model with forced overflows (an inf in the batch) on
+one framework, printing the scale and skip decision of every step::
 
     python examples/agnostic_step.py torch
+    python examples/agnostic_step.py torch --device cuda
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 import numpy as np
 
@@ -50,7 +51,7 @@ def train_step(scaler, params, x, y, grad_fn):
 # ---------------------------------------------------------------- per framework
 
 
-def numpy_setup():
+def numpy_setup(device=None):
     def grad_fn(scaler, params, x, y):
         w, b = params
         with np.errstate(invalid="ignore", over="ignore"):  # the forced overflows
@@ -58,10 +59,10 @@ def numpy_setup():
             grads = [2.0 * x.T @ residual / len(x), 2.0 * residual.mean(keepdims=True)]
         return loss_fn(params, x, y), scaler.scale([g.astype(np.float32) for g in grads])
 
-    return np.asarray, grad_fn, train_step
+    return np.asarray, np.asarray, grad_fn, train_step
 
 
-def torch_setup():
+def torch_setup(device=None):
     import torch
 
     def grad_fn(scaler, params, x, y):
@@ -69,10 +70,13 @@ def torch_setup():
         loss = loss_fn(leaves, x, y)
         return loss.detach(), list(torch.autograd.grad(scaler.scale(loss), leaves))
 
-    return torch.as_tensor, grad_fn, train_step
+    def array(a):
+        return torch.as_tensor(a, device=device)
+
+    return array, lambda t: t.cpu().numpy(), grad_fn, train_step
 
 
-def paddle_setup():
+def paddle_setup(device=None):
     import paddle
 
     def grad_fn(scaler, params, x, y):
@@ -82,10 +86,10 @@ def paddle_setup():
         loss = loss_fn(leaves, x, y)
         return loss.detach(), paddle.grad(scaler.scale(loss), leaves)
 
-    return paddle.to_tensor, grad_fn, train_step
+    return paddle.to_tensor, lambda t: t.numpy(), grad_fn, train_step
 
 
-def jax_setup():
+def jax_setup(device=None):
     import jax
     import jax.numpy as jnp
 
@@ -94,10 +98,10 @@ def jax_setup():
         return loss, grads
 
     step = jax.jit(train_step, static_argnames="grad_fn")
-    return jnp.asarray, grad_fn, step
+    return jnp.asarray, np.asarray, grad_fn, step
 
 
-def mlx_setup():
+def mlx_setup(device=None):
     import mlx.core as mx
 
     from unifiedamp.backends.mlx import compile as compile_step
@@ -110,18 +114,18 @@ def mlx_setup():
 
     compiled = compile_step(lambda scaler, params, x, y: train_step(scaler, params, x, y,
                                                                      grad_fn))
-    return mx.array, grad_fn, step
+    return mx.array, np.asarray, grad_fn, step
 
 
 FRAMEWORKS = {"numpy": numpy_setup, "torch": torch_setup, "paddle": paddle_setup,
               "jax": jax_setup, "mlx": mlx_setup}
 
 
-def train(framework: str, steps: int = STEPS) -> list[dict]:
-    """Trains the model on ``framework``; one record per step: the scale after the
-    update (float32, as a float), whether the step was skipped, whether the parameters
-    changed."""
-    array, grad_fn, step = FRAMEWORKS[framework]()
+def train(framework: str, steps: int = STEPS, device: str | None = None) -> list[dict]:
+    """Trains the model on ``framework`` (torch: on ``device``); one record per step: the
+    scale after the update (float32, as a float), whether the step was skipped, whether
+    the parameters changed; then the counters and the trained parameters."""
+    array, to_numpy, grad_fn, step = FRAMEWORKS[framework](device)
     rng = np.random.default_rng(0)
     x_all = rng.normal(size=(steps, 8, 3)).astype(np.float32)
     y_all = (x_all @ np.array([1.0, -2.0, 0.5], np.float32) + 0.3)[..., None]
@@ -131,20 +135,24 @@ def train(framework: str, steps: int = STEPS) -> list[dict]:
     scaler = ua.GradScaler(2.0**10, growth_interval=3, backend=framework)
     records = []
     for k in range(steps):
-        before = [np.asarray(p).copy() for p in params]
+        before = [to_numpy(p).copy() for p in params]
         scaler, params, _ = step(scaler, params, array(x_all[k]), array(y_all[k]),
                                  grad_fn=grad_fn)
-        changed = any(not np.array_equal(np.asarray(p), b)
+        changed = any(not np.array_equal(to_numpy(p), b)
                       for p, b in zip(params, before, strict=True))
         records.append({"step": k + 1, "scale": float(np.float32(scaler.get_scale())),
                         "skipped": bool(scaler.last_step_skipped), "changed": changed})
-    final = [np.asarray(p).ravel().tolist() for p in params]
+    final = [to_numpy(p).ravel().tolist() for p in params]
     records.append({"num_steps": int(scaler.num_steps),
                     "num_skipped_steps": int(scaler.num_skipped_steps), "params": final})
     return records
 
 
 if __name__ == "__main__":
-    for framework in sys.argv[1:] or ["numpy"]:
-        for record in train(framework):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("frameworks", nargs="*", default=["numpy"], choices=list(FRAMEWORKS))
+    parser.add_argument("--device", help="torch's device (e.g. cuda)")
+    args = parser.parse_args()
+    for framework in args.frameworks:
+        for record in train(framework, device=args.device):
             print(json.dumps({"framework": framework, **record}))
