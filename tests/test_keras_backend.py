@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -372,6 +373,146 @@ def check_fit_and_compiled_apply_follow_a_rule_changed_after_compiling():
     follows(load(ScalerConfig(512.0, dynamic=False), ScalerState(300.0, 1, 0)))
 
 
+def _counters(scaler) -> tuple[int, int, bool]:
+    return scaler.num_steps, scaler.num_skipped_steps, scaler.last_step_skipped
+
+
+def check_counters_follow_fit_and_a_compiled_apply():
+    """``num_steps``, ``num_skipped_steps`` and ``last_step_skipped`` count the wrapped
+    optimizer's updates, read from its device counters: in ``fit`` (compiled by the
+    backend), in a custom loop's ``apply`` compiled by the user, across epochs."""
+    import keras
+    from keras import ops
+
+    scaler = _scaler(1024.0, growth_interval=2)
+    assert _counters(scaler) == (0, 0, False)
+    model = _model()
+    opt = scaler.wrap(keras.optimizers.Adam(1e-3))
+    model.compile(optimizer=opt, loss="mse")
+    assert _counters(scaler) == (0, 0, False)  # not built yet
+    kinds = "FFIFIIF"
+    seen = []
+    x, y = _data(4 * len(kinds))
+    for i, kind in enumerate(kinds):
+        if kind == "I":
+            x = _with_inf(x, row=4 * i + 1)
+
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            assert self.model is model  # under JAX, reading .model syncs the variables
+            seen.append(_counters(scaler))
+
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[Record()])
+    flags = [kind == "I" for kind in kinds] * 2
+    assert seen == [(k + 1, sum(flags[:k + 1]), flags[k]) for k in range(len(flags))]
+    assert _counters(scaler) == (14, 6, False)
+    apply = _compiled_apply(opt, model.trainable_variables)
+    grads = [np.full(v.shape, 0.5, np.float32) for v in model.trainable_variables]
+    bad = [g.copy() for g in grads]
+    bad[0].flat[-1] = np.nan
+    apply([ops.convert_to_tensor(g) for g in bad])
+    assert _counters(scaler) == (15, 7, True)
+    apply([ops.convert_to_tensor(g) for g in grads])
+    assert _counters(scaler) == (16, 7, False)
+    assert _as_tuple(scaler.state) == _reference(scaler.config, [not f for f in flags] +
+                                                 [False, True])[-1]
+    # A manual scale is no update.
+    assert scaler.update(new_scale=64.0) is scaler and scaler.get_scale() == 64.0
+    assert _counters(scaler) == (16, 7, False) and _variable_state(opt)[0] == 64.0
+
+
+def check_protocol_custom_loop_follows_spec_without_wrap():
+    """The protocol every backend shares, in an eager Keras loop where only the gradient
+    call is the backend's (GradientTape, jax.grad over stateless_call, torch backward):
+    scale, unscale, a step where finite (``apply``, or ``where_finite`` over the
+    variables' values), ``update(finite)``. The scale, the trackers and the skips follow
+    the spec bit for bit, the unscaled gradients are ``g * f32(1 / scale)`` bit for bit,
+    and a skipped step leaves the weights and the optimizer as they were."""
+    import keras
+    from keras import ops
+
+    pattern = "FFFIIFFFIFIIF"
+    with _policy("mixed_float16"):
+        scaler = _scaler(**CUSTOM, history=4)
+        model = _model()
+        opt = keras.optimizers.Adam(1e-3)
+        opt.build(model.trainable_variables)
+        tvs = model.trainable_variables
+        x, y = _data(8)
+        seen, skips = [], []
+        for step, kind in enumerate(pattern):
+            before = _snapshot_plain(model, opt)
+            scale = np.float32(scaler.get_scale())
+            scaled = _gradients(model, _with_inf(x) if kind == "I" else x, y, scaler.scale)
+            grads, finite = scaler.unscale(scaled)
+            assert _numpy([finite])[0].dtype == bool and _numpy([finite])[0].shape == ()
+            assert bool(finite) == (kind == "F")
+            if kind == "F":
+                with np.errstate(over="ignore"):
+                    want = [g * np.float32(1.0 / float(scale)) for g in _numpy(scaled)]
+                _assert_same_arrays(_numpy(grads), want, f"step {step}: unscaled gradients")
+            if step % 2:
+                if finite:  # a host read: this loop is eager
+                    opt.apply(grads, tvs)
+            else:
+                new = [v.value - 0.01 * ops.cast(g, v.dtype) for v, g in
+                       zip(tvs, grads, strict=True)]
+                values = scaler.where_finite(finite, new, [v.value for v in tvs])
+                for v, value in zip(tvs, values, strict=True):
+                    v.assign(value)
+            if kind == "I":
+                _assert_same_arrays(_snapshot_plain(model, opt), before, f"step {step}")
+            else:
+                assert not np.array_equal(_numpy(tvs)[0], before[0]), f"step {step}"
+            assert scaler.update(finite) is scaler
+            seen.append(_as_tuple(scaler.state))
+            skips.append(scaler.last_step_skipped)
+    flags = [kind == "F" for kind in pattern]
+    expected = _reference(scaler.config, flags)
+    assert len({s[0] for s in expected}) >= 3  # grows and backs off
+    _assert_states(seen, expected)
+    assert skips == [not f for f in flags]
+    assert (scaler.num_steps, scaler.num_skipped_steps) == (len(pattern), pattern.count("I"))
+    assert scaler.history().as_list()[-1] == (len(pattern), float(expected[-2][0]), False)
+    assert [r[2] for r in scaler.history().as_list()] == skips[-4:]
+
+
+def _snapshot_plain(model, opt) -> list[np.ndarray]:
+    return _numpy([*model.trainable_variables, *opt.variables])
+
+
+def check_where_finite_compiles_and_selects_leaf_by_leaf():
+    """``where_finite`` under the backend's compiler (``tf.function``, ``jax.jit``; eager
+    on torch): a dict of leaves, each kept in ``old``'s dtype, with no host read."""
+    import keras
+    from keras import ops
+
+    scaler = _scaler()
+    new = {"w": np.full((2, 3), 2.0, np.float32), "b": [np.float16(3.0)]}
+    old = {"w": np.zeros((2, 3), np.float32), "b": [np.float16(-1.0)]}
+    backend = keras.backend.backend()
+    fn = scaler.where_finite
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        fn = tf.function(fn)
+    elif backend == "jax":
+        import jax
+
+        fn = jax.jit(fn)
+    for flag in (True, False):
+        out = fn(ops.convert_to_tensor(flag), new, old)
+        want = new if flag else old
+        assert sorted(out) == ["b", "w"]
+        np.testing.assert_array_equal(ops.convert_to_numpy(out["w"]), want["w"])
+        got = ops.convert_to_numpy(out["b"][0])
+        assert (got.dtype, float(got)) == (np.float16, float(want["b"][0]))
+    with pytest.raises(ValueError, match="differ in structure"):
+        scaler.where_finite(True, [1.0, 2.0], [1.0])
+    with pytest.raises(TypeError, match="the one flag unscale"):
+        scaler.where_finite(ops.convert_to_tensor([True, False]), new, old)
+
+
 # ------------------------------------------------------------ checks specific to JAX
 
 
@@ -532,6 +673,9 @@ def check_jax_stateful_apply_compiles_once():
 
 CHILD_CHECKS = {
     "jax": ["check_fit_with_mixed_float16_follows_spec_over_epochs",
+            "check_counters_follow_fit_and_a_compiled_apply",
+            "check_protocol_custom_loop_follows_spec_without_wrap",
+            "check_where_finite_compiles_and_selects_leaf_by_leaf",
             "check_fit_and_compiled_apply_follow_a_rule_changed_after_compiling",
             "check_custom_loop_follows_spec_step_by_step",
             "check_unscaled_gradients_are_the_gradients_of_the_unscaled_loss",
@@ -542,6 +686,9 @@ CHILD_CHECKS = {
             "check_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped",
             "check_finiteness_test_is_exact_for_every_shape_and_dtype"],
     "torch": ["check_fit_with_mixed_float16_follows_spec_over_epochs",
+              "check_counters_follow_fit_and_a_compiled_apply",
+              "check_protocol_custom_loop_follows_spec_without_wrap",
+              "check_where_finite_compiles_and_selects_leaf_by_leaf",
               "check_fit_and_compiled_apply_follow_a_rule_changed_after_compiling",
               "check_custom_loop_follows_spec_step_by_step",
               "check_unscaled_gradients_are_the_gradients_of_the_unscaled_loss",
@@ -808,6 +955,90 @@ def test_a_bad_state_dict_changes_nothing(keras, built):
         assert _variable_state(opt) == before[0]
 
 
+def test_counters_are_read_only_and_capabilities_list_the_optional_members(keras):
+    from unifiedamp.backends.keras import KerasGradScaler
+
+    scaler = _scaler(8.0)
+    for name in ("num_steps", "num_skipped_steps", "last_step_skipped"):
+        with pytest.raises(AttributeError):
+            setattr(scaler, name, 3)
+    assert KerasGradScaler.capabilities == {"wrap", "watch", "overflow_report", "history"}
+    assert scaler.supports("wrap") and not scaler.supports("step")
+    assert not scaler.functional
+    with pytest.raises(NotImplementedError, match=r"no step\(\).*'wrap'.*scaler.update"):
+        scaler.step(keras.optimizers.SGD())
+
+
+def test_setters_return_the_scaler_and_reach_the_wrapped_optimizer(keras):
+    scaler = _scaler(**CUSTOM)
+    assert scaler.set_growth_factor(3.0) is scaler  # before wrap: the held config
+    opt = scaler.wrap(keras.optimizers.SGD())
+    assert opt.scaler_config.growth_factor == 3.0
+    assert scaler.set_backoff_factor(0.25).set_growth_interval(7).set_hysteresis(3) is scaler
+    assert (scaler.get_growth_factor(), scaler.get_backoff_factor(),
+            scaler.get_growth_interval(), scaler.get_hysteresis()) == (3.0, 0.25, 7, 3)
+    assert opt.scaler_config == ScalerConfig(**{**CUSTOM, "growth_factor": 3.0,
+                                                "backoff_factor": 0.25, "growth_interval": 7,
+                                                "hysteresis": 3})
+    with pytest.raises(ValueError):
+        scaler.set_growth_factor(0.5)
+    assert opt.scaler_config.growth_factor == 3.0
+    state = scaler.state_dict()
+    assert scaler.restore(_scaler(2.0).state_dict()) is scaler and scaler.get_scale() == 2.0
+    assert scaler.restore(state).get_scale() == CUSTOM["init_scale"]
+
+
+def test_update_is_the_custom_loop_protocol_and_refuses_a_wrapped_scaler(keras):
+    import tensorflow as tf
+
+    from unifiedamp._scaler import NoInfChecksError
+
+    scaler = _scaler(1024.0, growth_interval=2, history=3)
+    with pytest.raises(NoInfChecksError, match=r"records none.*scaler.update\(finite\)"):
+        scaler.update()
+    flags = [tf.constant(True), np.bool_(True), True, tf.constant(False), np.array(True)]
+    for flag in flags:
+        assert scaler.update(flag) is scaler
+    expected = _reference(scaler.config, [bool(f) for f in flags])
+    assert _as_tuple(scaler.state) == expected[-1]
+    assert (scaler.num_steps, scaler.num_skipped_steps, scaler.last_step_skipped) == (5, 1, False)
+    assert scaler.history().as_list() == [(3, 2048.0, False), (4, 2048.0, True),
+                                          (5, 1024.0, False)]
+    # torch's positional new_scale, and new_scale=: set, not counted.
+    assert scaler.update(512.0).get_scale() == 512.0
+    assert scaler.update(new_scale=tf.constant(256.0)).get_scale() == 256.0
+    assert scaler.num_steps == 5 and scaler.state.growth_tracker == expected[-1][1]
+    with pytest.raises(TypeError, match="got new_scale twice"):
+        scaler.update(8.0, new_scale=4.0)
+    with pytest.raises(ValueError, match="one flag for the whole step"):
+        scaler.update(tf.constant([True, False]))
+    with pytest.raises(TypeError, match="new_scale must be a float"):
+        scaler.update("yes")  # not a flag: torch's positional new_scale
+
+    @tf.function
+    def compiled(finite):
+        return scaler.update(finite)
+
+    with pytest.raises(TypeError, match=r"symbolic flag .*tf.function.*scaler.wrap\(optimizer\)"):
+        compiled(tf.constant(True))
+    assert scaler.num_steps == 5
+    disabled = _scaler(enabled=False)
+    assert disabled.update(False) is disabled and disabled.num_steps == 0
+
+    # The updates made before a wrap count on; the optimizer takes the state over.
+    held = scaler.state
+    model = _model()
+    opt = scaler.wrap(keras.optimizers.SGD())
+    _eager_steps(model, opt, "FI")
+    assert _as_tuple(scaler.state) == _reference(scaler.config, [True, False], held)[-1]
+    assert (scaler.num_steps, scaler.num_skipped_steps, scaler.last_step_skipped) == (7, 2, True)
+    with pytest.raises(RuntimeError, match=r"wraps an optimizer: .*apply\(\).*a second time"):
+        scaler.update(tf.constant(True))
+    with pytest.raises(RuntimeError, match="wraps an optimizer"):
+        scaler.update()
+    assert scaler.num_steps == 7
+
+
 def test_tensorflow_is_the_keras_backend_and_keras_objects_are_detected(keras):
     import unifiedamp as ua
     from unifiedamp.backends.keras import KerasGradScaler
@@ -848,6 +1079,18 @@ def test_huge_finite_gradients_are_applied_and_one_inf_among_them_skipped(keras)
 
 def test_finiteness_test_is_exact_for_every_shape_and_dtype(keras):
     check_finiteness_test_is_exact_for_every_shape_and_dtype()
+
+
+def test_counters_follow_fit_and_a_compiled_apply(keras):
+    check_counters_follow_fit_and_a_compiled_apply()
+
+
+def test_protocol_custom_loop_follows_spec_without_wrap(keras):
+    check_protocol_custom_loop_follows_spec_without_wrap()
+
+
+def test_where_finite_compiles_and_selects_leaf_by_leaf(keras):
+    check_where_finite_compiles_and_selects_leaf_by_leaf()
 
 
 def test_reciprocal_is_exact_inside_a_tf_graph(keras):
@@ -961,6 +1204,100 @@ def test_saved_model_resumes_exactly_like_an_uninterrupted_run(keras, tmp_path, 
     _assert_states(seen, uninterrupted)
     _assert_same_arrays(_snapshot(loaded, loaded.optimizer), _snapshot(model, model.optimizer),
                         "loaded vs uninterrupted")
+
+
+_FRESH_LOAD = """
+import sys
+import unifiedamp
+import keras
+assert "unifiedamp.backends.keras" not in sys.modules
+try:
+    keras.saving.load_model({path!r})
+except TypeError as error:
+    print("WITHOUT", str(error).replace("\\n", " "))
+import unifiedamp.backends.keras  # the documented line
+model = keras.saving.load_model({path!r})
+scaler = unifiedamp.backends.keras.KerasGradScaler.of(model.optimizer)
+print("STATE", scaler.state_dict()["scale"], scaler.state.growth_tracker, scaler.num_steps)
+"""
+
+
+def test_a_saved_model_loads_in_a_fresh_process_after_the_documented_import(keras, tmp_path,
+                                                                              run_python):
+    """Keras resolves a class that is not its own from its registration alone (it imports
+    only the modules of keras, keras_hub, keras_cv, keras_nlp): after ``import unifiedamp``
+    alone, which imports no framework, the wrapper is unknown, and the error names its
+    module; ``import unifiedamp.backends.keras`` registers it."""
+    scaler = _scaler(**CUSTOM)
+    model = _model()
+    model.compile(optimizer=scaler.wrap(keras.optimizers.SGD()), loss="mse")
+    _eager_steps(model, model.optimizer, "FFI")
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    proc = run_python(_FRESH_LOAD.format(path=path), env={"KERAS_BACKEND": "tensorflow"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines()
+                 if line.startswith(("WITHOUT", "STATE")))
+    assert "'SpecLossScaleOptimizer'" in lines["WITHOUT"]
+    assert "'module': 'unifiedamp.backends.keras'" in lines["WITHOUT"]
+    state = scaler.state
+    assert lines["STATE"] == f"{state.scale} {state.growth_tracker} 0"
+
+
+def test_the_file_leaves_the_rule_and_the_counters_out(keras, tmp_path):
+    """``model.save`` writes the variables the optimizer had before the rule and the
+    counters existed (the scale, the trackers, the inner optimizer's), so files saved
+    before load, and files saved now load into that layout."""
+    import zipfile
+
+    import h5py
+
+    scaler = _scaler(**CUSTOM)
+    model = _model()
+    opt = scaler.wrap(keras.optimizers.Adam(1e-2))
+    model.compile(optimizer=opt, loss="mse")
+    _eager_steps(model, opt, "FI")
+    path = tmp_path / "m.keras"
+    model.save(path)
+    unsaved = {"scaler_rule", "update_count", "skipped_count", "last_skipped"}
+    assert unsaved <= {v.name for v in opt.variables}
+    kept = [v for v in opt.variables if v.name not in unsaved]
+    with zipfile.ZipFile(path) as z, h5py.File(z.open("model.weights.h5")) as f:
+        stored = f["optimizer/vars"]
+        assert len(stored) == len(kept)
+        for i, v in enumerate(kept):
+            np.testing.assert_array_equal(stored[str(i)][()], _numpy([v])[0], err_msg=v.name)
+    loaded = keras.models.load_model(path)
+    again = _scaler_of(loaded.optimizer)
+    assert _as_tuple(again.state) == _as_tuple(scaler.state)
+    assert (again.num_steps, again.num_skipped_steps) == (0, 0)  # counted afresh
+
+
+def _docs_protocol_example() -> str:
+    page = (pathlib.Path(__file__).parents[1] / "docs" / "backends" / "keras.md").read_text()
+    found = [b for b in re.findall(r"```python\n(.*?)```", page, re.S)
+             if "scaler.update(finite)" in b]
+    assert len(found) == 1, "docs/backends/keras.md shows the protocol's loop once"
+    return found[0]
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", *CHILD_BACKENDS])
+def test_docs_protocol_loop_runs_under_each_keras_backend(backend, run_python, tmp_path):
+    """The custom loop of docs/backends/keras.md (tests/test_docs.py runs it on TensorFlow
+    alone): its gradient call for each backend, and the scale it prints per step."""
+    proc = run_python(_docs_protocol_example(), env={"KERAS_BACKEND": backend}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    finite = [True, True, False, True]  # the example's inf is in step 2
+    expected = _reference(ScalerConfig(1024.0, growth_interval=2), finite)
+    assert proc.stdout.splitlines()[-4:] == [
+        f"{step} {float(state[0])} {not ok}"
+        for step, (state, ok) in enumerate(zip(expected, finite, strict=True))]
+
+
+def _scaler_of(opt):
+    from unifiedamp.backends.keras import KerasGradScaler
+
+    return KerasGradScaler.of(opt)
 
 
 # ------------------------------------------------------------ 2, 3 and 6. JAX and torch (children)

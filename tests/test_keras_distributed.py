@@ -78,8 +78,10 @@ def copies(v):
 
 def record(opt, model):
     hyst = getattr(opt, "hysteresis_counter", None)
+    counters = [getattr(opt, n, None) for n in ("update_count", "skipped_count", "last_skipped")]
     return {{"scale": copies(opt.dynamic_scale), "growth": copies(opt.step_counter),
             "hysteresis": copies(hyst) if hyst is not None else None,
+            "counters": None if NATIVE else [copies(c) for c in counters],
             "weights": [copies(v) for v in model.trainable_variables],
             "inner": [copies(v) for v in opt.inner_optimizer.variables],
             "iterations": copies(opt.inner_optimizer.iterations)}}
@@ -205,6 +207,8 @@ for kinds in STEPS:
     model.fit(x, np.ones((2, 1), "float32"), batch_size=2, epochs=1, shuffle=False, verbose=0)
     out.append({{"scale": copies(opt.dynamic_scale), "growth": copies(opt.step_counter),
                 "hysteresis": copies(opt.hysteresis_counter),
+                "counters": [copies(c) for c in (opt.update_count, opt.skipped_count,
+                                                 opt.last_skipped)],
                 "weights": [copies(v) for v in model.trainable_variables],
                 "inner": [copies(v) for v in opt.inner_optimizer.variables],
                 "iterations": copies(opt.inner_optimizer.iterations),
@@ -255,6 +259,10 @@ def assert_follows_the_spec(records: list[dict], steps: list[str]) -> None:
             assert spec.f32(got[0]) == got[0], f"{where}: {got[0]!r} is no float32 value"
             assert ScalerState(*got) == want, (
                 f"{where}, replica {replica}: expected {want}, got {got}")
+            # num_steps, num_skipped_steps, last_step_skipped: counted once per step.
+            counters = [c[replica] for c in rec["counters"]]
+            skipped = ["I" in k for k in steps[:i + 1]]
+            assert counters == [i + 1, sum(skipped), int(skipped[-1])], f"{where}: {counters}"
         for key in ("weights", "inner"):
             for var in rec[key]:
                 assert var[0] == var[1], f"{where}: the replicas' {key} differ"

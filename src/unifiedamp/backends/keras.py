@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import math
+import sys
 import warnings
 import weakref
 from functools import partial
@@ -32,7 +33,14 @@ from keras import ops
 from keras.src.utils import tracking
 
 from unifiedamp import spec
-from unifiedamp._scaler import GradScaler, diagnostics_options, watched_pairs
+from unifiedamp._scaler import (
+    GradScaler,
+    NoInfChecksError,
+    diagnostics_options,
+    new_scale_value,
+    update_arguments,
+    watched_pairs,
+)
 from unifiedamp._tree import leaves, tree_map
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory, count_overflow
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32, f32_bits
@@ -245,6 +253,67 @@ def _select(finite: Any, new: Any, old: Any) -> Any:
     return ops.where(finite, ops.cast(new, old.dtype), old)
 
 
+# ------------------------------------------------------------ the protocol's flag
+
+
+def _is_bool(value: Any) -> bool:
+    """Whether ``value`` is a bool or a bool array/tensor of any Keras backend, from its
+    dtype (TensorFlow's prints ``<dtype: 'bool'>``: Keras standardises it)."""
+    if isinstance(value, (bool, np.bool_)):
+        return True
+    dtype = getattr(value, "dtype", None)
+    if dtype is None:
+        return False
+    try:
+        return keras.backend.standardize_dtype(dtype) == "bool"
+    except (ValueError, TypeError):
+        return False
+
+
+def _update_arguments(finite: Any, new_scale: Any) -> tuple[Any, Any]:
+    """``(finite, new_scale)`` of ``update``: a bool tensor first is the flag, any other
+    value torch's positional ``new_scale``."""
+    if _is_bool(finite):
+        return finite, new_scale
+    return update_arguments(finite, new_scale)
+
+
+def _check_flag(finite: Any) -> None:
+    """``update``'s flag, from static facts only: a bool, or a 0-d bool array/tensor."""
+    if not _is_bool(finite):
+        raise TypeError(f"update(finite) got {type(finite).__name__} {finite!r:.80}; pass the "
+                        "flag unscale() returns: a Python bool or a 0-d bool tensor")
+    if tuple(getattr(finite, "shape", ())) != ():
+        raise ValueError(f"update(finite) got a bool tensor of shape {tuple(finite.shape)}; "
+                         "one flag for the whole step is needed: pass the one unscale() "
+                         "returns, or reduce it with keras.ops.all")
+
+
+def _traced(value: Any) -> bool:
+    """Whether ``value`` is a symbolic value the host cannot read: a KerasTensor, a tensor
+    of a ``tf.function`` graph, a JAX tracer (frameworks looked up only when imported)."""
+    if isinstance(value, keras.KerasTensor):
+        return True
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and tf.is_tensor(value):
+        return bool(tf.is_symbolic_tensor(value))
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(value, jax.core.Tracer)
+
+
+def _host_flag(finite: Any) -> bool:
+    """The flag as a Python bool (a host read); a symbolic flag is refused."""
+    if isinstance(finite, (bool, np.bool_)):
+        return bool(finite)
+    if _traced(finite):
+        raise TypeError(
+            f"update(finite) got a symbolic flag ({type(finite).__name__}) inside a compiled "
+            "function (tf.function, jax.jit): update() reads the flag on the host, in an "
+            "eager loop. Inside a compiled step, use the optimizer scaler.wrap(optimizer) "
+            "returns: its apply(grads) checks, skips and updates on the device")
+    return bool(ops.convert_to_numpy(finite))
+
+
 # ------------------------------------------------------------ diagnostics
 
 
@@ -359,11 +428,16 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     The rule's parameters are in the variable ``scaler_rule`` (see
     :meth:`set_scaler_config`), so every compiled step follows a change of the config;
     it is not state: ``model.save`` leaves it out (``get_config`` holds the config).
+    Nor are the int32 counters every update writes on the device (no host read):
+    ``update_count`` (the updates since the optimizer was built or loaded),
+    ``skipped_count`` (those that skipped) and ``last_skipped`` (1 if the last one
+    did), which ``KerasGradScaler``'s ``num_steps``, ``num_skipped_steps`` and
+    ``last_step_skipped`` read.
 
     Diagnostics (``diagnose``, ``history``) add variables of their own, only when
-    on: ``update_count`` (the updates since the optimizer was built), the history
-    ring ``history_iteration``, ``history_scale``, ``history_skipped`` (``history``
-    slots each), and with ``diagnose`` on TensorFlow and JAX ``overflow_step``,
+    on: the history ring ``history_iteration``, ``history_scale``,
+    ``history_skipped`` (``history`` slots each), and with ``diagnose`` on
+    TensorFlow and JAX ``overflow_step``,
     ``overflow_scale``, ``overflow_checked``, ``overflow_counts`` (inf and NaN count
     per trainable variable) and ``overflow_max`` (largest finite magnitude per
     trainable variable), written in the skipped branch only. They are not state:
@@ -454,8 +528,14 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         super(keras.optimizers.LossScaleOptimizer, self).build(var_list)
         self.hysteresis_counter = add("hysteresis_counter", "int", start.hysteresis_tracker)
         self.scaler_rule = add("scaler_rule", "int32", _rule_values(self._spec))
-        self._unsaved_ids = frozenset([id(self.scaler_rule),
-                                       *self._build_diagnostics(len(var_list))])
+        # The counters behind KerasGradScaler.num_steps, num_skipped_steps and
+        # last_step_skipped: not state, so model.save leaves them out, like the rule.
+        self.update_count = add("update_count", "int32", 0)
+        self.skipped_count = add("skipped_count", "int32", 0)
+        self.last_skipped = add("last_skipped", "int32", 0)
+        self._unsaved_ids = frozenset([
+            id(self.scaler_rule), id(self.update_count), id(self.skipped_count),
+            id(self.last_skipped), *self._build_diagnostics(len(var_list))])
 
     def _build_diagnostics(self, num_variables: int) -> list[int]:
         """Makes the variables ``diagnose`` and ``history`` ask for; their ids."""
@@ -467,8 +547,6 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                                           aggregation="none"))
             return made[-1]
 
-        if self._diagnose or self._history_size:
-            self.update_count = add((), "int32", "update_count")
         if self._history_size:
             n = self._history_size
             self.history_iteration = add((n,), "int32", "history_iteration")
@@ -800,11 +878,12 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         return out
 
     def _record(self, skipped: Any) -> None:
-        """Counts one update and writes its history record (device ops, no host read):
-        iteration = updates so far, the scale it used (before the update), skipped."""
-        if not (self._diagnose or self._history_size):
-            return
+        """Counts one update in ``update_count``, ``skipped_count`` and ``last_skipped``, and
+        writes its history record (device ops, no host read): iteration = updates so far,
+        the scale it used (before the update), skipped. ``skipped`` is a Python bool in
+        each branch of the compiled step (and on torch's host path), else a tensor."""
         count = ops.convert_to_tensor(self.update_count)
+        flag = _int(int(skipped)) if isinstance(skipped, bool) else ops.cast(skipped, "int32")
         if self._history_size:
             hot = ops.equal(ops.arange(self._history_size, dtype="int32"),
                             ops.mod(count, self._history_size))
@@ -813,9 +892,11 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
                                                     value(self.history_iteration)))
             self.history_scale.assign(ops.where(hot, value(self.dynamic_scale),
                                                 value(self.history_scale)))
-            self.history_skipped.assign(ops.where(hot, ops.cast(skipped, "int32"),
-                                                  value(self.history_skipped)))
+            self.history_skipped.assign(ops.where(hot, flag, value(self.history_skipped)))
         self.update_count.assign(count + 1)
+        self.last_skipped.assign(flag)
+        if skipped is not False:  # a finite branch leaves the count as it is
+            self.skipped_count.assign(ops.convert_to_tensor(self.skipped_count) + flag)
 
     def _record_overflow(self, replicas: list[list[Any]] | None, indices: list[int]) -> None:
         """The skipped branch's record (TensorFlow, JAX): the step and the scale, and for
@@ -1022,7 +1103,15 @@ class KerasGradScaler(GradScaler):
 
     The scaler and the optimizer it wraps are two objects: ``wrap`` returns the Keras
     optimizer (a :class:`SpecLossScaleOptimizer`), and the scaler reads and writes that
-    optimizer's variables (``get_scale``, ``state``, ``state_dict``, ``load_state_dict``).
+    optimizer's variables (``get_scale``, ``state``, ``state_dict``, ``load_state_dict``,
+    the setters, ``num_steps``...). The optimizer's ``apply()`` (and ``model.fit``)
+    checks, steps or skips, and updates the scale, inside the compiled step.
+
+    Without ``wrap``, an eager custom loop drives the scaler itself with the protocol
+    every backend shares: ``scaled = scaler.scale(loss)``, the gradients of ``scaled``,
+    ``grads, finite = scaler.unscale(grads)``, the step where ``finite``, then
+    ``scaler = scaler.update(finite)``, which reads the flag (a host read) and applies
+    the spec's rule to the scale the scaler holds.
 
     Args:
         *args: ``init_scale, growth_factor, backoff_factor, growth_interval, enabled``.
@@ -1043,9 +1132,19 @@ class KerasGradScaler(GradScaler):
         >>> _ = model.fit(np.ones((4, 3)), np.ones((4, 1)), epochs=2, verbose=0)
         >>> scaler.get_scale(), scaler.state.growth_tracker
         (2048.0, 0)
+        >>> scaler.num_steps, scaler.num_skipped_steps, scaler.last_step_skipped
+        (2, 0, False)
+
+        Without ``wrap``, the protocol every backend shares (eager):
+
+        >>> scaler = ua.GradScaler(1024.0, backend="keras")
+        >>> grads, finite = scaler.unscale([np.array([2048.0, np.inf], np.float32)])
+        >>> scaler.update(finite).get_scale(), scaler.last_step_skipped
+        (512.0, True)
     """
 
     backend = "keras"
+    capabilities = frozenset({"wrap", "watch", "overflow_report", "history"})
 
     def __init__(self, *args: Any, diagnose: bool = False, history: int = 0, **kwargs: Any):
         self._history_size = diagnostics_options(diagnose, history)
@@ -1055,6 +1154,11 @@ class KerasGradScaler(GradScaler):
         self._state = ScalerState.initial(self._config)
         self._optimizer: SpecLossScaleOptimizer | None = None
         self._names: dict[int, tuple[str, Any]] = {}
+        # The updates made by update(finite) (a loop without wrap), and their history.
+        self._updates = 0
+        self._skipped = 0
+        self._last_skipped = False
+        self._ring: list[tuple[int, float, bool]] = []
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.state}, {self.config})"
@@ -1127,19 +1231,12 @@ class KerasGradScaler(GradScaler):
         """The current scale (reads the optimizer's variable); 1.0 when disabled."""
         return self.state.scale if self._config.enabled else 1.0
 
-    def _set_config(self, **changes: Any) -> None:
-        config = self.config.replace(**changes)
-        if self._optimizer is not None:
-            self._optimizer.set_scaler_config(config)
-        self._config = config
+    def _reconfigure(self, config: ScalerConfig) -> KerasGradScaler:
+        """Sets the config (in the wrapped optimizer's ``scaler_rule`` too); returns self.
 
-    def get_growth_factor(self) -> float:
-        return self.config.growth_factor
-
-    def set_growth_factor(self, new_factor: float) -> None:
-        """Changes the config. Steps compiled before follow from their next run (``fit``'s,
-        a loop's ``tf.function`` or ``jax.jit``: see
-        :meth:`SpecLossScaleOptimizer.set_scaler_config`); so do the other setters and
+        What the setters (``set_growth_factor``...) call. Steps compiled before follow
+        from their next run (``fit``'s, a loop's ``tf.function`` or ``jax.jit``: see
+        :meth:`SpecLossScaleOptimizer.set_scaler_config`); so does
         :meth:`load_state_dict`.
 
         Example:
@@ -1149,30 +1246,46 @@ class KerasGradScaler(GradScaler):
             >>> model.compile(optimizer=scaler.wrap(keras.optimizers.SGD()), loss="mse")
             >>> x, y = np.ones((1, 2)), np.ones((1, 1))
             >>> _ = model.train_on_batch(x, y)
-            >>> scaler.set_growth_factor(4.0)
+            >>> scaler.set_growth_factor(4.0) is scaler
+            True
             >>> _ = model.train_on_batch(x, y)
             >>> scaler.get_scale()
             64.0
         """
-        self._set_config(growth_factor=new_factor)
+        if self._optimizer is not None:
+            self._optimizer.set_scaler_config(config)
+        self._config = config
+        return self
 
-    def get_backoff_factor(self) -> float:
-        return self.config.backoff_factor
+    # ------------------------------------------------------------ the counters
 
-    def set_backoff_factor(self, new_factor: float) -> None:
-        self._set_config(backoff_factor=new_factor)
+    def _counter(self, name: str) -> int:
+        # The wrapped optimizer's int32 variable (a host read); 0 before it is built.
+        opt = self._optimizer
+        if opt is None or not opt.built:
+            return 0
+        return int(ops.convert_to_numpy(getattr(opt, name)))
 
-    def get_growth_interval(self) -> int:
-        return self.config.growth_interval
+    @property
+    def num_steps(self) -> int:
+        """Updates made since the scaler was made: the wrapped optimizer's (counted on the
+        device in each ``apply``, read here; they restart at 0 in a loaded optimizer) and
+        those ``update(finite)`` made before a wrap. A disabled scaler makes none, nor
+        does ``update(new_scale=...)``."""
+        return self._updates + self._counter("update_count")
 
-    def set_growth_interval(self, new_interval: int) -> None:
-        self._set_config(growth_interval=new_interval)
+    @property
+    def num_skipped_steps(self) -> int:
+        """Of :attr:`num_steps`, the updates whose gradients were not all finite."""
+        return self._skipped + self._counter("skipped_count")
 
-    def get_hysteresis(self) -> int:
-        return self.config.hysteresis
-
-    def set_hysteresis(self, new_hysteresis: int) -> None:
-        self._set_config(hysteresis=new_hysteresis)
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the last update's gradients were not all finite (its step skipped);
+        False before the first."""
+        if self._counter("update_count"):
+            return bool(self._counter("last_skipped"))
+        return self._last_skipped
 
     def state_dict(self) -> dict[str, Any]:
         """The canonical dict, from the wrapped optimizer's variables."""
@@ -1183,6 +1296,9 @@ class KerasGradScaler(GradScaler):
         wrapped optimizer's variables; validated before anything is written."""
         config, state = spec.parse_state_dict(state_dict, base=self.config)
         config = config.replace(enabled=self._config.enabled)
+        self._write(config, state)
+
+    def _write(self, config: ScalerConfig, state: ScalerState) -> None:
         if self._optimizer is not None:
             self._optimizer.write_state(config, state)
         self._config, self._state = config, state
@@ -1215,10 +1331,92 @@ class KerasGradScaler(GradScaler):
         hi, lo = _split(_reciprocal_bits(bits))
         return tree_map(lambda g: _multiply(g, hi, lo), tensors), finite
 
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(
-            "the keras backend updates the scale inside the wrapped optimizer's apply() (and "
-            "model.fit): call opt.apply(grads) with the gradients of the scaled loss")
+    def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
+        """``new`` where ``finite``, else ``old``, leaf by leaf with ``keras.ops.where`` (no
+        host read, so it runs inside a compiled step too): two trees of the same structure,
+        e.g. the variables' values after and before a step. Each result has ``old``'s
+        dtype; ``None`` leaves stay None.
+
+        Example:
+            >>> import numpy as np
+            >>> from keras import ops
+            >>> s = KerasGradScaler()
+            >>> new = [np.float32(1.0), np.ones(2, np.float32)]
+            >>> old = [np.float32(0.0), np.zeros(2, np.float32)]
+            >>> out = s.where_finite(ops.convert_to_tensor(False), new, old)
+            >>> [ops.convert_to_numpy(x).tolist() for x in out]
+            [0.0, [0.0, 0.0]]
+            >>> ops.convert_to_numpy(s.where_finite(True, new, old)[1]).tolist()
+            [1.0, 1.0]
+        """
+        if not _is_bool(finite) or tuple(getattr(finite, "shape", ())) != ():
+            raise TypeError(f"where_finite(finite, new, old) takes the one flag unscale() "
+                            f"returns (a bool or a 0-d bool tensor), got {finite!r:.80}")
+
+        def select(n: Any, o: Any) -> Any:
+            if n is None and o is None:
+                return None
+            return _select(finite, ops.convert_to_tensor(n), o)
+
+        return tree_map(select, new, old)
+
+    def update(self, finite: Any = None, *, new_scale: Any = None) -> KerasGradScaler:
+        """The protocol's update, for a loop that does not ``wrap`` an optimizer: applies the
+        spec's rule to the scale this scaler holds, from ``finite`` (the flag
+        :meth:`unscale` returned: a bool or a 0-d bool tensor, read on the host), counts the
+        update and returns the scaler itself.
+
+        ``new_scale`` (a number or a one-element tensor; a number as the first argument, as
+        in torch) sets the scale instead, the trackers kept, not counted as an update; also
+        with a wrapped optimizer (its variable is written).
+
+        Raises:
+            RuntimeError: The scaler wraps an optimizer: its ``apply()`` (and
+                ``model.fit``) updates the scale at each step already.
+            NoInfChecksError: No flag: the Keras backend records no checks.
+            TypeError: A flag inside a compiled function (``tf.function``, ``jax.jit``),
+                which the host cannot read: compile the step with ``wrap()`` instead.
+
+        Example:
+            >>> import numpy as np
+            >>> s = KerasGradScaler(8.0)
+            >>> s.update(np.bool_(False)) is s, s.get_scale(), s.update(2.0).get_scale()
+            (True, 4.0, 2.0)
+        """
+        finite, new_scale = _update_arguments(finite, new_scale)
+        if finite is not None:
+            _check_flag(finite)
+        if not self._config.enabled:
+            return self
+        if new_scale is not None:
+            if ops.is_tensor(new_scale):
+                new_scale = ops.convert_to_numpy(new_scale)
+            state = self.state._replace(scale=new_scale_value(new_scale))
+            self._write(self.config, state)
+            return self
+        if self._optimizer is not None:
+            raise RuntimeError(
+                "update() was called on a scaler that wraps an optimizer: the wrapped "
+                "optimizer's apply() (and model.fit) checks the gradients and updates the "
+                "scale at every step, so update() would apply the rule a second time. Drop "
+                "the update() call (scaler.last_step_skipped and num_skipped_steps tell what "
+                "apply() decided), or drive a scaler that wraps nothing: scale(loss), "
+                "unscale(grads), update(finite)")
+        if finite is None:
+            raise NoInfChecksError(
+                "No inf checks were recorded prior to update(): the keras backend records "
+                "none. Pass the flag unscale() returned: grads, finite = scaler.unscale(grads); "
+                "scaler.update(finite) (or let a wrapped optimizer's apply() update)")
+        found_inf = not _host_flag(finite)
+        scale = self._state.scale
+        self._state = spec.update(self._config, self._state, found_inf)
+        self._updates += 1
+        self._skipped += int(found_inf)
+        self._last_skipped = found_inf
+        if self._history_size:
+            self._ring.append((self._updates, scale, found_inf))
+            del self._ring[:-self._history_size]
+        return self
 
     # ------------------------------------------------------------ diagnostics
 
@@ -1299,7 +1497,8 @@ class KerasGradScaler(GradScaler):
             raise ValueError("this scaler keeps no history: build it with history=N (e.g. "
                              "KerasGradScaler(..., history=1000)) to keep the last N updates")
         if self._optimizer is None:
-            return ScaleHistory([], [], [])
+            return ScaleHistory([r[0] for r in self._ring], [r[1] for r in self._ring],
+                                [r[2] for r in self._ring])
         return self._optimizer.history()
 
     @classmethod
