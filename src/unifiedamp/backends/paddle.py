@@ -33,6 +33,7 @@ import functools
 import threading
 import warnings
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -117,7 +118,7 @@ def _indexed_params_of(optimizer: Any) -> list[tuple[str, Any]]:
     if groups is None:
         raise TypeError(f"optimizer must be a paddle.optimizer.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    params = []
+    params: list[tuple[str, Any]] = []
     for g, group in enumerate(groups):
         if isinstance(group, dict):
             params.extend((f"param_groups[{g}][{i}]", p) for i, p in enumerate(group["params"]))
@@ -249,13 +250,15 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         self._process_group = process_group
         self._distributed = distributed
         self._state = ScalerState.initial(config)
-        self._scale = paddle.to_tensor(np.array([self._state.scale], np.float32), place=place)
+        self._scale: paddle.Tensor = paddle.to_tensor(np.array([self._state.scale], np.float32),
+                                                     place=place)
         self._factors: dict[Any, Any] = {}  # dtype -> 0-d scale or 1/scale tensor
         # optimizer id -> {"state": OptimizerState, "found_inf": bool or bool tensor}
         self._optimizer_states = defaultdict(_refresh_optimizer_state)
         self._functional_found_inf: list[Any] = []
-        self._found_inf = False
-        self._cache_found_inf = None
+        # Paddle's own flags, bools here (its stubs type them from its __init__: tensor, None).
+        self._found_inf = False  # type: ignore[assignment]
+        self._cache_found_inf: bool | None = None  # type: ignore[assignment]
         self._scale_called = False
         self._bf16_warned = False
         self._updates = 0
@@ -388,7 +391,9 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         self._set_config(growth_factor=new_factor)
 
     get_incr_ratio = get_growth_factor
-    set_incr_ratio = set_growth_factor
+
+    def set_incr_ratio(self, new_incr_ratio: float) -> None:  # Paddle's name and keyword
+        self.set_growth_factor(new_incr_ratio)
 
     def get_backoff_factor(self) -> float:
         return self._config.backoff_factor
@@ -397,7 +402,9 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         self._set_config(backoff_factor=new_factor)
 
     get_decr_ratio = get_backoff_factor
-    set_decr_ratio = set_backoff_factor
+
+    def set_decr_ratio(self, new_decr_ratio: float) -> None:  # Paddle's name and keyword
+        self.set_backoff_factor(new_decr_ratio)
 
     def get_growth_interval(self) -> int:
         return self._config.growth_interval
@@ -407,7 +414,9 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         self._set_config(growth_interval=new_interval)
 
     get_incr_every_n_steps = get_growth_interval
-    set_incr_every_n_steps = set_growth_interval
+
+    def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:  # Paddle's name and keyword
+        self.set_growth_interval(new_incr_every_n_steps)
 
     def get_hysteresis(self) -> int:
         return self._config.hysteresis
@@ -416,9 +425,11 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         self._set_config(hysteresis=new_hysteresis)
 
     get_decr_every_n_nan_or_inf = get_hysteresis
-    set_decr_every_n_nan_or_inf = set_hysteresis
 
-    def state_dict(self) -> dict[str, Any]:
+    def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:  # Paddle's name and keyword
+        self.set_hysteresis(new_decr_every_n_nan_or_inf)
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]  # not Paddle's dict
         """The canonical dict (every unifiedamp backend loads it); a disabled scaler
         returns it too, with ``enabled`` False. ``native_state_dict()`` gives Paddle's.
 
@@ -454,7 +465,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
                 "decr_every_n_nan_or_inf": c.hysteresis, "incr_count": s.growth_tracker,
                 "decr_count": s.hysteresis_tracker, "use_dynamic_loss_scaling": c.dynamic}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Loads a canonical dict of any backend, or a native Paddle or torch dict.
 
         ``enabled`` stays as this scaler was built. A dict that fails validation
@@ -547,7 +558,8 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         kernel = [g for g in grads if g.dtype in _KERNEL_DTYPES]
         if kernel:
             # It returns a new flag: the one passed in is not written in eager mode.
-            _, flag = _C_ops.check_finite_and_unscale_(
+            # Paddle's stub leaves out the found_inf argument the kernel takes.
+            _, flag = _C_ops.check_finite_and_unscale_(  # type: ignore[call-arg]
                 kernel, self._scale, paddle.zeros([1], dtype=paddle.bool))
             flags.append(flag)
         for g in grads:
@@ -693,7 +705,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
                 if new_scale.size != 1 or not paddle.is_floating_point(new_scale):
                     raise TypeError(f"new_scale must be a float or a 1-element array/tensor, "
                                     f"got {new_scale!r}")
-                new_scale = float(new_scale.item())
+                new_scale = new_scale.item()  # a Python float: a floating tensor's item
             self._set_state(self._state._replace(scale=new_scale_value(new_scale)))
             self._last = None
         else:
