@@ -30,8 +30,8 @@ from unifiedamp.diagnostics import _image_path_error, _save_figure
 #: The one config every framework trains with: within 40 steps it grows (every 4 finite
 #: steps), holds one overflow (hysteresis 2), backs off after two, and is capped at 2**13
 #: so that float16 gradients never overflow on their own, whatever ``--steps`` is.
-CONFIG: dict[str, Any] = {"init_scale": 2.0**10, "growth_interval": 4, "hysteresis": 2, "min_scale": 1.0,
-          "max_scale": 2.0**13}
+CONFIG: dict[str, Any] = {"init_scale": 2.0**10, "growth_interval": 4, "hysteresis": 2,
+                          "min_scale": 1.0, "max_scale": 2.0**13}
 
 #: Steps whose input batch holds an inf (the pattern repeats every ``PERIOD`` steps): a
 #: lone one (hysteresis absorbs it), a pair (one backoff), a run of six (three backoffs).

@@ -392,7 +392,8 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
 
     get_incr_ratio = get_growth_factor
 
-    def set_incr_ratio(self, new_incr_ratio: float) -> None:  # Paddle's name and keyword
+    def set_incr_ratio(self, new_incr_ratio: float) -> None:
+        """Paddle's name and keyword for :meth:`set_growth_factor`."""
         self.set_growth_factor(new_incr_ratio)
 
     def get_backoff_factor(self) -> float:
@@ -403,7 +404,8 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
 
     get_decr_ratio = get_backoff_factor
 
-    def set_decr_ratio(self, new_decr_ratio: float) -> None:  # Paddle's name and keyword
+    def set_decr_ratio(self, new_decr_ratio: float) -> None:
+        """Paddle's name and keyword for :meth:`set_backoff_factor`."""
         self.set_backoff_factor(new_decr_ratio)
 
     def get_growth_interval(self) -> int:
@@ -415,7 +417,8 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
 
     get_incr_every_n_steps = get_growth_interval
 
-    def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:  # Paddle's name and keyword
+    def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> None:
+        """Paddle's name and keyword for :meth:`set_growth_interval`."""
         self.set_growth_interval(new_incr_every_n_steps)
 
     def get_hysteresis(self) -> int:
@@ -426,7 +429,8 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
 
     get_decr_every_n_nan_or_inf = get_hysteresis
 
-    def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:  # Paddle's name and keyword
+    def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> None:
+        """Paddle's name and keyword for :meth:`set_hysteresis`."""
         self.set_hysteresis(new_decr_every_n_nan_or_inf)
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]  # not Paddle's dict
