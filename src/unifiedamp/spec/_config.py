@@ -253,7 +253,7 @@ class ScalerConfig:
         if other is self:  # the usual case for a pytree's aux data or a cache key
             return True
         if other.__class__ is self.__class__:
-            return self._values() == other._values()  # type: ignore[attr-defined]
+            return self._values() == other._values()
         return NotImplemented
 
     def __hash__(self) -> int:
