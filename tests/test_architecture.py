@@ -1,7 +1,9 @@
 """The package's shape: imports run one way, with no cycle, and every module has a layer.
 
 spec <- registry <- facade <- backends <- callbacks <- port <- conformance <- cli. Imports inside
-functions count too: a lazy import still ties two modules together.
+functions count too: a lazy import still ties two modules together. Imports under
+``if TYPE_CHECKING:`` do not: they never run, and they are how the facade's constructor names
+each backend's class for type checkers.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def import_graph(root: pathlib.Path, package: str) -> dict[str, set[str]]:
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
         edges = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -65,6 +67,23 @@ def import_graph(root: pathlib.Path, package: str) -> dict[str, set[str]]:
             edges |= {t for t in targets if t in modules and t != name}
         graph[name] = edges
     return graph
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` but those under ``if TYPE_CHECKING:`` (its ``else`` runs)."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -244,10 +244,11 @@ def test_paddle_setters_change_the_config_the_rule_uses():
     model = mlp()
     opt = make_opt("sgd", model.parameters())
     one_step(s, model, opt)
-    s.set_incr_ratio(4.0)
-    s.set_decr_ratio(0.125)
-    s.set_incr_every_n_steps(2)
-    s.set_decr_every_n_nan_or_inf(2)
+    # By Paddle's keyword names, as Paddle code may call them.
+    s.set_incr_ratio(new_incr_ratio=4.0)
+    s.set_decr_ratio(new_decr_ratio=0.125)
+    s.set_incr_every_n_steps(new_incr_every_n_steps=2)
+    s.set_decr_every_n_nan_or_inf(new_decr_every_n_nan_or_inf=2)
     assert (s.get_growth_factor(), s.get_backoff_factor(), s.get_growth_interval(),
             s.get_hysteresis()) == (4.0, 0.125, 2, 2)
     assert s.config == ua.ScalerConfig(1024.0, 4.0, 0.125, 2, hysteresis=2)

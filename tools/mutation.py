@@ -114,7 +114,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("state-scale-not-rounded", f"{SPEC}/_state_dict.py",
            "return f32(scale) + 0.0", "return scale + 0.0", _T_STATE),
     Mutant("state-negative-tracker-accepted", f"{SPEC}/_state_dict.py",
-           "or isinstance(value, bool) or value < 0:", "or isinstance(value, bool):", _T_STATE),
+           "or isinstance(value, bool) or int(value) < 0:", "or isinstance(value, bool):",
+           _T_STATE),
     Mutant("state-paddle-decr-count-dropped", f"{SPEC}/_state_dict.py",
            'trackers = {"growth_tracker": "incr_count", "hysteresis_tracker": "decr_count"}',
            'trackers = {"growth_tracker": "incr_count"}', _T_STATE),
@@ -132,9 +133,9 @@ MUTANTS: tuple[Mutant, ...] = (
            '"min_scale" if lo is not None and init < lo else', _T_CONFIG),
     Mutant("config-bool-interval-accepted", f"{SPEC}/_config.py",
            "if not isinstance(value, numbers.Integral) or isinstance(value, bool):\n"
-           "        raise _invalid(name, value, TypeError)\n    if value < 1:",
+           "        raise _invalid(name, value, TypeError)\n    if int(value) < 1:",
            "if not isinstance(value, numbers.Integral):\n"
-           "        raise _invalid(name, value, TypeError)\n    if value < 1:", _T_CONFIG),
+           "        raise _invalid(name, value, TypeError)\n    if int(value) < 1:", _T_CONFIG),
     Mutant("config-backoff-one-refused", f"{SPEC}/_config.py",
            "0 < backoff <= 1 and", "0 < backoff < 1 and", _T_CONFIG),
     # ---------------------------------------------------------------- functional base (JAX, MLX)

@@ -42,9 +42,10 @@ class CollapseMonitor:
     """
 
     def __init__(self, max_consecutive_skips: int | None = 100, on_collapse: str = "warn"):
-        # Any integer type (numpy's too, as configs accept), never a bool.
+        # Any integer type (numpy's too, as configs accept), never a bool. int is named
+        # beside Integral for type checkers, which do not know that int is an Integral.
         if max_consecutive_skips is not None and (
-            not isinstance(max_consecutive_skips, numbers.Integral)
+            not isinstance(max_consecutive_skips, (int, numbers.Integral))
             or isinstance(max_consecutive_skips, bool)
             or max_consecutive_skips < 1
         ):

@@ -254,7 +254,7 @@ def _check_target(target: str) -> None:
         )
 
 
-def load(name: str) -> type:
+def load(name: str) -> type[Any]:
     """Imports and returns the scaler class of a backend name or ``"module:Class"``.
 
     Raises:

@@ -103,7 +103,16 @@ def is_flag(value: Any) -> bool:
     if isinstance(value, bool):
         return True
     dtype = getattr(value, "dtype", None)
-    return dtype is not None and str(dtype).rsplit(".", 1)[-1] in ("bool", "bool_")
+    return dtype is not None and _is_bool_dtype(dtype)
+
+
+def _is_bool_dtype(dtype: Any) -> bool:
+    # NumPy and JAX print "bool", torch "torch.bool", Paddle "paddle.bool", MLX
+    # "mlx.core.bool", TensorFlow "<dtype: 'bool'>" (its .name is "bool").
+    name = getattr(dtype, "name", None)
+    text = name if isinstance(name, str) else str(dtype)
+    return text.rsplit(".", 1)[-1].strip("<>' ").removeprefix("dtype: '").lower() in (
+        "bool", "bool_")
 
 
 def check_flag(finite: Any) -> None:
@@ -116,8 +125,7 @@ def check_flag(finite: Any) -> None:
     dtype = getattr(finite, "dtype", None)
     if dtype is None:
         raise TypeError(f"update(finite) got {type(finite).__name__} {finite!r}; {hint}")
-    # numpy and jax print "bool", mlx "mlx.core.bool".
-    if str(dtype).rsplit(".", 1)[-1] != "bool":
+    if not _is_bool_dtype(dtype):
         raise TypeError(f"update(finite) got an array of dtype {dtype} ({finite!r}); {hint}")
     if tuple(getattr(finite, "shape", ())) != ():
         raise ValueError(f"update(finite) got a bool array of shape {tuple(finite.shape)} "

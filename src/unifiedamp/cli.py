@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
 from unifiedamp import __version__, _registry, spec
@@ -238,7 +239,7 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     for r in report["backends"].values():
         tests += [t for t in r.get("tests", {}) if t not in tests]
     print(f"unifiedamp {__version__} conformance, spec version {spec.SPEC_VERSION}")
-    reasons = {}
+    reasons: dict[str, str] = {}
     _print_table([("test", *names)]
                  + [(t, *(_cell(report["backends"][n], t) for n in names)) for t in tests])
     for name in names:
@@ -285,7 +286,7 @@ def _not_run_note(not_run: dict[str, str]) -> str:
 # --------------------------------------------------------------------------- main
 
 
-def _print_table(rows: list[tuple[str, ...]]) -> None:
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     for j, row in enumerate(rows):
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

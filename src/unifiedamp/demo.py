@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from unifiedamp import _registry, spec
 from unifiedamp.diagnostics import _image_path_error, _save_figure
@@ -30,8 +30,8 @@ from unifiedamp.diagnostics import _image_path_error, _save_figure
 #: The one config every framework trains with: within 40 steps it grows (every 4 finite
 #: steps), holds one overflow (hysteresis 2), backs off after two, and is capped at 2**13
 #: so that float16 gradients never overflow on their own, whatever ``--steps`` is.
-CONFIG = {"init_scale": 2.0**10, "growth_interval": 4, "hysteresis": 2, "min_scale": 1.0,
-          "max_scale": 2.0**13}
+CONFIG: dict[str, Any] = {"init_scale": 2.0**10, "growth_interval": 4, "hysteresis": 2,
+                          "min_scale": 1.0, "max_scale": 2.0**13}
 
 #: Steps whose input batch holds an inf (the pattern repeats every ``PERIOD`` steps): a
 #: lone one (hysteresis absorbs it), a pair (one backoff), a run of six (three backoffs).
@@ -126,7 +126,11 @@ def _data(steps: int) -> tuple[list[Any], list[tuple[Any, Any]]]:
     return params, batches
 
 
-def _float16_or_32(forward: Callable[[str], Any]) -> str:
+#: The dtype the demo's models compute in.
+Dtype = Literal["float16", "float32"]
+
+
+def _float16_or_32(forward: Callable[[Dtype], Any]) -> Dtype:
     """``"float16"`` when the framework computes ``forward`` in float16 on this device,
     else ``"float32"`` (a CPU build may lack half-precision kernels)."""
     try:
@@ -182,7 +186,7 @@ def _train_torch(steps: int, emit: _Emitter) -> None:
     opt = torch.optim.SGD(params, lr=_LR)
     scaler = ua.GradScaler(**CONFIG, device=device, backend="torch", history=steps)
 
-    def forward(dtype: str, x: Any) -> Any:
+    def forward(dtype: Dtype, x: Any) -> Any:
         dt = getattr(torch, dtype)
         w1, b1, w2, b2 = (p.to(dt) for p in params)  # float32 parameters, cast for compute
         return (torch.tanh(x.to(dt) @ w1 + b1) @ w2 + b2).float()
@@ -217,7 +221,7 @@ def _train_paddle(steps: int, emit: _Emitter) -> None:
     opt = paddle.optimizer.SGD(learning_rate=_LR, parameters=params)
     scaler = ua.GradScaler(**CONFIG, backend="paddle", history=steps)
 
-    def forward(dtype: str, x: Any) -> Any:
+    def forward(dtype: Dtype, x: Any) -> Any:
         w1, b1, w2, b2 = (p.astype(dtype) for p in params)
         return (paddle.tanh(x.astype(dtype) @ w1 + b1) @ w2 + b2).astype("float32")
 
@@ -437,7 +441,12 @@ def _run_child(name: str, steps: int) -> dict[str, Any]:
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
         timed_out = threading.Event()
-        timer = threading.Timer(_CHILD_TIMEOUT_S, lambda: (timed_out.set(), proc.kill()))
+
+        def stop() -> None:
+            timed_out.set()
+            proc.kill()
+
+        timer = threading.Timer(_CHILD_TIMEOUT_S, stop)
         timer.start()
         try:
             for line in proc.stdout:  # type: ignore[union-attr]

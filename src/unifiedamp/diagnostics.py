@@ -33,7 +33,13 @@ from unifiedamp._files import atomic_path, write_bytes
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
-    from typing import Any
+    from typing import Any, Protocol
+
+    class _Ring(Protocol):
+        """A ring's array: a sequence, or a NumPy/device array read on the host."""
+
+        def __len__(self) -> int: ...
+        def __getitem__(self, index: int, /) -> Any: ...
 
 __all__ = ["GradientOverflow", "OverflowReport", "ScaleHistory", "count_overflow",
            "plot_history", "FIXES"]
@@ -245,7 +251,7 @@ class ScaleHistory:
         self.skipped = [bool(s) for s in skipped]
 
     @classmethod
-    def from_ring(cls, iterations: Sequence[Any], scales: Sequence[Any], skipped: Sequence[Any],
+    def from_ring(cls, iterations: _Ring, scales: _Ring, skipped: _Ring,
                   count: int) -> ScaleHistory:
         """Unrolls a ring of N slots where record k (from 0) went to slot k % N and
         ``count`` records were written: the last min(count, N), oldest first."""
@@ -329,7 +335,8 @@ def plot_history(history: ScaleHistory, output: str | os.PathLike[str],
         ax.scatter(*zip(*skips, strict=True), marker="x", color="tab:red", zorder=3,
                    label=f"skipped ({len(skips)})")
     ax.set_yscale("log", base=2)
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    # The linear axis's locator is an AutoLocator, a MaxNLocator: its set_params takes integer.
+    ax.xaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]
     ax.set_xlabel("update")
     ax.set_ylabel("loss scale")
     finite = [s for s in history.scales if math.isfinite(s) and s > 0]

@@ -79,7 +79,7 @@ _KERAS_IGNORED = {
     "dynamic": "Keras 3 takes only dynamic=True (False raises ValueError)",
 }
 _KERAS_FIX = "needs unifiedamp's wrapper: ua.GradScaler(..., backend='keras').wrap(opt)"
-_KERAS3 = {
+_KERAS3: dict[str, Any] = {
     "params": ("inner_optimizer", "initial_scale", "dynamic_growth_steps", "name"),
     # Keras 3 takes dynamic= through **kwargs only to refuse False.
     "keyword_only": ("dynamic",),
@@ -92,7 +92,7 @@ _KERAS3 = {
                "under tf.distribute.MirroredStrategy it checks replica 0's local gradients",
                "stateful apply() fails under the JAX backend"),
 }
-_TF_KERAS2 = {
+_TF_KERAS2: dict[str, Any] = {
     "params": ("inner_optimizer", "dynamic", "initial_scale", "dynamic_growth_steps"),
     "names": {"dynamic": "dynamic", "initial_scale": "init_scale",
               "dynamic_growth_steps": "growth_interval"},

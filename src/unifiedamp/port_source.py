@@ -382,7 +382,8 @@ def _port(cst: Any, code: str, to: str, from_version: Any, filename: str) -> Por
     ctx = _Context(cst, module, to, from_version, imported, _module_imports(cst, module))
     replacements: dict[Any, Any] = {}
     scalers: dict[str, tuple[str, bool]] = {}  # variable -> (source qualname, rewritten)
-    sites = []
+    sites: list[CallSite] = []
+    site: CallSite | None  # the verbs' may be None
     for index, stmt in enumerate(module.body):
         ctx.at = index  # an import the call needs must come before this statement
         for node in _walk(cst, stmt):
@@ -961,7 +962,7 @@ def _port_verb(ctx: _Context, node: Any, source: str,
             site.problems.append("unscale(grads) returns (grads, finite) in unifiedamp "
                                  "(jmp: grads): unpack it")
             return site, None
-        new = {"scale": "scale", "adjust": "update"}[method]
+        new: str | None = {"scale": "scale", "adjust": "update"}[method]
         if new != method:
             site.notes.append(f"jmp's {method}(finite) is unifiedamp's {new}(finite): both "
                               "return the new scaler")

@@ -54,6 +54,13 @@ class FunctionalGradScaler(GradScaler):
 
     #: The array namespace: ``jax.numpy`` or ``mlx.core``.
     xp: ClassVar[Any]
+    # Set by _set_arrays (through object.__setattr__: the scaler is immutable).
+    _config: ScalerConfig
+    loss_scale: Any
+    growth_tracker: Any
+    hysteresis_tracker: Any
+    skipped_steps: Any
+    consecutive_skips: Any
 
     def __init__(self, *args: Any, **kwargs: Any):
         config = spec.config_from_args(args, kwargs, extra_names=("backend",))
@@ -74,7 +81,7 @@ class FunctionalGradScaler(GradScaler):
                 cls._array(state.hysteresis_tracker, xp.int32))
 
     @classmethod
-    def _overflow_reductions(cls, grad: Any) -> tuple[Any, Any, Any]:
+    def _overflow_reductions(cls, grad: Any) -> tuple[Any, ...]:
         """``(inf count, NaN count, largest finite |g|)`` of a non-empty float array, 0-d
         arrays, traceable. Sums of bool arrays (MLX sums them into int32; a cast first
         made ``mx.compile`` write an int32 copy of each gradient: 2 to 3x slower)."""
@@ -443,7 +450,7 @@ def history_init(backend: type[FunctionalGradScaler], size: Any) -> dict[str, An
     if isinstance(size, bool) or not isinstance(size, numbers.Integral):
         raise TypeError(f"history_init(size) takes the number of updates to keep, an int >= 1, "
                         f"got {size!r} of type {type(size).__name__}: e.g. history_init(1000)")
-    if not 1 <= size <= MAX_HISTORY:
+    if not 1 <= int(size) <= MAX_HISTORY:
         raise ValueError(f"history_init(size) takes the number of updates to keep, an int >= 1 "
                          f"and at most {MAX_HISTORY} (MAX_HISTORY), got {size}: e.g. "
                          "history_init(1000)")

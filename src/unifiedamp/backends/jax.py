@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -254,7 +254,7 @@ class JaxGradScaler(FunctionalGradScaler):
     """
 
     backend = "jax"
-    xp = jnp
+    xp: ClassVar[Any] = jnp
 
     @classmethod
     def _array(cls, value: Any, dtype: Any) -> jax.Array:
@@ -532,7 +532,7 @@ def loss_scaled_accumulate(inner: Any, scaler: JaxGradScaler, every_k: int, *,
         [0. 0.] 16.0
         [0. 0.] 8.0
     """
-    if not isinstance(every_k, numbers.Integral) or isinstance(every_k, bool):
+    if not isinstance(every_k, (int, numbers.Integral)) or isinstance(every_k, bool):
         raise TypeError(f"every_k must be an int >= 1 (micro-batches per optimizer step), "
                         f"got {every_k!r} of type {type(every_k).__name__}")
     if every_k < 1:
@@ -622,7 +622,7 @@ def _cast_varying(x: Any, axes: frozenset[Any]) -> Any:
         return x
     if hasattr(lax, "pcast"):
         return lax.pcast(x, missing, to="varying")
-    return lax.pvary(x, missing)  # jax < 0.9 (pragma: no cover)
+    return lax.pvary(x, missing)  # type: ignore[attr-defined]  # jax < 0.9 (pragma: no cover)
 
 
 def find_scaler(opt_state: Any) -> JaxGradScaler:

@@ -361,8 +361,9 @@ def _torch_overflows(pairs: list[tuple[int, Any]]) -> list[tuple[int, GradientOv
         return []
     with torch.no_grad():
         finite = torch.stack([torch.isfinite(g).all() for _, g in pairs]).tolist()
-        return [(i, count_overflow("", g.detach().float().cpu().numpy()))
-                for (i, g), ok in zip(pairs, finite, strict=True) if not ok]
+        counts = [(i, count_overflow("", g.detach().float().cpu().numpy()))
+                  for (i, g), ok in zip(pairs, finite, strict=True) if not ok]
+    return [(i, c) for i, c in counts if c is not None]
 
 
 _NO_DIAGNOSE = ("The gradients stay inside the compiled train step on the TensorFlow and JAX "

@@ -12,7 +12,7 @@ so the update is a plain float32 multiply.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import mlx.core as mx
 import numpy as np
@@ -115,7 +115,7 @@ class MlxGradScaler(FunctionalGradScaler):
     """
 
     backend = "mlx"
-    xp = mx
+    xp: ClassVar[Any] = mx
 
     @classmethod
     def _array(cls, value: Any, dtype: Any) -> mx.array:

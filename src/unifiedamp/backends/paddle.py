@@ -33,6 +33,7 @@ import functools
 import threading
 import warnings
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -119,7 +120,7 @@ def _indexed_params_of(optimizer: Any) -> list[tuple[str, Any]]:
     if groups is None:
         raise TypeError(f"optimizer must be a paddle.optimizer.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    params = []
+    params: list[tuple[str, Any]] = []
     for g, group in enumerate(groups):
         if isinstance(group, dict):
             params.extend((f"param_groups[{g}][{i}]", p) for i, p in enumerate(group["params"]))
@@ -250,13 +251,15 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         self._process_group = process_group
         self._distributed = distributed
         self._state = ScalerState.initial(config)
-        self._scale = paddle.to_tensor(np.array([self._state.scale], np.float32), place=place)
+        self._scale: paddle.Tensor = paddle.to_tensor(np.array([self._state.scale], np.float32),
+                                                     place=place)
         self._factors: dict[Any, Any] = {}  # dtype -> 0-d scale or 1/scale tensor
         # optimizer id -> {"state": OptimizerState, "found_inf": bool or bool tensor}
         self._optimizer_states = defaultdict(_refresh_optimizer_state)
         self._functional_found_inf: list[Any] = []
-        self._found_inf = False
-        self._cache_found_inf = None
+        # Paddle's own flags, bools here (its stubs type them from its __init__: tensor, None).
+        self._found_inf = False  # type: ignore[assignment]
+        self._cache_found_inf: bool | None = None  # type: ignore[assignment]
         self._scale_called = False
         self._bf16_warned = False
         self._updates = 0
@@ -375,25 +378,39 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
     def get_init_loss_scaling(self) -> float:
         return self._config.init_scale
 
-    def set_init_loss_scaling(self, new_init_loss_scaling: float) -> None:
-        """Sets ``init_scale`` and, as Paddle does, the current scale (trackers kept)."""
+    def set_init_loss_scaling(self, new_init_loss_scaling: float) -> PaddleGradScaler:
+        """Sets ``init_scale`` and, as Paddle does, the current scale (trackers kept);
+        returns the scaler."""
         self._set_config(init_scale=new_init_loss_scaling)
         self._set_state(self._state._replace(scale=spec.f32(self._config.init_scale)))
+        return self
 
     def _reconfigure(self, config: ScalerConfig) -> PaddleGradScaler:
         self._config = config
         self._sync_paddle_attributes()
         return self
 
-    # paddle.amp.GradScaler's names for the interface's accessors.
+    # paddle.amp.GradScaler's names for the interface's accessors, with its keywords.
     get_incr_ratio = GradScaler.get_growth_factor
-    set_incr_ratio = GradScaler.set_growth_factor
     get_decr_ratio = GradScaler.get_backoff_factor
-    set_decr_ratio = GradScaler.set_backoff_factor
     get_incr_every_n_steps = GradScaler.get_growth_interval
-    set_incr_every_n_steps = GradScaler.set_growth_interval
     get_decr_every_n_nan_or_inf = GradScaler.get_hysteresis
-    set_decr_every_n_nan_or_inf = GradScaler.set_hysteresis
+
+    def set_incr_ratio(self, new_incr_ratio: float) -> PaddleGradScaler:
+        """Paddle's name and keyword for :meth:`set_growth_factor`."""
+        return self.set_growth_factor(new_incr_ratio)
+
+    def set_decr_ratio(self, new_decr_ratio: float) -> PaddleGradScaler:
+        """Paddle's name and keyword for :meth:`set_backoff_factor`."""
+        return self.set_backoff_factor(new_decr_ratio)
+
+    def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> PaddleGradScaler:
+        """Paddle's name and keyword for :meth:`set_growth_interval`."""
+        return self.set_growth_interval(new_incr_every_n_steps)
+
+    def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> PaddleGradScaler:
+        """Paddle's name and keyword for :meth:`set_hysteresis`."""
+        return self.set_hysteresis(new_decr_every_n_nan_or_inf)
 
     @property
     def last_step_skipped(self) -> bool:
@@ -410,7 +427,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         """Updates made (``update(new_scale=...)`` and a disabled scaler count none)."""
         return self._updates
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]  # not Paddle's dict
         """The canonical dict (every unifiedamp backend loads it); a disabled scaler
         returns it too, with ``enabled`` False. ``native_state_dict()`` gives Paddle's.
 
@@ -446,7 +463,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
                 "decr_every_n_nan_or_inf": c.hysteresis, "incr_count": s.growth_tracker,
                 "decr_count": s.hysteresis_tracker, "use_dynamic_loss_scaling": c.dynamic}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Loads a canonical dict of any backend, or a native Paddle or torch dict.
 
         ``enabled`` stays as this scaler was built. A dict that fails validation
@@ -539,7 +556,8 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         kernel = [g for g in grads if g.dtype in _KERNEL_DTYPES]
         if kernel:
             # It returns a new flag: the one passed in is not written in eager mode.
-            _, flag = _C_ops.check_finite_and_unscale_(
+            # Paddle's stub leaves out the found_inf argument the kernel takes.
+            _, flag = _C_ops.check_finite_and_unscale_(  # type: ignore[call-arg]
                 kernel, self._scale, paddle.zeros([1], dtype=paddle.bool))
             flags.append(flag)
         for g in grads:
@@ -704,7 +722,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
                 if new_scale.size != 1 or not paddle.is_floating_point(new_scale):
                     raise TypeError(f"new_scale must be a float or a 1-element array/tensor, "
                                     f"got {new_scale!r}")
-                new_scale = float(new_scale.item())
+                new_scale = new_scale.item()  # a Python float: a floating tensor's item
             self._set_state(self._state._replace(scale=new_scale_value(new_scale)))
             self._last = None
         else:

@@ -399,6 +399,12 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
     backend = "torch"
     capabilities = frozenset({"unscale_", "step", "watch", "overflow_report", "history",
                               "native_state_dict"})
+    # Set by _fresh_diagnostics (a __dict__ update), whose comments say what they hold.
+    _checking: dict[int, tuple[weakref.ref[Any], bool]]
+    _scaled_input: torch.Tensor | None
+    _loads: int
+    _diag_found: bool | torch.Tensor | None
+    _diag_scale: tuple[float, str] | None
 
     def __init__(
         self,
@@ -904,15 +910,16 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         founds = [t.to(scale.device, non_blocking=True)
                   for t in state["found_inf_per_device"].values()]
         own = getattr(optimizer, "grad_scale", None)
+        # Fused optimizers read these two attributes, which Optimizer does not declare.
         if state["stage"] == OptState.UNSCALED:
-            optimizer.grad_scale = own
+            optimizer.grad_scale = own  # type: ignore[attr-defined]
         else:
-            optimizer.grad_scale = scale if own is None else scale * own
-        optimizer.found_inf = founds[0] if len(founds) == 1 else sum(founds)
+            optimizer.grad_scale = scale if own is None else scale * own  # type: ignore[attr-defined]
+        optimizer.found_inf = founds[0] if len(founds) == 1 else sum(founds)  # type: ignore[attr-defined]
         retval = optimizer.step(*args, **kwargs)
         state["stage"] = OptState.STEPPED
-        del optimizer.grad_scale
-        del optimizer.found_inf
+        del optimizer.grad_scale  # type: ignore[attr-defined]
+        del optimizer.found_inf  # type: ignore[attr-defined]
         return retval
 
     def unscale(self, grads: Any) -> tuple[Any, torch.Tensor]:

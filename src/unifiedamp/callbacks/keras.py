@@ -62,7 +62,9 @@ class ScaleLogger(keras.callbacks.Callback):
 
     def __init__(self, every_n_steps: int = 50):
         super().__init__()
-        if (not isinstance(every_n_steps, numbers.Integral) or isinstance(every_n_steps, bool)
+        # int beside Integral for type checkers, which do not know that int is an Integral.
+        if (not isinstance(every_n_steps, (int, numbers.Integral))
+                or isinstance(every_n_steps, bool)
                 or every_n_steps < 1):
             raise ValueError(f"every_n_steps must be an int >= 1, got {every_n_steps!r}: "
                              "e.g. ScaleLogger(every_n_steps=50)")

@@ -23,7 +23,7 @@ try:
     import lightning.pytorch as pl
     from lightning.pytorch.utilities import rank_zero_warn
 except ImportError:  # the standalone package; its Trainer takes only its own Callbacks
-    import pytorch_lightning as pl
+    import pytorch_lightning as pl  # type: ignore[no-redef]  # the same API, another name
     from pytorch_lightning.utilities import rank_zero_warn
 
 import torch
@@ -88,7 +88,9 @@ class ScaleLogger(pl.Callback):
     """
 
     def __init__(self, every_n_steps: int = 50, prefix: str = ""):
-        if (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, numbers.Integral)
+        # int beside Integral for type checkers, which do not know that int is an Integral.
+        if (isinstance(every_n_steps, bool)
+                or not isinstance(every_n_steps, (int, numbers.Integral))
                 or every_n_steps < 1):
             raise ValueError(f"every_n_steps must be an int >= 1, got {every_n_steps!r}: "
                              "pass e.g. every_n_steps=50")

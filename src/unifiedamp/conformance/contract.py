@@ -196,6 +196,7 @@ class ScalerContract:
                                                    max_examples: int) -> None:
         require(adapter, "functional_unscale")
         handle = adapter.new(ScalerConfig(8.0))
+        empty: object
         for empty in ([], {}, [[], {}]):
             assert adapter.unscale_tree(handle, empty)[1] is True, f"{empty!r} reported non-finite"
 

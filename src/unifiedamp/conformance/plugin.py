@@ -155,14 +155,15 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 def _backend_of(item: pytest.Item, config: pytest.Config) -> str | None:
     if getattr(item, "path", None) is not None and item.path.resolve() == _SHIPPED_TESTS:
         return _option(config, "backend")
-    return getattr(item.cls, "backend", None) if getattr(item, "cls", None) else None
+    cls = item.cls if isinstance(item, pytest.Function) else None
+    return getattr(cls, "backend", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from unifiedamp.conformance.contract import ScalerContract
 
-    contract_items = [i for i in items
-                      if getattr(i, "cls", None) and issubclass(i.cls, ScalerContract)]
+    contract_items = [i for i in items if isinstance(i, pytest.Function)
+                      and i.cls is not None and issubclass(i.cls, ScalerContract)]
     if not contract_items:
         return
     entries = read_xfails(_BUILTIN_XFAILS)

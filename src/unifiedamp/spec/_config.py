@@ -127,9 +127,9 @@ def _check_positive_f32(name: str, value: Any) -> float:
 def _check_int(name: str, value: Any) -> int:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         raise _invalid(name, value, TypeError)
-    if value < 1:
+    if int(value) < 1:
         raise _invalid(name, value)
-    if value > INT32_MAX:
+    if int(value) > INT32_MAX:
         never = "; growth_factor=1.0 never grows" if name == "growth_interval" else ""
         raise _invalid(name, value, hint=f" (trackers count in int32 on devices{never})")
     return int(value)
@@ -193,6 +193,7 @@ class ScalerConfig:
 
     # The fields in __dict__, the kept hash apart; weak references as a dataclass has them.
     __slots__ = ("__dict__", "__weakref__", "_hash")
+    _hash: int
 
     def __init__(
         self,
@@ -212,7 +213,7 @@ class ScalerConfig:
                  "enabled": enabled, "hysteresis": hysteresis, "min_scale": min_scale,
                  "max_scale": max_scale, "dynamic": dynamic}
         raw = {name: python_scalar(name, given[name]) for name in CANONICAL}
-        values = {
+        values: dict[str, Any] = {
             "init_scale": _check_positive_f32("init_scale", raw["init_scale"]),
             "growth_factor": _check_real("growth_factor", raw["growth_factor"]),
             "backoff_factor": _check_real("backoff_factor", raw["backoff_factor"]),
@@ -252,7 +253,7 @@ class ScalerConfig:
         if other is self:  # the usual case for a pytree's aux data or a cache key
             return True
         if other.__class__ is self.__class__:
-            return self._values() == other._values()  # type: ignore[attr-defined]
+            return self._values() == other._values()
         return NotImplemented
 
     def __hash__(self) -> int:

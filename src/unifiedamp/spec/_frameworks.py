@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FRAMEWORKS"]
 
-_PADDLE = {
+_PADDLE: dict[str, Any] = {
     "api": "paddle.amp.GradScaler",
     "version": ">=3.0",
     "names": {"init_scale": "init_loss_scaling", "growth_factor": "incr_ratio",

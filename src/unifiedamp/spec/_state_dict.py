@@ -56,9 +56,9 @@ def _state_error(message: str) -> ValueError:
 
 def _tracker(d: Mapping[str, Any], key: str, as_name: str) -> int:
     value = d[key]
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or int(value) < 0:
         raise _state_error(f"{as_name} must be an int >= 0, got {key}={value!r}")
-    if value > INT32_MAX - 1:
+    if int(value) > INT32_MAX - 1:
         raise _state_error(f"{as_name} must be <= {INT32_MAX - 1} (devices count it up by one "
                            f"in int32), got {key}={value!r}")
     return int(value)

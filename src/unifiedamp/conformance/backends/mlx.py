@@ -52,7 +52,9 @@ class MlxAdapter(FunctionalAdapter):
         self.scaler_cls, self.name = scaler_cls, "mlx"
 
     def info(self) -> dict[str, Any]:
-        return {"framework": "mlx", "version": mx.__version__, "device": str(mx.default_device())}
+        # mlx.core's stubs leave out __version__.
+        return {"framework": "mlx", "version": mx.__version__,  # type: ignore[attr-defined]
+                "device": str(mx.default_device())}
 
     def new(self, config: ScalerConfig, optimizers: int = 1) -> Any:
         return self.scaler_cls(**config.to_dict()), [(make_model(), optim.Adam(1e-3))

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from unifiedamp.spec import ScalerState
 
 __all__ = ["PaddleAdapter", "make_problem", "run_ranks"]
 
-OPTIMIZERS = {
+OPTIMIZERS: dict[str, Callable[[Any], paddle.optimizer.Optimizer]] = {
     "adam": lambda params: paddle.optimizer.Adam(learning_rate=1e-3, parameters=params),
     "adamw": lambda params: paddle.optimizer.AdamW(learning_rate=1e-3, parameters=params),
     "sgd": lambda params: paddle.optimizer.SGD(learning_rate=1e-2, parameters=params),
