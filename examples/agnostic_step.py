@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import numpy as np
 
@@ -121,7 +122,7 @@ FRAMEWORKS = {"numpy": numpy_setup, "torch": torch_setup, "paddle": paddle_setup
               "jax": jax_setup, "mlx": mlx_setup}
 
 
-def train(framework: str, steps: int = STEPS, device: str | None = None) -> list[dict]:
+def train(framework: str, steps: int = STEPS, device: str | None = None) -> list[dict[str, Any]]:
     """Trains the model on ``framework`` (torch: on ``device``); one record per step: the
     scale after the update (float32, as a float), whether the step was skipped, whether
     the parameters changed; then the counters and the trained parameters."""
@@ -133,7 +134,7 @@ def train(framework: str, steps: int = STEPS, device: str | None = None) -> list
         x_all[k - 1, 0, 0] = np.inf
     params = [array(np.zeros((3, 1), np.float32)), array(np.zeros((1,), np.float32))]
     scaler = ua.GradScaler(2.0**10, growth_interval=3, backend=framework)
-    records = []
+    records: list[dict[str, Any]] = []
     for k in range(steps):
         before = [to_numpy(p).copy() for p in params]
         scaler, params, _ = step(scaler, params, array(x_all[k]), array(y_all[k]),

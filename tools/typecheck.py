@@ -2,8 +2,8 @@
 
 Usage: python tools/typecheck.py [--list] [MYPY_ARG ...]
 
-Checks ``src/unifiedamp`` and each ```python block of README.md and docs/**/*.md with the
-configuration in pyproject.toml ([tool.mypy]). The blocks are the ones tests/test_docs.py runs,
+Checks ``src/unifiedamp``, ``examples/`` and each ```python block of README.md and
+docs/**/*.md with the configuration in pyproject.toml ([tool.mypy]). The blocks are the ones tests/test_docs.py runs,
 each an independent script: each is written to a module of its own in a temporary folder, named
 after its page and index (``docs/backends/torch.md`` block 3 is ``docs_backends_torch_md_3.py``,
 the test id ``docs/backends/torch.md#3``), and mypy's messages about it are printed with the
@@ -73,13 +73,14 @@ def main(argv: list[str]) -> int:
             (folder / block.module).write_text(block.code, encoding="utf-8")
         command = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
                    *argv, str(ROOT / "src" / "unifiedamp"),
+                   *(str(path) for path in sorted((ROOT / "examples").glob("*.py"))),
                    *(str(folder / block.module) for block in blocks)]
         proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         by_module = {block.module: block for block in blocks}
         for line in proc.stdout.splitlines():
             print(to_page(line, folder, by_module))
         sys.stderr.write(proc.stderr)
-    print(f"checked src/unifiedamp and {len(blocks)} documentation blocks")
+    print(f"checked src/unifiedamp, examples/ and {len(blocks)} documentation blocks")
     return proc.returncode
 
 

@@ -356,7 +356,8 @@ def _constructor_signature(cls: type) -> Any:
         params.append(kind("backend", kind.KEYWORD_ONLY, default=None, annotation="str | Any"))
         params.append(kind("options", kind.VAR_KEYWORD, annotation="Any"))
     else:
-        own = inspect.signature(cls.__init__).parameters.values()
+        # The class's own __init__, not an instance's (mypy's [misc] is about instances).
+        own = inspect.signature(cls.__init__).parameters.values()  # type: ignore[misc]
         params += [p for p in own if p.kind is kind.KEYWORD_ONLY and p.name not in CANONICAL]
         params.append(kind("aliases", kind.VAR_KEYWORD, annotation="Any"))
     return inspect.Signature(params, return_annotation=cls.__name__)
@@ -465,6 +466,13 @@ class GradScaler(metaclass=_FacadeMeta):
                     min_scale: float | None = ..., max_scale: float | None = ...,
                     dynamic: bool = ..., backend: Literal["torch", "pytorch"],
                     **options: Any) -> TorchGradScaler: ...
+        @overload  # torch's habit: the device first
+        def __new__(cls, device: str, init_scale: float = ..., growth_factor: float = ...,
+                    backoff_factor: float = ..., growth_interval: int = ...,
+                    enabled: bool = ..., *, hysteresis: int = ...,
+                    min_scale: float | None = ..., max_scale: float | None = ...,
+                    dynamic: bool = ..., backend: Literal["torch", "pytorch"] | None = ...,
+                    **options: Any) -> TorchGradScaler: ...
         @overload
         def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
                     backoff_factor: float = ..., growth_interval: int = ...,
@@ -534,40 +542,48 @@ class GradScaler(metaclass=_FacadeMeta):
     @_abstract
     def config(self) -> ScalerConfig:
         """The validated configuration."""
+        raise NotImplementedError
 
     @property
     @_abstract
     def state(self) -> ScalerState:
         """The scale and both trackers, as Python numbers (may read the device)."""
+        raise NotImplementedError
 
     @_abstract
     def is_enabled(self) -> bool:
         """Whether the scaler scales at all (``enabled=False`` makes every verb a pass-through)."""
+        raise NotImplementedError
 
     @_abstract
     def get_scale(self) -> Any:
         """The current scale as a Python float (inside a traced function, the 0-d array);
         1.0 when disabled."""
+        raise NotImplementedError
 
     @property
     @_abstract
     def last_step_skipped(self) -> Any:
         """Whether the last update's gradients were not all finite (its step skipped)."""
+        raise NotImplementedError
 
     @property
     @_abstract
     def num_skipped_steps(self) -> Any:
         """Updates whose gradients were not all finite, since the scaler was made."""
+        raise NotImplementedError
 
     @property
     @_abstract
     def num_steps(self) -> Any:
         """Updates made since the scaler was made (a disabled scaler makes none)."""
+        raise NotImplementedError
 
     @_abstract
     def _reconfigure(self, config: ScalerConfig) -> Any:
         """The scaler with ``config`` (validated) and its state: imperative backends set
         it and return ``self``, functional ones return a new scaler."""
+        raise NotImplementedError
 
     def get_growth_factor(self) -> float:
         """The factor the scale grows by."""
@@ -605,6 +621,7 @@ class GradScaler(metaclass=_FacadeMeta):
     @_abstract
     def state_dict(self) -> dict[str, Any]:
         """The canonical, JSON-serialisable state (see :func:`unifiedamp.spec.to_state_dict`)."""
+        raise NotImplementedError
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Imperative: loads a canonical dict of any backend or a native torch/Paddle dict in
@@ -623,17 +640,20 @@ class GradScaler(metaclass=_FacadeMeta):
     @_abstract
     def scale(self, outputs: Any) -> Any:
         """The loss (or a tree of outputs) multiplied by the scale, each keeping its dtype."""
+        raise NotImplementedError
 
     @_abstract
     def unscale(self, grads: Any) -> tuple[Any, Any]:
         """``(grads divided by the scale, all finite)``: unscaled copies and one flag (a bool,
         or a 0-d bool array/tensor that stays on the device). The check counts towards the
         next :meth:`update` on imperative backends; pass the flag to it on every backend."""
+        raise NotImplementedError
 
     @_abstract
     def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
         """``new`` where ``finite``, else ``old``: two trees of the same structure (the
         parameters after and before a step), selected leaf by leaf without a host sync."""
+        raise NotImplementedError
 
     @_abstract
     def update(self, finite: Any = None, *, new_scale: Any = None) -> Self:
@@ -645,6 +665,7 @@ class GradScaler(metaclass=_FacadeMeta):
         sets the scale instead (trackers kept, not counted as an update); on imperative
         backends a number as the first argument is ``new_scale``, as in torch.
         """
+        raise NotImplementedError
 
     # ------------------------------------------------------------ optional members
 

@@ -61,6 +61,7 @@ class FunctionalGradScaler(GradScaler):
     hysteresis_tracker: Any
     skipped_steps: Any
     consecutive_skips: Any
+    updates: Any
 
     def __init__(self, *args: Any, **kwargs: Any):
         config = spec.config_from_args(args, kwargs, extra_names=("backend",))

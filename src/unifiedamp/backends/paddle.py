@@ -378,7 +378,8 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
     def get_init_loss_scaling(self) -> float:
         return self._config.init_scale
 
-    def set_init_loss_scaling(self, new_init_loss_scaling: float) -> PaddleGradScaler:
+    def set_init_loss_scaling(  # type: ignore[override]
+            self, new_init_loss_scaling: float) -> PaddleGradScaler:
         """Sets ``init_scale`` and, as Paddle does, the current scale (trackers kept);
         returns the scaler."""
         self._set_config(init_scale=new_init_loss_scaling)
@@ -391,24 +392,27 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         return self
 
     # paddle.amp.GradScaler's names for the interface's accessors, with its keywords.
+    # Paddle's setters return None, the interface's the scaler: hence the [override]s.
     get_incr_ratio = GradScaler.get_growth_factor
     get_decr_ratio = GradScaler.get_backoff_factor
     get_incr_every_n_steps = GradScaler.get_growth_interval
     get_decr_every_n_nan_or_inf = GradScaler.get_hysteresis
 
-    def set_incr_ratio(self, new_incr_ratio: float) -> PaddleGradScaler:
+    def set_incr_ratio(self, new_incr_ratio: float) -> PaddleGradScaler:  # type: ignore[override]
         """Paddle's name and keyword for :meth:`set_growth_factor`."""
         return self.set_growth_factor(new_incr_ratio)
 
-    def set_decr_ratio(self, new_decr_ratio: float) -> PaddleGradScaler:
+    def set_decr_ratio(self, new_decr_ratio: float) -> PaddleGradScaler:  # type: ignore[override]
         """Paddle's name and keyword for :meth:`set_backoff_factor`."""
         return self.set_backoff_factor(new_decr_ratio)
 
-    def set_incr_every_n_steps(self, new_incr_every_n_steps: int) -> PaddleGradScaler:
+    def set_incr_every_n_steps(  # type: ignore[override]
+            self, new_incr_every_n_steps: int) -> PaddleGradScaler:
         """Paddle's name and keyword for :meth:`set_growth_interval`."""
         return self.set_growth_interval(new_incr_every_n_steps)
 
-    def set_decr_every_n_nan_or_inf(self, new_decr_every_n_nan_or_inf: int) -> PaddleGradScaler:
+    def set_decr_every_n_nan_or_inf(  # type: ignore[override]
+            self, new_decr_every_n_nan_or_inf: int) -> PaddleGradScaler:
         """Paddle's name and keyword for :meth:`set_hysteresis`."""
         return self.set_hysteresis(new_decr_every_n_nan_or_inf)
 
@@ -699,7 +703,10 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         keep = bool(finite)
         return tree_map(lambda n, o: n if keep else o, new, old)
 
-    def update(self, finite: Any = None, *, new_scale: Any = None) -> PaddleGradScaler:
+    # Paddle's update() takes nothing and returns None; the interface's takes the flag
+    # (or torch's new_scale) and returns the scaler.
+    def update(  # type: ignore[override]
+            self, finite: Any = None, *, new_scale: Any = None) -> PaddleGradScaler:
         """Adapts the scale from every check since the last update, per the spec; returns
         the scaler itself.
 
