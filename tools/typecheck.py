@@ -2,13 +2,14 @@
 
 Usage: python tools/typecheck.py [--list] [MYPY_ARG ...]
 
-Checks ``src/unifiedamp``, ``examples/`` and each ```python block of README.md and
-docs/**/*.md with the configuration in pyproject.toml ([tool.mypy]). The blocks are the
-ones tests/test_docs.py runs, each an independent script: each is written to a module of its own in a temporary folder, named
-after its page and index (``docs/backends/torch.md`` block 3 is ``docs_backends_torch_md_3.py``,
-the test id ``docs/backends/torch.md#3``), and mypy's messages about it are printed with the
-page and the line in the page. Exits with mypy's status: 1 on any error. Extra
-arguments go to mypy (``--no-incremental``...); ``--list`` prints the blocks' modules and pages.
+Checks ``src/unifiedamp``, ``examples/`` and each ```python block of README.md and docs/**/*.md
+with the configuration in pyproject.toml ([tool.mypy]). The blocks are the ones
+tests/test_docs.py runs, each an independent script: each is written to a module of its own in
+a temporary folder, named after its page and index (``docs/backends/torch.md`` block 3 is
+``docs_backends_torch_md_3.py``, the test id ``docs/backends/torch.md#3``), and mypy's messages
+about it are printed with the page and the line in the page. Exits with mypy's status: 1 on any
+error. Extra arguments go to mypy (``--no-incremental``...); ``--list`` prints the blocks'
+modules and pages.
 """
 
 from __future__ import annotations
