@@ -558,6 +558,12 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             self._ring_count = 0
             self._ring_base = self._updates
 
+    def _make_scale(self, dev: torch.device) -> torch.Tensor:
+        """Makes the scale, and every tensor made with it, on ``dev``; returns the scale."""
+        self._lazy_init_scale_growth_tracker(dev)
+        assert self._scale is not None
+        return self._scale
+
     # ------------------------------------------------------------ config and state
 
     @property
@@ -570,8 +576,9 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         if self._scale is None:
             return ScalerState(self._init_scale, self._init_growth_tracker,
                                self._init_hysteresis_tracker)
-        return ScalerState(float(self._scale.item()), int(self._growth_tracker.item()),
-                           int(self._hysteresis_tracker.item()))
+        growth, hyst = self._growth_tracker, self._hysteresis_tracker
+        assert growth is not None and hyst is not None  # made with the scale
+        return ScalerState(float(self._scale.item()), int(growth.item()), int(hyst.item()))
 
     @property
     def uses_native_update(self) -> bool:
@@ -597,13 +604,14 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             self._config, scale)
 
     # torch.amp.GradScaler's own accessors come first in the MRO; these are the
-    # interface's, over _reconfigure (validated, one config).
+    # interface's, over _reconfigure (validated, one config). Its setters return the
+    # scaler (for chaining) where torch's return None.
     get_growth_factor = GradScaler.get_growth_factor
-    set_growth_factor = GradScaler.set_growth_factor
+    set_growth_factor = GradScaler.set_growth_factor  # type: ignore[assignment]
     get_backoff_factor = GradScaler.get_backoff_factor
-    set_backoff_factor = GradScaler.set_backoff_factor
+    set_backoff_factor = GradScaler.set_backoff_factor  # type: ignore[assignment]
     get_growth_interval = GradScaler.get_growth_interval
-    set_growth_interval = GradScaler.set_growth_interval
+    set_growth_interval = GradScaler.set_growth_interval  # type: ignore[assignment]
 
     def _get_hysteresis_tracker(self) -> int:
         if self._hysteresis_tracker is None:
@@ -687,9 +695,11 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._init_growth_tracker = state.growth_tracker
         self._init_hysteresis_tracker = state.hysteresis_tracker
         if self._scale is not None:
+            growth, hyst = self._growth_tracker, self._hysteresis_tracker
+            assert growth is not None and hyst is not None  # made with the scale
             self._scale.fill_(state.scale)
-            self._growth_tracker.fill_(state.growth_tracker)
-            self._hysteresis_tracker.fill_(state.hysteresis_tracker)
+            growth.fill_(state.growth_tracker)
+            hyst.fill_(state.hysteresis_tracker)
         self._clamp_tracker = True
         self._hysteresis_may_be_set = state.hysteresis_tracker > 0
         self._scale_known(state.scale)
@@ -760,8 +770,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                              f"{type(tensor).__name__}")
         scale = self._scale
         if scale is None:
-            self._lazy_init_scale_growth_tracker(tensor.device)
-            scale = self._scale
+            scale = self._make_scale(tensor.device)
         if tensor.device != scale.device:  # a call less on the usual path (host time)
             scale = scale.to(device=tensor.device, non_blocking=True)
         out = tensor * scale
@@ -839,6 +848,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         # Three ops a step, called only once the host cannot bound the scale far above
         # it (_check_unscalable_from), and always in a CUDA graph capture or a compiled
         # step, whose replays do not run this Python.
+        assert self._scale is not None  # checks run once the scale exists
         overflow = (self._scale < spec.MIN_UNSCALABLE).float()
         for found in founds:
             found.clamp_(min=overflow.to(found.device, non_blocking=True))
@@ -857,6 +867,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         if dist.get_world_size(group) == 1:
             return
         state = self._per_optimizer_states[id(optimizer)]
+        assert self._scale is not None  # checks run once the scale exists
         found = torch.zeros((), dtype=torch.float32, device=self._scale.device)
         for value in state["found_inf_per_device"].values():
             found += value.to(found.device, non_blocking=True)
@@ -907,6 +918,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         if state["stage"] is OptState.READY:
             self._check_inf_per_device(optimizer)
         scale = self._scale
+        assert scale is not None  # made by step()
         founds = [t.to(scale.device, non_blocking=True)
                   for t in state["found_inf_per_device"].values()]
         own = getattr(optimizer, "grad_scale", None)
@@ -938,11 +950,11 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         copies = leaves(out)
         if not self._enabled:
             return out, torch.tensor(True)
-        if self._scale is None:
-            self._lazy_init_scale_growth_tracker(copies[0].device if copies else
-                                                 torch.device("cpu"))
-        found = torch.zeros((), dtype=torch.float32, device=self._scale.device)
-        inv = self._scale.double().reciprocal().float()
+        scale = self._scale
+        if scale is None:
+            scale = self._make_scale(copies[0].device if copies else torch.device("cpu"))
+        found = torch.zeros((), dtype=torch.float32, device=scale.device)
+        inv = scale.double().reciprocal().float()
         groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
         for copy in copies:
             groups[(copy.device, copy.dtype)].append(copy)
@@ -973,7 +985,9 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         keep = bool(finite)
         return tree_map(lambda n, o: n if keep else o, new, old)
 
-    def update(self, finite: Any = None, *,
+    # The interface's update: a flag first (a positional number is still torch's new_scale,
+    # see update_arguments), and it returns the scaler where torch's returns None.
+    def update(self, finite: Any = None, *,  # type: ignore[override]
                new_scale: float | torch.Tensor | np.ndarray | None = None) -> TorchGradScaler:
         """Adapts the scale from every check since the last update, per the spec; no host
         sync. Returns the scaler itself.
@@ -1006,14 +1020,14 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             return self
         # torch's _check_scale_growth_tracker, which torch.compile does not trace.
         scale, growth = self._scale, self._growth_tracker
-        if scale is None:
+        if scale is None or growth is None:
             raise ScaleNotCalledError(
                 "Attempted update but _scale is None.  This may indicate your script did not "
                 "use scaler.scale(loss or outputs) earlier in the iteration. Fix: call "
                 "scaler.scale(loss).backward() and scaler.step(optimizer) before "
                 "scaler.update()")
         if new_scale is not None:
-            self._set_scale(new_scale)
+            self._set_scale(scale, new_scale)
             self._diag_found = None  # not a skip; overflow_report() is None after it
         else:
             # One pass: the flags, and how many optimizers checked. Every check since
@@ -1053,6 +1067,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                 self._skipped_on_host += host_found
             else:
                 self._last_skipped = found
+                assert self._skipped_on_device is not None  # made with the scale
                 self._skipped_on_device.add_(found)
             self._remember_update(found, host_found, report, diagnosed)
             self._watch_collapse(found, host_found)
@@ -1064,7 +1079,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._checking = {}
         return self
 
-    def _set_scale(self, new_scale: Any) -> None:
+    def _set_scale(self, scale: torch.Tensor, new_scale: Any) -> None:
         # One message shape with the numpy backend's, whatever the type.
         refused = f"new_scale must be a float or a 1-element array/tensor, got {new_scale!r}"
         if isinstance(new_scale, torch.Tensor):
@@ -1076,17 +1091,19 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                 new_scale_value(new_scale.item())  # on the host, a check costs no wait
             # On an accelerator the value is checked where the scale is read anyway
             # (state_dict): checking here would wait for the device.
-            self._scale.copy_(new_scale.reshape(()))
+            scale.copy_(new_scale.reshape(()))
             self._check_unscalable_from = self._updates
             return
         # Host values (NumPy's too, as the numpy backend takes them): checked there.
         value = new_scale_value(new_scale)
-        self._scale.fill_(value)
+        scale.fill_(value)
         self._scale_known(spec.f32(value))
 
     def _apply_update(self, scale: torch.Tensor, growth: torch.Tensor,
                       found: torch.Tensor) -> None:
         config = self._config
+        hyst = self._hysteresis_tracker
+        assert hyst is not None  # made with the scale
         if self._native_update:
             if self._clamp_tracker:
                 # torch grows on tracker + 1 == interval; the spec on >=.
@@ -1097,14 +1114,16 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                                      config.growth_interval)
             if self._hysteresis_may_be_set:
                 # With hysteresis 1 the spec leaves the tracker at 0 after any update.
-                self._hysteresis_tracker.zero_()
+                hyst.zero_()
                 self._hysteresis_may_be_set = False
         else:
-            rule = _rule_for(config, self._constants, scale.device)
+            constants = self._constants
+            assert constants is not None  # made with the scale
+            rule = _rule_for(config, constants, scale.device)
             if rule is _compiled_rule and scale.is_cuda and not _traced(self._device):
                 self._replay_rule(found)
             else:
-                rule(scale, growth, self._hysteresis_tracker, found, config, self._constants)
+                rule(scale, growth, hyst, found, config, constants)
             self._hysteresis_may_be_set = True
 
     def _replay_rule(self, found: torch.Tensor) -> None:
@@ -1114,6 +1133,7 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         and set of tensors, with the scaler's own tensors (capture records, it does not
         run) and a flag buffer the found_inf of each update is copied into."""
         if self._rule_graph is None:
+            assert self._scale is not None  # update() checked it
             flag = torch.zeros((), device=self._scale.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
@@ -1128,6 +1148,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         """Counts consecutive skipped updates (``found`` is 0.0 or 1.0; ``host_found`` its
         value when a plain step() has read it, else None) and, once per period, reads
         the scale and reports a collapse."""
+        # Made with the scale, which update() checked.
+        assert self._scale is not None and self._consecutive_skips is not None
         if host_found is not None:
             if self._skips_on_device:  # a switch from fused steps: rare
                 self._host_skips = int(self._consecutive_skips.item())
@@ -1302,6 +1324,8 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             if self._diag_scale is not None:  # inferred before the first load since
                 return self._diag_scale
             return math.nan, "The scale was loaded since the update, so its scale is unknown."
+        # Reached after an update, which needs the scale (made with the trackers).
+        assert self._scale is not None and self._hysteresis_tracker is not None
         scale, exact = _scale_before_skip(self._diag_config, float(self._scale.item()),
                                           int(self._hysteresis_tracker.item()))
         return scale, "" if exact else (
@@ -1313,10 +1337,10 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
                       loss: torch.Tensor | None, functional: int, now: bool) -> OverflowReport:
         scale, note = scale if isinstance(scale, tuple) else (scale, "")
         notes = [note] if note else []
-        optimizers = [(ref(), unscaled) for ref, unscaled in checked.values()]
-        if any(opt is None for opt, _ in optimizers):
+        referents = [(ref(), unscaled) for ref, unscaled in checked.values()]
+        if any(opt is None for opt, _ in referents):
             notes.append("An optimizer checked in that iteration has been deleted since.")
-        optimizers = [(opt, unscaled) for opt, unscaled in optimizers if opt is not None]
+        optimizers = [(opt, unscaled) for opt, unscaled in referents if opt is not None]
         several = len(optimizers) > 1
         named_grads: list[tuple[str, torch.Tensor]] = []
         seen: set[int] = set()
