@@ -223,6 +223,42 @@ def watched_pairs(model: Any, is_parameter: Any, what: str) -> list[tuple[str, A
     return pairs
 
 
+class HostCounters:
+    """The update counters of the imperative scalers that decide on the host (numpy,
+    paddle): ``_count(found_inf)`` once per update made.
+
+    Example:
+        >>> counters = HostCounters()
+        >>> counters._count(True); counters._count(False)
+        >>> counters.num_steps, counters.num_skipped_steps, counters.last_step_skipped
+        (2, 1, False)
+    """
+
+    _updates = 0
+    _skipped = 0
+    _last_skipped = False
+
+    @property
+    def last_step_skipped(self) -> bool:
+        """Whether the last update's gradients were not all finite (its step skipped)."""
+        return self._last_skipped
+
+    @property
+    def num_skipped_steps(self) -> int:
+        """Updates whose gradients were not all finite."""
+        return self._skipped
+
+    @property
+    def num_steps(self) -> int:
+        """Updates made (``update(new_scale=...)`` and a disabled scaler count none)."""
+        return self._updates
+
+    def _count(self, found_inf: bool) -> None:
+        self._updates += 1
+        self._skipped += int(found_inf)
+        self._last_skipped = found_inf
+
+
 class LastUpdate:
     """A skipped update of an imperative scaler (numpy, paddle), kept until the next update
     for ``overflow_report()``: the optimizers it checked, the ``scale()`` input, and the

@@ -28,6 +28,7 @@ from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import (
     GradScaler,
+    HostCounters,
     LastUpdate,
     NoInfChecksError,
     SkipReports,
@@ -96,7 +97,7 @@ def _as_float_array(x: Any, what: str) -> np.ndarray:
     return a
 
 
-class NumpyGradScaler(SkipReports, GradScaler):
+class NumpyGradScaler(SkipReports, HostCounters, GradScaler):
     """A dynamic loss scaler for NumPy training loops, with ``torch.amp.GradScaler``'s verbs.
 
     Takes every :class:`unifiedamp.spec.ScalerConfig` parameter (aliases too)
@@ -166,8 +167,6 @@ class NumpyGradScaler(SkipReports, GradScaler):
         self._ring = (np.zeros(ring, np.int64), np.zeros(ring, np.float32),
                       np.zeros(ring, bool))
         self._ring_count = 0
-        self._last_skipped = False
-        self._skipped = 0
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._state}, {self._config})"
@@ -192,21 +191,6 @@ class NumpyGradScaler(SkipReports, GradScaler):
     def _reconfigure(self, config: ScalerConfig) -> NumpyGradScaler:
         self._config = config
         return self
-
-    @property
-    def last_step_skipped(self) -> bool:
-        """Whether the last update's gradients were not all finite (its step skipped)."""
-        return self._last_skipped
-
-    @property
-    def num_skipped_steps(self) -> int:
-        """Updates whose gradients were not all finite."""
-        return self._skipped
-
-    @property
-    def num_steps(self) -> int:
-        """Updates made (``update(new_scale=...)`` and a disabled scaler count none)."""
-        return self._updates
 
     def state_dict(self) -> dict[str, Any]:
         """The canonical dict; a disabled scaler returns it too, with ``enabled`` False.
@@ -423,9 +407,7 @@ class NumpyGradScaler(SkipReports, GradScaler):
             found_inf = any(checks)
             scale = self._state.scale
             self._state = self._next_state(found_inf)
-            self._updates += 1
-            self._skipped += int(found_inf)
-            self._last_skipped = found_inf
+            self._count(found_inf)
             self._record(scale, found_inf)
             self._last = None
             if found_inf:

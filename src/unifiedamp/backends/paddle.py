@@ -46,6 +46,7 @@ from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import (
     GradScaler,
+    HostCounters,
     LastUpdate,
     NoInfChecksError,
     ScaleNotCalledError,
@@ -162,7 +163,7 @@ def _counts(grad: Any) -> tuple[tuple[int, ...], int, int, float]:
     return tuple(grad.shape), int(inf), int(nan), largest
 
 
-class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
+class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradScaler):
     """``paddle.amp.GradScaler`` with the unifiedamp spec, config, state and reporting.
 
     It is a real ``paddle.amp.GradScaler`` (``isinstance`` holds, Paddle's verbs
@@ -277,8 +278,6 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
         self._ring_scales = paddle.to_tensor(np.zeros(ring, np.float32), place=place)
         self._ring_skipped = paddle.to_tensor(np.zeros(ring, bool), place=place)
         self._ring_count = 0
-        self._last_skipped = False
-        self._skipped = 0
         self._sync_paddle_attributes()
 
     def __repr__(self) -> str:
@@ -415,21 +414,6 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
             self, new_decr_every_n_nan_or_inf: int) -> PaddleGradScaler:
         """Paddle's name and keyword for :meth:`set_hysteresis`."""
         return self.set_hysteresis(new_decr_every_n_nan_or_inf)
-
-    @property
-    def last_step_skipped(self) -> bool:
-        """Whether the last update's gradients were not all finite (its step skipped)."""
-        return self._last_skipped
-
-    @property
-    def num_skipped_steps(self) -> int:
-        """Updates whose gradients were not all finite."""
-        return self._skipped
-
-    @property
-    def num_steps(self) -> int:
-        """Updates made (``update(new_scale=...)`` and a disabled scaler count none)."""
-        return self._updates
 
     def state_dict(self) -> dict[str, Any]:  # type: ignore[override]  # not Paddle's dict
         """The canonical dict (every unifiedamp backend loads it); a disabled scaler
@@ -744,9 +728,7 @@ class PaddleGradScaler(SkipReports, paddle.amp.GradScaler, GradScaler):
             self._cache_found_inf = found_inf
             scale = self._state.scale
             self._set_state(spec.update(self._config, self._state, found_inf))
-            self._updates += 1
-            self._skipped += int(found_inf)
-            self._last_skipped = found_inf
+            self._count(found_inf)
             self._record(scale, found_inf)
             self._last = None
             if found_inf:
