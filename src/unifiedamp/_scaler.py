@@ -129,8 +129,9 @@ def check_flag(finite: Any) -> None:
         raise TypeError(f"update(finite) got an array of dtype {dtype} ({finite!r}); {hint}")
     if tuple(getattr(finite, "shape", ())) != ():
         raise ValueError(f"update(finite) got a bool array of shape {tuple(finite.shape)} "
-                         f"({finite!r}); one flag for the whole step is needed: reduce it "
-                         "with jnp.all / mx.all, or pass all_finite(grads)")
+                         f"({finite!r}); one flag for the whole step is needed: pass the "
+                         "one unscale() returns, or reduce it (jnp.all, mx.all, torch.all, "
+                         "keras.ops.all)")
 
 
 def update_arguments(finite: Any, new_scale: Any) -> tuple[Any, Any]:

@@ -36,7 +36,9 @@ from unifiedamp import spec
 from unifiedamp._scaler import (
     GradScaler,
     NoInfChecksError,
+    check_flag,
     diagnostics_options,
+    is_flag,
     new_scale_value,
     update_arguments,
     watched_pairs,
@@ -254,39 +256,6 @@ def _select(finite: Any, new: Any, old: Any) -> Any:
 
 
 # ------------------------------------------------------------ the protocol's flag
-
-
-def _is_bool(value: Any) -> bool:
-    """Whether ``value`` is a bool or a bool array/tensor of any Keras backend, from its
-    dtype (TensorFlow's prints ``<dtype: 'bool'>``: Keras standardises it)."""
-    if isinstance(value, (bool, np.bool_)):
-        return True
-    dtype = getattr(value, "dtype", None)
-    if dtype is None:
-        return False
-    try:
-        return keras.backend.standardize_dtype(dtype) == "bool"
-    except (ValueError, TypeError):
-        return False
-
-
-def _update_arguments(finite: Any, new_scale: Any) -> tuple[Any, Any]:
-    """``(finite, new_scale)`` of ``update``: a bool tensor first is the flag, any other
-    value torch's positional ``new_scale``."""
-    if _is_bool(finite):
-        return finite, new_scale
-    return update_arguments(finite, new_scale)
-
-
-def _check_flag(finite: Any) -> None:
-    """``update``'s flag, from static facts only: a bool, or a 0-d bool array/tensor."""
-    if not _is_bool(finite):
-        raise TypeError(f"update(finite) got {type(finite).__name__} {finite!r:.80}; pass the "
-                        "flag unscale() returns: a Python bool or a 0-d bool tensor")
-    if tuple(getattr(finite, "shape", ())) != ():
-        raise ValueError(f"update(finite) got a bool tensor of shape {tuple(finite.shape)}; "
-                         "one flag for the whole step is needed: pass the one unscale() "
-                         "returns, or reduce it with keras.ops.all")
 
 
 def _traced(value: Any) -> bool:
@@ -1350,7 +1319,7 @@ class KerasGradScaler(GradScaler):
             >>> ops.convert_to_numpy(s.where_finite(True, new, old)[1]).tolist()
             [1.0, 1.0]
         """
-        if not _is_bool(finite) or tuple(getattr(finite, "shape", ())) != ():
+        if not is_flag(finite) or tuple(getattr(finite, "shape", ())) != ():
             raise TypeError(f"where_finite(finite, new, old) takes the one flag unscale() "
                             f"returns (a bool or a 0-d bool tensor), got {finite!r:.80}")
 
@@ -1384,9 +1353,9 @@ class KerasGradScaler(GradScaler):
             >>> s.update(np.bool_(False)) is s, s.get_scale(), s.update(2.0).get_scale()
             (True, 4.0, 2.0)
         """
-        finite, new_scale = _update_arguments(finite, new_scale)
+        finite, new_scale = update_arguments(finite, new_scale)
         if finite is not None:
-            _check_flag(finite)
+            check_flag(finite)
         if not self._config.enabled:
             return self
         if new_scale is not None:
