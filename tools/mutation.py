@@ -444,8 +444,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "        name = BACKEND_ALIASES.get(name, name)",
            "tests/test_interface.py"),
     Mutant("flag-tensorflow-bool-not-read", "src/unifiedamp/_scaler.py",
-           '    text = name if isinstance(name, str) else str(dtype)',
-           '    text = str(dtype)',
+           """    return text.strip("<>' ").removeprefix("dtype: '") in ("bool", "bool_")""",
+           """    return text in ("bool", "bool_")""",
            "tests/test_keras_backend.py -k update"),
     # ---------------------------------------------------------------- porting
     Mutant("port-torch-factors-unrounded", f"{PORTING}.py",

@@ -108,11 +108,9 @@ def is_flag(value: Any) -> bool:
 
 def _is_bool_dtype(dtype: Any) -> bool:
     # NumPy and JAX print "bool", torch "torch.bool", Paddle "paddle.bool", MLX
-    # "mlx.core.bool", TensorFlow "<dtype: 'bool'>" (its .name is "bool").
-    name = getattr(dtype, "name", None)
-    text = name if isinstance(name, str) else str(dtype)
-    return text.rsplit(".", 1)[-1].strip("<>' ").removeprefix("dtype: '").lower() in (
-        "bool", "bool_")
+    # "mlx.core.bool", TensorFlow "<dtype: 'bool'>".
+    text = str(dtype).rsplit(".", 1)[-1]
+    return text.strip("<>' ").removeprefix("dtype: '") in ("bool", "bool_")
 
 
 def check_flag(finite: Any) -> None:
