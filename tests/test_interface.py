@@ -6,8 +6,13 @@ can have it) or list it below with the reason."""
 
 from __future__ import annotations
 
+import ast
+import functools
 import inspect
 import json
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -61,28 +66,28 @@ names = [n for n in dir(cls) if not n.startswith("_")]
 ACCESSORS = [f"{verb}_{what}" for verb in ("get", "set")
              for what in ("growth_factor", "backoff_factor", "growth_interval", "hysteresis")]
 own = [n for n in ACCESSORS if getattr(cls, n) is not getattr(GradScaler, n)]
+options = [p.name for p in inspect.signature(cls).parameters.values()
+           if p.kind is p.KEYWORD_ONLY]
 print(json.dumps({"members": {n: describe(cls, n) for n in names}, "own_accessors": own,
+                  "options": options,
                   "capabilities": sorted(cls.capabilities), "functional": cls.functional,
                   "abstract": sorted(getattr(cls, "__abstractmethods__", ()))}))
 '''
 
 
-def _describe(run_python, name):
-    # One process per backend: tensorflow and paddle cannot share one.
-    proc = run_python(DESCRIBE.replace("sys.argv[1]", repr(name)))
+@functools.cache
+def _describe(name):
+    # One process per backend (tensorflow and paddle cannot share one), once per run.
+    code = DESCRIBE.replace("sys.argv[1]", repr(name))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def declared():
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-c", DESCRIBE.replace("sys.argv[1]", "'GradScaler'")],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)["members"]
+    return _describe("GradScaler")["members"]
 
 
 def test_every_declared_member_has_a_one_line_docstring():
@@ -101,8 +106,8 @@ def test_optional_members_are_declared_and_raise_saying_what_to_use():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_backend_has_the_declared_interface(run_python, declared, backend):
-    report = _describe(run_python, backend)
+def test_backend_has_the_declared_interface(declared, backend):
+    report = _describe(backend)
     members = report["members"]
     assert not report["abstract"], f"{backend} leaves {report['abstract']} abstract"
     for name, want in declared.items():
@@ -183,3 +188,34 @@ def test_the_accessors_are_written_once():
                  "set_backoff_factor", "get_growth_interval", "set_growth_interval",
                  "get_hysteresis", "set_hysteresis"):
         assert getattr(NumpyGradScaler, name) is getattr(GradScaler, name), name
+
+
+def _typed_constructors():
+    """What the ``__new__`` overloads under ``TYPE_CHECKING`` give type checkers: for each
+    ``Literal`` of backend names, those names and the keyword-only options besides the
+    spec's and ``backend``."""
+    import unifiedamp._scaler as facade
+
+    spec_options = {"hysteresis", "min_scale", "max_scale", "dynamic", "backend"}
+    out = {}
+    for node in ast.walk(ast.parse(pathlib.Path(facade.__file__).read_text())):
+        if not (isinstance(node, ast.FunctionDef) and node.name == "__new__"):
+            continue
+        keyword = {a.arg: a.annotation for a in node.args.kwonlyargs}
+        literal = keyword.get("backend")
+        if isinstance(literal, ast.Subscript) and getattr(literal.value, "id", "") == "Literal":
+            elts = literal.slice.elts if isinstance(literal.slice, ast.Tuple) else [literal.slice]
+            names = [e.value for e in elts if isinstance(e, ast.Constant)]
+            out[names[0]] = (names, {k for k in keyword if k not in spec_options})
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_typed_constructor_names_each_backends_options(backend):
+    from unifiedamp import _registry
+
+    names, typed = _typed_constructors()[backend]
+    assert {_registry.resolve(name).name for name in names} == {backend}
+    options = set(_describe(backend)["options"])
+    assert typed == options - {"hysteresis", "min_scale", "max_scale", "dynamic"}, \
+        f"the {backend} overload of GradScaler.__new__ does not list {backend}'s options"

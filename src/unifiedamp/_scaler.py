@@ -486,35 +486,40 @@ class GradScaler(metaclass=_FacadeMeta):
 
     if TYPE_CHECKING:
         # What type checkers see of the constructor (the metaclass dispatches at run
-        # time): the design's signature, and the backend's class for a literal name.
+        # time): the design's signature, and for a literal backend name that backend's
+        # class and options (tests/test_interface.py checks them against the classes).
         @overload
         def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
                     backoff_factor: float = ..., growth_interval: int = ...,
                     enabled: bool = ..., *, hysteresis: int = ...,
                     min_scale: float | None = ..., max_scale: float | None = ...,
-                    dynamic: bool = ..., backend: Literal["numpy", "np"],
-                    **options: Any) -> NumpyGradScaler: ...
+                    dynamic: bool = ...,
+                    backend: Literal["numpy", "np"],
+                    max_consecutive_skips: int | None = ...,
+                    on_collapse: str = ..., diagnose: bool = ..., history: int = ...,
+                    **aliases: Any) -> NumpyGradScaler: ...
         @overload
         def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
                     backoff_factor: float = ..., growth_interval: int = ...,
                     enabled: bool = ..., *, hysteresis: int = ...,
                     min_scale: float | None = ..., max_scale: float | None = ...,
-                    dynamic: bool = ..., backend: Literal["torch", "pytorch"],
-                    **options: Any) -> TorchGradScaler: ...
-        @overload  # torch's habit: the device first
-        def __new__(cls, device: str, init_scale: float = ..., growth_factor: float = ...,
-                    backoff_factor: float = ..., growth_interval: int = ...,
-                    enabled: bool = ..., *, hysteresis: int = ...,
-                    min_scale: float | None = ..., max_scale: float | None = ...,
-                    dynamic: bool = ..., backend: Literal["torch", "pytorch"] | None = ...,
-                    **options: Any) -> TorchGradScaler: ...
+                    dynamic: bool = ...,
+                    backend: Literal["torch", "pytorch"],
+                    device: Any = ..., process_group: Any = ...,
+                    distributed: bool | None = ..., max_consecutive_skips: int | None = ...,
+                    on_collapse: str = ..., diagnose: bool = ..., history: int = ...,
+                    **aliases: Any) -> TorchGradScaler: ...
         @overload
         def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
                     backoff_factor: float = ..., growth_interval: int = ...,
                     enabled: bool = ..., *, hysteresis: int = ...,
                     min_scale: float | None = ..., max_scale: float | None = ...,
-                    dynamic: bool = ..., backend: Literal["paddle", "paddlepaddle"],
-                    **options: Any) -> PaddleGradScaler: ...
+                    dynamic: bool = ...,
+                    backend: Literal["paddle", "paddlepaddle"],
+                    device: Any = ..., process_group: Any = ...,
+                    distributed: bool | None = ..., max_consecutive_skips: int | None = ...,
+                    on_collapse: str = ..., diagnose: bool = ..., history: int = ...,
+                    **aliases: Any) -> PaddleGradScaler: ...
         @overload
         def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
                     backoff_factor: float = ..., growth_interval: int = ...,
@@ -522,28 +527,41 @@ class GradScaler(metaclass=_FacadeMeta):
                     min_scale: float | None = ..., max_scale: float | None = ...,
                     dynamic: bool = ...,
                     backend: Literal["keras", "tensorflow", "tf", "tf.keras"],
-                    **options: Any) -> KerasGradScaler: ...
+                    diagnose: bool = ..., history: int = ...,
+                    **aliases: Any) -> KerasGradScaler: ...
         @overload
         def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
                     backoff_factor: float = ..., growth_interval: int = ...,
                     enabled: bool = ..., *, hysteresis: int = ...,
                     min_scale: float | None = ..., max_scale: float | None = ...,
-                    dynamic: bool = ..., backend: Literal["jax", "flax", "optax"],
-                    **options: Any) -> JaxGradScaler: ...
+                    dynamic: bool = ...,
+                    backend: Literal["jax", "flax", "optax"],
+                    **aliases: Any) -> JaxGradScaler: ...
         @overload
         def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
                     backoff_factor: float = ..., growth_interval: int = ...,
                     enabled: bool = ..., *, hysteresis: int = ...,
                     min_scale: float | None = ..., max_scale: float | None = ...,
-                    dynamic: bool = ..., backend: Literal["mlx"],
-                    **options: Any) -> MlxGradScaler: ...
+                    dynamic: bool = ...,
+                    backend: Literal["mlx"],
+                    **aliases: Any) -> MlxGradScaler: ...
+        @overload  # torch's habit: the device first
+        def __new__(cls, device: str, init_scale: float = ..., growth_factor: float = ...,
+                    backoff_factor: float = ..., growth_interval: int = ...,
+                    enabled: bool = ..., *, hysteresis: int = ...,
+                    min_scale: float | None = ..., max_scale: float | None = ...,
+                    dynamic: bool = ..., backend: Literal["torch", "pytorch"] | None = ...,
+                    process_group: Any = ..., distributed: bool | None = ...,
+                    max_consecutive_skips: int | None = ...,
+                    on_collapse: str = ..., diagnose: bool = ..., history: int = ...,
+                    **aliases: Any) -> TorchGradScaler: ...
         @overload
         def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
                     backoff_factor: float = ..., growth_interval: int = ...,
                     enabled: bool = ..., *, hysteresis: int = ...,
                     min_scale: float | None = ..., max_scale: float | None = ...,
-                    dynamic: bool = ..., backend: Any = None,
-                    **options: Any) -> GradScaler: ...
+                    dynamic: bool = ...,
+                    backend: Any = None, **options: Any) -> GradScaler: ...
         def __new__(cls, *args: Any, **kwargs: Any) -> Any: ...
 
     #: The backend's name: what ``backend=`` takes and ``state_dict()["backend"]`` holds.
