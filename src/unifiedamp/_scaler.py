@@ -135,7 +135,7 @@ def check_flag(finite: Any) -> None:
 def update_arguments(finite: Any, new_scale: Any) -> tuple[Any, Any]:
     """``(finite, new_scale)`` of an imperative ``update(finite=None, *, new_scale=None)``:
     a first argument that is not a flag (:func:`is_flag`) is torch's positional
-    ``new_scale``.
+    ``new_scale``; a flag is checked (:func:`check_flag`).
 
     Example:
         >>> update_arguments(True, None), update_arguments(1024.0, None)
@@ -145,7 +145,10 @@ def update_arguments(finite: Any, new_scale: Any) -> tuple[Any, Any]:
         ...
         TypeError: update() got new_scale twice (1024.0 and 8.0): pass it once
     """
-    if finite is None or is_flag(finite):
+    if finite is None:
+        return finite, new_scale
+    if is_flag(finite):
+        check_flag(finite)
         return finite, new_scale
     if new_scale is not None:
         raise TypeError(f"update() got new_scale twice ({finite!r} and {new_scale!r}): pass "
@@ -224,7 +227,8 @@ def watched_pairs(model: Any, is_parameter: Any, what: str) -> list[tuple[str, A
 
 class HostCounters:
     """The update counters of the imperative scalers that decide on the host (numpy,
-    paddle): ``_count(found_inf)`` once per update made.
+    paddle, and keras's ``update(finite)`` without ``wrap``): ``_count(found_inf)`` once
+    per update made.
 
     Example:
         >>> counters = HostCounters()

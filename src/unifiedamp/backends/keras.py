@@ -35,8 +35,8 @@ from keras.src.utils import tracking
 from unifiedamp import spec
 from unifiedamp._scaler import (
     GradScaler,
+    HostCounters,
     NoInfChecksError,
-    check_flag,
     diagnostics_options,
     is_flag,
     new_scale_value,
@@ -1068,7 +1068,7 @@ class SpecLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 # ------------------------------------------------------------ the scaler
 
 
-class KerasGradScaler(GradScaler):
+class KerasGradScaler(HostCounters, GradScaler):
     """A dynamic loss scaler for Keras 3 on any Keras backend; ``wrap(optimizer)`` applies it.
 
     The scaler and the optimizer it wraps are two objects: ``wrap`` returns the Keras
@@ -1124,10 +1124,8 @@ class KerasGradScaler(GradScaler):
         self._state = ScalerState.initial(self._config)
         self._optimizer: SpecLossScaleOptimizer | None = None
         self._names: dict[int, tuple[str, Any]] = {}
-        # The updates made by update(finite) (a loop without wrap), and their history.
-        self._updates = 0
-        self._skipped = 0
-        self._last_skipped = False
+        # The history of the updates update(finite) makes (a loop without wrap); they are
+        # counted by HostCounters' _count.
         self._ring: list[tuple[int, float, bool]] = []
 
     def __repr__(self) -> str:
@@ -1354,8 +1352,6 @@ class KerasGradScaler(GradScaler):
             (True, 4.0, 2.0)
         """
         finite, new_scale = update_arguments(finite, new_scale)
-        if finite is not None:
-            check_flag(finite)
         if not self._config.enabled:
             return self
         if new_scale is not None:
@@ -1380,9 +1376,7 @@ class KerasGradScaler(GradScaler):
         found_inf = not _host_flag(finite)
         scale = self._state.scale
         self._state = spec.update(self._config, self._state, found_inf)
-        self._updates += 1
-        self._skipped += int(found_inf)
-        self._last_skipped = found_inf
+        self._count(found_inf)
         if self._history_size:
             self._ring.append((self._updates, scale, found_inf))
             del self._ring[:-self._history_size]

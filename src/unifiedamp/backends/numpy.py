@@ -32,7 +32,6 @@ from unifiedamp._scaler import (
     LastUpdate,
     NoInfChecksError,
     SkipReports,
-    check_flag,
     diagnostics_options,
     mid_iteration_load_error,
     new_scale_value,
@@ -391,8 +390,6 @@ class NumpyGradScaler(SkipReports, HostCounters, GradScaler):
             (True, 4.0, 2.0)
         """
         finite, new_scale = update_arguments(finite, new_scale)
-        if finite is not None:
-            check_flag(finite)
         if not self._config.enabled:
             return self
         if new_scale is not None:

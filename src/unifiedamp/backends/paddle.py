@@ -51,7 +51,6 @@ from unifiedamp._scaler import (
     NoInfChecksError,
     ScaleNotCalledError,
     SkipReports,
-    check_flag,
     diagnostics_options,
     mid_iteration_load_error,
     new_scale_value,
@@ -342,9 +341,6 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
         self._incr_count = state.growth_tracker
         self._decr_count = state.hysteresis_tracker
 
-    def _set_config(self, **changes: Any) -> None:
-        self._reconfigure(self._config.replace(**changes))
-
     # ------------------------------------------------------------ config and state
 
     @property
@@ -381,7 +377,7 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
             self, new_init_loss_scaling: float) -> PaddleGradScaler:
         """Sets ``init_scale`` and, as Paddle does, the current scale (trackers kept);
         returns the scaler."""
-        self._set_config(init_scale=new_init_loss_scaling)
+        self._reconfigure(self._config.replace(init_scale=new_init_loss_scaling))
         self._set_state(self._state._replace(scale=spec.f32(self._config.init_scale)))
         return self
 
@@ -702,8 +698,6 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
         :meth:`overflow_report` is None after it (as on torch).
         """
         finite, new_scale = update_arguments(finite, new_scale)
-        if finite is not None:
-            check_flag(finite)
         if not self._config.enabled:
             return self
         self._claim()

@@ -36,7 +36,6 @@ from unifiedamp._scaler import (
     GradScaler,
     NoInfChecksError,
     ScaleNotCalledError,
-    check_flag,
     diagnostics_options,
     mid_iteration_load_error,
     new_scale_value,
@@ -595,9 +594,6 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
         self._clamp_tracker = True
         return self
 
-    def _set_config(self, **changes: Any) -> None:
-        self._reconfigure(self._config.replace(**changes))
-
     def _scale_known(self, scale: float) -> None:
         """The host has just learnt the scale (set, loaded or read): move the bound."""
         self._check_unscalable_from = self._updates + _updates_before_unscalable(
@@ -1014,8 +1010,6 @@ class TorchGradScaler(torch.amp.GradScaler, GradScaler):
             8.0
         """
         finite, new_scale = update_arguments(finite, new_scale)
-        if finite is not None:
-            check_flag(finite)
         if not self._enabled:
             return self
         # torch's _check_scale_growth_tracker, which torch.compile does not trace.
