@@ -219,3 +219,18 @@ def test_the_typed_constructor_names_each_backends_options(backend):
     options = set(_describe(backend)["options"])
     assert typed == options - {"hysteresis", "min_scale", "max_scale", "dynamic"}, \
         f"the {backend} overload of GradScaler.__new__ does not list {backend}'s options"
+
+
+@pytest.mark.parametrize("backend", ["jax", "mlx"])
+def test_functional_setters_return_a_new_scaler_and_leave_this_one(backend):
+    pytest.importorskip(backend)
+    scaler = GradScaler(8.0, backend=backend).update(False)
+    changed = scaler.set_growth_factor(4.0).set_hysteresis(2)
+    assert changed is not scaler and type(changed) is type(scaler)
+    assert (scaler.get_growth_factor(), scaler.get_hysteresis()) == (2.0, 1)
+    assert (changed.get_growth_factor(), changed.get_hysteresis()) == (4.0, 2)
+    assert changed.state == scaler.state and changed.num_steps == scaler.num_steps == 1
+    with pytest.raises(ValueError, match="growth_factor"):
+        scaler.set_growth_factor(0.5)
+    restored = scaler.restore(GradScaler(2.0, backend=backend).state_dict())
+    assert restored is not scaler and restored.get_scale() == 2.0 and scaler.get_scale() == 4.0
