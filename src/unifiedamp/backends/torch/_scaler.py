@@ -1,19 +1,15 @@
-"""``TorchGradScaler``: a real ``torch.amp.GradScaler`` that follows the spec bit for bit.
+"""``TorchGradScaler``: ``torch.amp.GradScaler`` with the spec's config, state and verbs.
 
-Where torch can express the config (growth_factor > 1, backoff_factor < 1,
-hysteresis 1, no min/max scale, dynamic) the update runs torch's own kernel
-with the factors rounded to float32, which gives the spec's bits. Otherwise the
-same rule runs as a few tensor ops on the scale's device (``_rule.py``). Either way
-``unscale_`` and ``update`` never wait for the device; the plain (non-fused) ``step``
-reads one flag to decide whether to call ``optimizer.step()``, as torch's does, and fused
-optimizers get ``grad_scale``/``found_inf`` and skip on the device with no read at all.
-Diagnostics: ``_diagnostics.py``; what the class takes from torch's private API:
-``_compat.py``.
+The update runs torch's own kernel where torch can express the config, else the rule of
+``_rule``; ``unscale_`` and ``update`` never wait for the device, and the plain ``step``
+reads one flag, as torch's does (the package's docstring says more).
 
-Length: one class, torch's ``GradScaler`` with the spec's verbs and state. What stands
-apart from it lives in the modules beside it (rule, diagnostics, torch's private surface);
-the verbs that remain share the per-iteration checks and the scale's tensors, and split
-across modules they would share them through attributes set in one file and read in another.
+Length: about 800 lines, one class. Its verbs share one iteration's state (each
+optimizer's checks, which ``update()`` reads and clears), the scale's tensors and what the
+config derives (the rule's constants, the unscalable bound); split into mixins, each part
+would read attributes assigned in another file. What stands apart lives beside it: the
+rule (``_rule``), the diagnostics (``_diagnostics``, a mixin with its own attributes),
+devices and ranks (``_devices``), and torch's private API (``_compat``).
 """
 
 from __future__ import annotations
