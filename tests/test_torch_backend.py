@@ -696,6 +696,14 @@ def test_pickle_and_deepcopy_keep_config_and_state():
     for clone in (pickle.loads(pickle.dumps(scaler)), copy.deepcopy(scaler)):
         assert clone.state == scaler.state == spec.ScalerState(1024.0, 0, 1)
         assert clone.config == scaler.config and clone.num_skipped_steps == 1
+    # A pickle of the previous release, whose skip counters had other names, still loads.
+    old = scaler.__getstate__()
+    old["_skipped_on_host"] = old.pop("_skip_count_host")
+    old["_host_skips"] = old.pop("_consecutive_skips_host")
+    old["_skips_on_device"] = old.pop("_device_holds_consecutive_skips")
+    clone = type(scaler).__new__(type(scaler))
+    clone.__setstate__(old)
+    assert clone.state == scaler.state and clone.num_skipped_steps == 1
 
 
 # ---------------------------------------------------------------- distributed

@@ -73,6 +73,12 @@ _EXTRA_NAMES = ("device", "process_group", "distributed", "max_consecutive_skips
                 "on_collapse", "backend", "diagnose", "history")
 
 
+#: The skip counters' names in pickles of the previous release -> their names now.
+_PICKLED_NAMES = {"_skipped_on_host": "_skip_count_host", "_host_skips": "_consecutive_skips_host",
+                  "_skips_on_device": "_device_holds_consecutive_skips",
+                  "_skipped_on_device": "_skip_count_device",
+                  "_consecutive_skips": "_consecutive_skips_device"}
+
 class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
     """``torch.amp.GradScaler`` with the unifiedamp spec, config, state and reporting.
 
@@ -393,6 +399,8 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         return {name: value for name, value in d.items() if name not in DIAGNOSTICS_ATTRIBUTES}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # A scaler pickled by the previous release names its skip counters the old way.
+        state = {_PICKLED_NAMES.get(name, name): value for name, value in state.items()}
         super().__setstate__(state)
         self._reset_diagnostics()
 
