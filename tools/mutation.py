@@ -54,7 +54,7 @@ class Mutant(NamedTuple):
 
 SPEC = "src/unifiedamp/spec"
 BACKENDS = "src/unifiedamp/backends"
-PORTING = "src/unifiedamp/port"  # port.py, port_source.py, port_state.py
+PORTING = "src/unifiedamp/porting"
 
 # Selections, fastest first within each: with -x the first failure ends the run.
 _T_RULE = f"tests/test_spec_reference.py {SPEC}/_rule.py " \
@@ -362,20 +362,20 @@ MUTANTS: tuple[Mutant, ...] = (
            "tests/test_keras_backend.py::"
            "test_an_optimizer_wrapped_by_one_scaler_cannot_be_wrapped_by_another"),
     # ---------------------------------------------------------------- port-state, diagnostics
-    Mutant("port-state-paddle-decr-count-zero", "src/unifiedamp/port_state.py",
+    Mutant("port-state-paddle-decr-count-zero", f"{PORTING}/_states.py",
            '"decr_count": s.hysteresis_tracker,', '"decr_count": 0,',
            "tests/test_port_state.py::"
            "test_forms_with_a_hysteresis_counter_keep_a_nonzero_tracker"),
-    Mutant("port-state-paddle-unpickles-anything", "src/unifiedamp/port_state.py",
+    Mutant("port-state-paddle-unpickles-anything", f"{PORTING}/_safe_pickle.py",
            "            if (module, name) in _PADDLE_GLOBALS:",
            "            if True:",
            "tests/test_port_state.py::test_no_checkpoint_runs_code_unless_the_user_trusts_it"),
-    Mutant("port-state-zip-checksum-unchecked", "src/unifiedamp/port_state.py",
+    Mutant("port-state-zip-checksum-unchecked", f"{PORTING}/_checkpoints.py",
            "    if bad is not None:\n        raise ValueError(f\"{path}: the data of its member",
            "    if False:\n        raise ValueError(f\"{path}: the data of its member",
            "tests/test_port_state.py::"
            "test_a_checkpoint_whose_data_fails_its_own_checksum_is_refused"),
-    Mutant("port-state-damaged-torch-file-suggests-trust", "src/unifiedamp/port_state.py",
+    Mutant("port-state-damaged-torch-file-suggests-trust", f"{PORTING}/_safe_pickle.py",
            "        if match:\n            raise _Refused(f\"an object of {match.group(1) or "
            "match.group(2)}\")",
            "        if \"Weights only\" in str(exc):\n            raise _Refused(f\"an object "
@@ -448,7 +448,7 @@ MUTANTS: tuple[Mutant, ...] = (
            """    return text in ("bool", "bool_")""",
            "tests/test_keras_backend.py -k update"),
     # ---------------------------------------------------------------- porting
-    Mutant("port-torch-factors-unrounded", f"{PORTING}.py",
+    Mutant("port-torch-factors-unrounded", f"{PORTING}/_config.py",
            "value = f32(value)", "value = float(value)", _T_PORT),
 )
 
@@ -468,7 +468,7 @@ def area(path: str) -> str:
         return "spec"
     if path.startswith(BACKENDS + "/"):
         return "backends"
-    if path.startswith(PORTING):
+    if path.startswith(PORTING + "/"):
         return "porting"
     return "other"
 
