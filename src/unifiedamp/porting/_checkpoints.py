@@ -24,8 +24,9 @@ from typing import Any
 
 from unifiedamp._files import atomic_path
 from unifiedamp.porting._safe_pickle import _load_paddle, _load_torch, _refusal, _Refused
-from unifiedamp.porting._states import _closest, _number, convert_state, detect_form, read_state
+from unifiedamp.porting._states import _closest, convert_state, detect_form, read_state
 from unifiedamp.spec import ScalerConfig
+from unifiedamp.spec._state_dict import state_number
 
 __all__ = ["LIGHTNING_KEYS", "file_type", "load_file", "port_state_file", "save_file"]
 
@@ -340,7 +341,7 @@ def done(**out):
     sys.exit(0)
 import keras
 import unifiedamp.backends.keras as uak  # registers SpecLossScaleOptimizer
-from unifiedamp.porting._states import _native_defaults
+from unifiedamp.spec._state_dict import native_defaults
 # safe_mode (Keras's default) refuses Lambda layers' bytecode and unsafe deserialisation.
 model = keras.models.load_model(path, safe_mode=trust != "trusted")
 opt = getattr(model, "optimizer", None)
@@ -353,7 +354,7 @@ ours = isinstance(opt, uak.SpecLossScaleOptimizer)
 if ours:
     config = opt.scaler_config.to_dict()
 else:  # Keras's own: growth 2, backoff 0.5, hysteresis 1 hard-coded
-    config = _native_defaults("keras").to_dict() | {
+    config = native_defaults("keras").to_dict() | {
         "init_scale": float(opt.initial_scale), "growth_interval": int(opt.dynamic_growth_steps)}
 if not opt.built:
     opt.build(model.trainable_variables)
@@ -425,7 +426,7 @@ def _save_keras(state: dict[str, Any], config: ScalerConfig, path: Any,
                          "file needs that file to exist already, its model and loss-scale "
                          "optimizer are the target (save it with model.save first); nothing "
                          "was written")
-    plain = {k: _number(state, k) for k in ("dynamic_scale", "step_counter",
+    plain = {k: state_number(state, k) for k in ("dynamic_scale", "step_counter",
                                             "hysteresis_counter") if k in state}
     with atomic_path(path, suffix=".keras") as tmp:
         _keras_child("write", model_from, trusted, json.dumps(plain, default=_plain),

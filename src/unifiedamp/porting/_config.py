@@ -1,9 +1,9 @@
-"""Native scaler constructors <-> the canonical config: the table and its two readers.
+"""Native scaler constructors <-> the canonical config: two readers of the natives' table.
 
-Everything this package knows about each native scaler's constructor is in
-:data:`NATIVE_SCALERS` (parameters in positional order, defaults per framework version,
-the values the class hard-codes, the values it refuses, its quirks), and two functions
-read it in opposite directions:
+What each native scaler's constructor takes is one entry of the spec's table,
+:data:`unifiedamp.spec.NATIVE_SCALERS` (parameters in positional order, defaults per
+framework version, the values the class hard-codes, the values it refuses, its quirks);
+two functions read it in opposite directions:
 
 - :func:`config_from_call`: the :class:`~unifiedamp.spec.ScalerConfig` a native
   constructor call builds (positional and keyword arguments, that framework
@@ -15,11 +15,6 @@ read it in opposite directions:
 
 No framework is imported here. Versions are read from the installed distributions'
 metadata (``importlib.metadata``), which imports nothing either.
-
-Length: the table and its readers stay in one module. The readers hold the exceptions the
-table cannot say as data (jmp's one factor for growth and backoff, torch's float32 factors,
-tf.keras's version read from tensorflow's): apart, what one native scaler does would be in
-two places.
 """
 
 from __future__ import annotations
@@ -28,6 +23,9 @@ import math
 import re
 
 from unifiedamp.spec import CANONICAL, ScalerConfig, f32
+from unifiedamp.spec._natives import NATIVE_SCALERS as _NATIVES
+from unifiedamp.spec._natives import QUALNAMES as _NATIVE_QUALNAMES
+from unifiedamp.spec._natives import REQUIRED as _REQUIRED
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,227 +33,29 @@ if TYPE_CHECKING:
 
 __all__ = ["NATIVE_SCALERS", "config_from_call", "native_call"]
 
-_REQUIRED = "<required>"  # a parameter without a default
-
-# Canonical values of a scaler that hard-codes nothing beyond torch's rule.
-_TORCH_RULE = {"hysteresis": 1, "min_scale": None, "max_scale": None, "dynamic": True}
-
-_TORCH_PARAMS = ("device", "init_scale", "growth_factor", "backoff_factor", "growth_interval",
-                 "enabled")
-_TORCH_DEFAULTS = {"device": "cuda", "init_scale": 65536.0, "growth_factor": 2.0,
-                   "backoff_factor": 0.5, "growth_interval": 2000, "enabled": True}
-_TORCH_SAME = {name: name for name in _TORCH_PARAMS[1:]}
-_TORCH_LIMITS = {"growth_factor": (">", 1.0), "backoff_factor": ("<", 1.0)}
-_TORCH_FIX = "unifiedamp's torch backend can: ua.GradScaler(..., backend='torch')"
-_DEVICE = ("where the scale lives, not part of the config: pass device= to the torch backend; "
-           "torch disables its scaler (with a warning) for 'cuda' where CUDA is not available")
-
-_PADDLE_PARAMS = ("enable", "init_loss_scaling", "incr_ratio", "decr_ratio",
-                  "incr_every_n_steps", "decr_every_n_nan_or_inf", "use_dynamic_loss_scaling")
-_PADDLE_NAMES = {"enable": "enabled", "init_loss_scaling": "init_scale",
-                 "incr_ratio": "growth_factor", "decr_ratio": "backoff_factor",
-                 "incr_every_n_steps": "growth_interval",
-                 "decr_every_n_nan_or_inf": "hysteresis", "use_dynamic_loss_scaling": "dynamic"}
-
-
-def _paddle(init: float, interval: int, hysteresis: int) -> dict[str, Any]:
-    return {"enable": True, "init_loss_scaling": init, "incr_ratio": 2.0, "decr_ratio": 0.5,
-            "incr_every_n_steps": interval, "decr_every_n_nan_or_inf": hysteresis,
-            "use_dynamic_loss_scaling": True}
-
-
-_PADDLE_FIXED = {"min_scale": None, "max_scale": None}
-_PADDLE_LIMITS = {"incr_ratio": (">", 1.0), "decr_ratio": ("<", 1.0)}
-_PADDLE_FIX = "unifiedamp's paddle backend can: ua.GradScaler(..., backend='paddle')"
-_PADDLE_QUIRKS = (
-    "paddle 3.3.1's scaler disables itself on a CPU place and, at scale(), outside "
-    "auto_cast(dtype='float16')",
-    "paddle 3.3.1 with NumPy 2: its backoff path raises TypeError (float() of a shape-[1] "
-    "tensor)",
-    "update() sees only the last optimizer's inf flag; no inf guard on growth",
-)
-
-_KERAS_IGNORED = {
-    "inner_optimizer": "the optimizer it wraps, not part of the config: "
-                       "ua.GradScaler(..., backend='keras').wrap(inner_optimizer)",
-    "name": "the optimizer's name",
-    "dynamic": "Keras 3 takes only dynamic=True (False raises ValueError)",
-}
-_KERAS_FIX = "needs unifiedamp's wrapper: ua.GradScaler(..., backend='keras').wrap(opt)"
-_KERAS3: dict[str, Any] = {
-    "params": ("inner_optimizer", "initial_scale", "dynamic_growth_steps", "name"),
-    # Keras 3 takes dynamic= through **kwargs only to refuse False.
-    "keyword_only": ("dynamic",),
-    "names": {"initial_scale": "init_scale", "dynamic_growth_steps": "growth_interval"},
-    "defaults": {"inner_optimizer": _REQUIRED, "initial_scale": 32768.0,
-                 "dynamic_growth_steps": 2000, "name": None, "dynamic": True},
-    "fixed": {"growth_factor": 2.0, "backoff_factor": 0.5, **_TORCH_RULE, "enabled": True},
-    "quirks": ("growth 2 and backoff 0.5 are hard-coded; no inf guard on growth (a growth "
-               "past float32's max makes the scale inf)",
-               "under tf.distribute.MirroredStrategy it checks replica 0's local gradients",
-               "stateful apply() fails under the JAX backend"),
-}
-_TF_KERAS2: dict[str, Any] = {
-    "params": ("inner_optimizer", "dynamic", "initial_scale", "dynamic_growth_steps"),
-    "names": {"dynamic": "dynamic", "initial_scale": "init_scale",
-              "dynamic_growth_steps": "growth_interval"},
-    # None means 2**15 and 2000 when dynamic; a static one requires initial_scale.
-    "defaults": {"inner_optimizer": _REQUIRED, "dynamic": True, "initial_scale": 32768.0,
-                 "dynamic_growth_steps": 2000},
-    # tf-keras's DynamicLossScale backs off to max(scale / 2, 1): a floor of 1.
-    "fixed": {"growth_factor": 2.0, "backoff_factor": 0.5, "hysteresis": 1, "min_scale": 1.0,
-              "max_scale": None, "enabled": True},
-    "quirks": ("backoff floors the scale at 1 (tf.maximum(scale / 2, 1))",),
-}
-
-#: Each native scaler constructor: ``framework``, ``backend`` (unifiedamp's backend for it),
-#: ``package`` (the distribution whose version selects the defaults), ``params`` (in
-#: positional order), ``keyword_only``, ``names`` (native parameter -> canonical one; a
-#: parameter not there has no canonical meaning, ``ignored`` says why), ``versions``
-#: (major version -> ``defaults`` by native name and ``fixed``: the canonical values the
-#: class hard-codes), ``limits`` (values the native refuses), ``fix`` (what to use instead
-#: when it cannot express a config) and ``quirks`` (behaviour differences of every config).
-#: Where each version's defaults were read from: docs/porting.md, "Defaults per framework
-#: and version" (tests/test_port.py checks them against the installed frameworks).
+#: The native scalers' table (:data:`unifiedamp.spec.NATIVE_SCALERS`), and unifiedamp's own
+#: constructor as one more source and target of a port.
 NATIVE_SCALERS: dict[str, dict[str, Any]] = {
-    "torch.amp.GradScaler": {
-        "framework": "torch", "backend": "torch", "package": "torch",
-        "params": _TORCH_PARAMS, "names": _TORCH_SAME,
-        "ignored": {"device": _DEVICE},
-        "versions": {"2": {"defaults": _TORCH_DEFAULTS, "fixed": _TORCH_RULE}},
-        "limits": _TORCH_LIMITS, "fix": _TORCH_FIX,
-        "quirks": ("default device 'cuda' silently disables it on a CPU-only machine",
-                   "refuses growth_factor <= 1 and backoff_factor >= 1",
-                   "multiplies by the float64 factor (float32-rounded factors give the spec's "
-                   "bits)"),
-    },
-    "torch.cuda.amp.GradScaler": {
-        "framework": "torch", "backend": "torch", "package": "torch",
-        "params": _TORCH_PARAMS[1:], "names": _TORCH_SAME,
-        "versions": {"2": {"defaults": {k: v for k, v in _TORCH_DEFAULTS.items()
-                                        if k != "device"}, "fixed": _TORCH_RULE}},
-        "limits": _TORCH_LIMITS, "fix": _TORCH_FIX,
-        "quirks": ("deprecated: torch.amp.GradScaler('cuda', ...)",
-                   "disabled (with a warning) where CUDA is not available"),
-    },
-    # FSDP's scaler takes backoff_factor BEFORE growth_factor (torch 2.13): a positional
-    # port that keeps torch.amp's order swaps the two factors.
-    "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler": {
-        "framework": "torch", "backend": "torch", "package": "torch",
-        "params": ("device", "init_scale", "backoff_factor", "growth_factor", "growth_interval",
-                   "enabled", "process_group"),
-        "names": _TORCH_SAME,
-        "ignored": {"device": _DEVICE,
-                    "process_group": "the ranks that agree on found_inf: pass "
-                                     "process_group= to the torch backend"},
-        "versions": {"2": {"defaults": {**_TORCH_DEFAULTS, "process_group": "WORLD"},
-                           "fixed": _TORCH_RULE}},
-        "limits": _TORCH_LIMITS, "fix": _TORCH_FIX,
-        "quirks": ("positional order: backoff_factor before growth_factor",),
-    },
-    "paddle.amp.GradScaler": {
-        "framework": "paddle", "backend": "paddle", "package": "paddlepaddle",
-        "params": _PADDLE_PARAMS, "names": _PADDLE_NAMES,
-        "versions": {"2": {"defaults": _paddle(32768.0, 1000, 2), "fixed": _PADDLE_FIXED},
-                     "3": {"defaults": _paddle(65536.0, 2000, 1), "fixed": _PADDLE_FIXED}},
-        "limits": _PADDLE_LIMITS, "fix": _PADDLE_FIX, "quirks": _PADDLE_QUIRKS,
-    },
-    # AmpScaler keeps paddle 2.x's scale and interval in 3.x, with hysteresis 1 in both.
-    "paddle.amp.AmpScaler": {
-        "framework": "paddle", "backend": "paddle", "package": "paddlepaddle",
-        "params": _PADDLE_PARAMS, "names": _PADDLE_NAMES,
-        "versions": {"2": {"defaults": _paddle(32768.0, 1000, 1), "fixed": _PADDLE_FIXED},
-                     "3": {"defaults": _paddle(32768.0, 1000, 1), "fixed": _PADDLE_FIXED}},
-        "limits": _PADDLE_LIMITS, "fix": _PADDLE_FIX, "quirks": _PADDLE_QUIRKS,
-    },
-    "keras.optimizers.LossScaleOptimizer": {
-        "framework": "keras", "backend": "keras", "package": "keras",
-        **{k: v for k, v in _KERAS3.items() if k not in ("defaults", "fixed")},
-        "ignored": _KERAS_IGNORED,
-        "versions": {"3": {"defaults": _KERAS3["defaults"], "fixed": _KERAS3["fixed"]}},
-        "fix": _KERAS_FIX,
-    },
-    # tf.keras is tf-keras 2 up to tensorflow 2.15 (and with TF_USE_LEGACY_KERAS=1), Keras 3
-    # from tensorflow 2.16: the version picks the row.
-    "tf.keras.mixed_precision.LossScaleOptimizer": {
-        "framework": "keras", "backend": "keras", "package": "tf.keras",
-        "params": _TF_KERAS2["params"], "ignored": _KERAS_IGNORED,
-        "versions": {"2": {"defaults": _TF_KERAS2["defaults"], "fixed": _TF_KERAS2["fixed"],
-                           "names": _TF_KERAS2["names"], "keyword_only": ("name",)},
-                     "3": {"defaults": _KERAS3["defaults"], "fixed": _KERAS3["fixed"],
-                           "names": _KERAS3["names"], "params": _KERAS3["params"],
-                           "keyword_only": _KERAS3["keyword_only"]}},
-        "fix": _KERAS_FIX,
-        "quirks": _TF_KERAS2["quirks"] + _KERAS3["quirks"],
-    },
-    # The tf-keras package (import tf_keras): Keras 2 for tensorflow >= 2.16, where tf.keras is
-    # Keras 3 (tf-models-official uses it). Always tf-keras 2's class.
-    "tf_keras.mixed_precision.LossScaleOptimizer": {
-        "framework": "keras", "backend": "keras", "package": "tf-keras",
-        "params": _TF_KERAS2["params"], "names": _TF_KERAS2["names"], "keyword_only": ("name",),
-        "ignored": _KERAS_IGNORED,
-        "versions": {"2": {"defaults": _TF_KERAS2["defaults"], "fixed": _TF_KERAS2["fixed"]}},
-        "fix": _KERAS_FIX, "quirks": _TF_KERAS2["quirks"],
-    },
-    "jmp.DynamicLossScale": {
-        "framework": "jmp", "backend": "jax", "package": "jmp",
-        "params": ("loss_scale", "counter", "period", "factor", "min_loss_scale"),
-        # factor f is growth f and backoff 1/f (handled in code).
-        "names": {"loss_scale": "init_scale", "period": "growth_interval",
-                  "min_loss_scale": "min_scale"},
-        "ignored": {"counter": "state, not config (the growth tracker): from_native() "
-                               "carries it"},
-        "versions": {"0": {"defaults": {"loss_scale": _REQUIRED, "counter": 0, "period": 2000,
-                                        "factor": 2, "min_loss_scale": 1.0},
-                           "fixed": {"hysteresis": 1, "max_scale": None, "dynamic": True,
-                                     "enabled": True}}},
-        "fix": "unifiedamp's jax backend can: ua.GradScaler(..., backend='jax')",
-        "quirks": ("tree_flatten drops min_loss_scale: after any jit/pytree boundary it is "
-                   "1.0 again",
-                   "backoff divides by factor (the spec multiplies by f32(1 / factor): the "
-                   "same bits for a power of two)"),
-    },
-    "jmp.StaticLossScale": {
-        "framework": "jmp", "backend": "jax", "package": "jmp",
-        "params": ("loss_scale",), "names": {"loss_scale": "init_scale"},
-        "versions": {"0": {"defaults": {"loss_scale": _REQUIRED},
-                           "fixed": {"dynamic": False, "enabled": True}}},
-        "fix": "unifiedamp's jax backend can: ua.GradScaler(..., backend='jax')",
-        "quirks": (),
-    },
+    **_NATIVES,
     "unifiedamp.GradScaler": {
-        "framework": "unifiedamp", "backend": None, "package": None,
+        "framework": "unifiedamp", "backend": None, "package": None, "state": "canonical",
+        "aliases": ("unifiedamp", "ua.GradScaler"),
         "params": CANONICAL[:5], "keyword_only": CANONICAL[5:],
         "names": {name: name for name in CANONICAL},
-        "versions": {"1": {"defaults": ScalerConfig().to_dict(), "fixed": {}}},
+        "versions": {"1": {"releases": "any", "defaults": ScalerConfig().to_dict(),
+                           "fixed": {}}},
         "fix": "", "quirks": (),
     },
 }
-
-# Other spellings of the same classes, and the short names native_call takes.
-_QUALNAMES = {
-    "torch": "torch.amp.GradScaler", "torch.amp.grad_scaler.GradScaler": "torch.amp.GradScaler",
-    "torch.cuda.amp.grad_scaler.GradScaler": "torch.cuda.amp.GradScaler",
-    "torch.distributed.fsdp.ShardedGradScaler":
-        "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
-    "ShardedGradScaler": "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler",
-    "paddle": "paddle.amp.GradScaler", "paddle.amp.grad_scaler.GradScaler":
-        "paddle.amp.GradScaler", "paddle.amp.grad_scaler.AmpScaler": "paddle.amp.AmpScaler",
-    "paddle.fluid.dygraph.AmpScaler": "paddle.amp.AmpScaler",
-    "keras": "keras.optimizers.LossScaleOptimizer",
-    "keras.mixed_precision.LossScaleOptimizer": "keras.optimizers.LossScaleOptimizer",
-    "tensorflow.keras.mixed_precision.LossScaleOptimizer":
-        "tf.keras.mixed_precision.LossScaleOptimizer",
-    "jmp": "jmp.DynamicLossScale", "unifiedamp": "unifiedamp.GradScaler",
-    "ua.GradScaler": "unifiedamp.GradScaler",
-}
+QUALNAMES = {**_NATIVE_QUALNAMES, "unifiedamp": "unifiedamp.GradScaler",
+             "ua.GradScaler": "unifiedamp.GradScaler"}
 
 _DYNAMIC_ONLY = ("growth_factor", "backoff_factor", "growth_interval", "hysteresis",
                  "min_scale", "max_scale")
 
 
 def _row(qualname: str) -> tuple[str, dict[str, Any]]:
-    name = _QUALNAMES.get(qualname, qualname)
+    name = QUALNAMES.get(qualname, qualname)
     if name not in NATIVE_SCALERS:
         raise ValueError(f"unknown scaler {qualname!r}: one of {', '.join(NATIVE_SCALERS)} "
                          f"(or a short name: torch, paddle, keras, jmp, unifiedamp)")

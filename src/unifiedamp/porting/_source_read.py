@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from unifiedamp.porting import _config
+from unifiedamp.porting._config import NATIVE_SCALERS, QUALNAMES
 
 # The module each target's call needs, and the name it is imported as when the file has none.
 _IMPORTS = {"unifiedamp": ("unifiedamp", "ua"), "torch": ("torch", None),
@@ -157,7 +157,7 @@ def _references(ctx: _Context, positions: Any) -> list[CallSite]:
             site(node, name, f"{name}{where} names a type here: port leaves annotations as "
                              "they are", problem=False)
         else:
-            framework = _config.NATIVE_SCALERS[name]["framework"]
+            framework = NATIVE_SCALERS[name]["framework"]
             site(node, name, f"{name}{where} is used here as a value, not called: port cannot "
                              "follow it to the call that builds the scaler, and this line keeps "
                              f"meaning {framework}'s class; port that code by hand")
@@ -184,10 +184,10 @@ def _looked_up(ctx: _Context, node: Any) -> str | None:
 
 def _normalise(qualname: str) -> str | None:
     """The NATIVE_SCALERS key of an imported name, or None (unifiedamp itself is no source)."""
-    name = _config._QUALNAMES.get(qualname, qualname) if "." in qualname else qualname
+    name = QUALNAMES.get(qualname, qualname) if "." in qualname else qualname
     if name.startswith("tensorflow.keras."):  # `import tensorflow as tf`: tf.keras...
-        name = _config._QUALNAMES.get(name, name)
-    if name in _config.NATIVE_SCALERS and not name.startswith("unifiedamp"):
+        name = QUALNAMES.get(name, name)
+    if name in NATIVE_SCALERS and not name.startswith("unifiedamp"):
         return name
     return None
 

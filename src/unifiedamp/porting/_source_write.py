@@ -13,8 +13,10 @@ import json
 from typing import Any
 
 from unifiedamp.porting import _config
+from unifiedamp.porting._config import NATIVE_SCALERS
 from unifiedamp.porting._source_read import CallSite, _Context, _NotLiteral
 from unifiedamp.spec import ScalerConfig
+from unifiedamp.spec._natives import REQUIRED
 
 # torch's verb -> paddle's (None: paddle has none). Both sides are exact where named: same
 # arguments, same effect. state_dict formats differ: a note (unifiedamp port-state converts).
@@ -80,8 +82,8 @@ def _port_call(ctx: _Context, node: Any, name: str) -> tuple[CallSite, Any]:
     try:
         # The private helpers bind as config_from_call does, to know which parameter each
         # non-literal argument is.
-        row = _config._spec(_config.NATIVE_SCALERS[name],
-                         _config._version(name, _config.NATIVE_SCALERS[name], ctx.version)[0])
+        row = _config._spec(NATIVE_SCALERS[name],
+                         _config._version(name, NATIVE_SCALERS[name], ctx.version)[0])
         bound = _config._bind(name, row, tuple(args), kwargs)
         exprs, values = _placeholders(row, bound)
         config, notes = _config.config_from_call(name, (), values, version=ctx.version)
@@ -111,7 +113,7 @@ def _placeholders(row: dict[str, Any], bound: dict[str, Any]) -> tuple[dict[str,
         if isinstance(value, _Expr) and canonical is not None:
             exprs[canonical] = value
             default = row["defaults"].get(param)
-            value = default if default != _config._REQUIRED else defaults[canonical]
+            value = default if default != REQUIRED else defaults[canonical]
         values[param] = value
     return exprs, values
 
@@ -196,7 +198,7 @@ def _target_call(ctx: _Context, site: CallSite, node: Any, row: dict[str, Any],
         carried.add("inner_optimizer")
     # A parameter with no canonical meaning that the target class of the same framework
     # takes too (jmp's counter, Keras's name) keeps its value.
-    target_row = _config.NATIVE_SCALERS[qualname]
+    target_row = NATIVE_SCALERS[qualname]
     if target_row["framework"] == framework:
         target_row = _config._spec(target_row, sorted(target_row["versions"], key=int)[-1])
         shared = (*target_row["params"], *target_row.get("keyword_only", ()))
@@ -260,7 +262,7 @@ def _keep_expressions(site: CallSite, qualname: str, kwargs: dict[str, Any],
                       exprs: dict[str, _Expr]) -> dict[str, Any]:
     """Puts each non-literal argument back where the target has a parameter of the same
     meaning; reports the others (their value is unknown, so the port cannot be checked)."""
-    names = _config.NATIVE_SCALERS[qualname]
+    names = NATIVE_SCALERS[qualname]
     row = _config._spec(names, sorted(names["versions"], key=int)[-1])
     by_canonical = {canonical: param for param, canonical in row["names"].items()}
     out = dict(kwargs)
@@ -309,7 +311,7 @@ def _port_verb(ctx: _Context, node: Any, source: str,
                method: str) -> tuple[CallSite | None, str | None]:
     """The plan for one method call on a scaler (None: not a scaler verb), and the
     method's new name (None: it has none)."""
-    framework = _config.NATIVE_SCALERS[source]["framework"]
+    framework = NATIVE_SCALERS[source]["framework"]
     to = ctx.to
     text = ctx.code(node)
     site = CallSite(0, "verb", f"{source}.{method}", to, text, text)
