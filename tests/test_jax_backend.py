@@ -19,7 +19,6 @@ import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
 from unifiedamp.backends.jax import (  # noqa: E402
     JaxGradScaler,
-    _mul_bits,
     all_finite,
     find_scaler,
     loss_scaled,
@@ -27,6 +26,7 @@ from unifiedamp.backends.jax import (  # noqa: E402
     step_if_finite,
     where_finite,
 )
+from unifiedamp.backends.jax._scaler import F32  # noqa: E402
 from unifiedamp.conformance.backends.jax import run_devices  # noqa: E402
 
 pytestmark = pytest.mark.framework("jax")
@@ -155,7 +155,8 @@ def test_exact_float32_multiply_under_flush_to_zero():
                         ).astype(np.uint32).view(np.float32)
     for c in (0.5, 0.7, 1.1, 3.3, 0.999, 1e-20, 2.5e30):
         c = spec.f32(c)
-        got = np.asarray(jax.jit(jax.vmap(lambda x, c=c: _mul_bits(x, c)))(jnp.asarray(xs)))
+        got = np.asarray(jax.jit(jax.vmap(lambda x, c=c: F32.mul_bits_by(F32.bits(x), c)))(
+            jnp.asarray(xs)))
         with np.errstate(over="ignore"):
             expected = (xs * np.float32(c)).view(np.uint32)
         assert (got.view(np.uint32) == expected).all(), c
