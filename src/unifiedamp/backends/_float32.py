@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["EXP_MASK", "MIN_NORMAL_BITS", "Float32Bits", "factor_parts"]
@@ -62,34 +63,29 @@ def factor_parts(c: float) -> tuple[float, int]:
     return mantissa * 2, exponent - 1
 
 
+@dataclass(frozen=True)
 class Float32Bits:
     """Float32 arithmetic on int32 bit patterns, over one array namespace.
 
     Every method takes and returns arrays of the namespace (scalars or any shape,
     elementwise), traceable: no host read, no Python branch on a value. Bit patterns are
     int32 arrays of non-negative float32 values.
-
-    Args:
-        xp: The namespace: ``where``, ``equal``, ``not_equal``, ``greater``,
-            ``logical_and``, ``logical_or``, ``bitwise_and``, ``bitwise_or``,
-            ``right_shift``, ``left_shift``, ``floor``, ``clip`` and ``absolute``, NumPy's
-            meaning (``jax.numpy``, ``keras.ops``).
-        bits: A float32 array (or a number) -> its int32 bit patterns.
-        from_bits: int32 bit patterns -> the float32 array.
-        int32: A number or an array -> an int32 array (a cast; an integral float stays exact).
-        float32: A number or an array -> a float32 array (a cast).
-        stop_gradient: An array -> the same values, with no gradient through them.
     """
 
-    def __init__(self, xp: Any, *, bits: Callable[[Any], Any], from_bits: Callable[[Any], Any],
-                 int32: Callable[[Any], Any], float32: Callable[[Any], Any],
-                 stop_gradient: Callable[[Any], Any]):
-        self.xp = xp
-        self.bits = bits
-        self.from_bits = from_bits
-        self.int32 = int32
-        self.float32 = float32
-        self.stop_gradient = stop_gradient
+    #: The namespace: ``where``, ``equal``, ``not_equal``, ``greater``, ``logical_and``,
+    #: ``logical_or``, ``bitwise_and``, ``bitwise_or``, ``right_shift``, ``left_shift``,
+    #: ``floor``, ``clip`` and ``absolute``, NumPy's meaning (``jax.numpy``, ``keras.ops``).
+    xp: Any
+    #: A float32 array (or a number) -> its int32 bit patterns.
+    bits: Callable[[Any], Any]
+    #: int32 bit patterns -> the float32 array.
+    from_bits: Callable[[Any], Any]
+    #: A number or an array -> an int32 array (a cast; an integral float stays exact).
+    int32: Callable[[Any], Any]
+    #: A number or an array -> a float32 array (a cast).
+    float32: Callable[[Any], Any]
+    #: An array -> the same values, with no gradient through them.
+    stop_gradient: Callable[[Any], Any]
 
     @classmethod
     def for_jax(cls) -> Float32Bits:
