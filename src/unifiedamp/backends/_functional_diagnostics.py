@@ -254,6 +254,9 @@ def check_collapse(backend: type[FunctionalGradScaler], scaler: Any,
 
 
 # ---------------------------------------------------------------- the public functions
+#
+# Their types, so that a type checker sees each backend's exact signatures, with the scaler
+# parameter typed as that backend's class.
 
 Scaler = TypeVar("Scaler", bound=FunctionalGradScaler, contravariant=True)
 
