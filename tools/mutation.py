@@ -72,6 +72,9 @@ _T_TORCH_STATE = "tests/test_torch_backend.py tests/test_torch_porting.py " \
 _T_JAX = "tests/test_jax_backend.py tests/test_conformance_builtin.py::TestJaxConformance"
 _T_MLX = "tests/test_mlx_backend.py tests/test_conformance_builtin.py::TestMlxConformance"
 _T_FUNCTIONAL = f"{_T_MLX} {_T_JAX} tests/test_state_dict.py"
+_T_FLOAT32 = "tests/test_float32_bits.py::test_jax_namespace_matches_ieee_under_jit " \
+             "tests/test_float32_bits.py::test_jax_multiply_takes_the_factor_as_arrays_too " \
+             + _T_JAX
 _T_KERAS = "tests/test_keras_backend.py tests/test_conformance_builtin.py::TestKerasConformance"
 _T_PADDLE = "tests/test_paddle_backend.py " \
             "tests/test_conformance_builtin.py::TestPaddleConformance tests/test_state_dict.py"
@@ -160,32 +163,41 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("functional-restore-takes-enabled", f"{BACKENDS}/_functional.py",
            "self._make(config.replace(enabled=self._config.enabled), *self._arrays(state)",
            "self._make(config, *self._arrays(state)", _T_FUNCTIONAL),
+    # ---------------------------------------------------------------- float32 on bits (JAX, Keras)
+    Mutant("float32-mul-bits-no-zero-case", f"{BACKENDS}/_float32.py",
+           "return xp.where(xp.equal(bits, 0), self.int32(0), out)", "return out", _T_FLOAT32),
+    Mutant("float32-product-error-drops-the-low-product", f"{BACKENDS}/_float32.py",
+           "self.int32(0xFFF)), 12) + xl * cl - hl", "self.int32(0xFFF)), 12) - hl",
+           _T_FLOAT32),
+    Mutant("float32-tie-ignores-the-remainder", f"{BACKENDS}/_float32.py",
+           "tie_up = xp.logical_or(xp.greater(below, 0),", "tie_up = xp.logical_or(False,",
+           _T_FLOAT32),
+    Mutant("float32-reciprocal-no-neighbours", f"{BACKENDS}/_float32.py",
+           "for step in range(-4, 5):", "for step in range(0, 1):",
+           "tests/test_float32_bits.py::test_keras_namespace_matches_ieee"),
+    Mutant("float32-split-flushes-subnormals", f"{BACKENDS}/_float32.py",
+           "lo = xp.where(subnormal, self.float32(2.0**-64), self.float32(1.0))",
+           "lo = xp.where(subnormal, self.float32(1.0), self.float32(1.0))", _T_FLOAT32),
     # ---------------------------------------------------------------- JAX
-    Mutant("jax-mul-bits-factor-split-8", f"{BACKENDS}/jax.py",
-           "    bh, bl = _split_bits(b, 11)", "    bh, bl = _split_bits(b, 8)", _T_JAX),
-    Mutant("jax-mul-bits-scale-split-8", f"{BACKENDS}/jax.py",
-           "    ah, al = _split_bits(a, 11)", "    ah, al = _split_bits(a, 8)", _T_JAX),
-    Mutant("jax-mul-bits-no-zero-case", f"{BACKENDS}/jax.py",
-           "return jnp.where(bits == 0, 0, out).astype(jnp.int32)",
-           "return out.astype(jnp.int32)", _T_JAX),
-    Mutant("jax-unscale-checks-unscaled-grads", f"{BACKENDS}/jax.py",
+    Mutant("jax-unscale-checks-unscaled-grads", f"{BACKENDS}/jax/_scaler.py",
            "        finite = all_finite(grads, axis_name) & self._reciprocal_finite()\n"
-           "        return _multiply(grads, *_split(_reciprocal_bits(jnp.asarray("
-           "self.loss_scale)))), finite",
-           "        out = _multiply(grads, *_split(_reciprocal_bits(jnp.asarray("
-           "self.loss_scale))))\n"
+           "        return _multiply(grads, *inverse), finite",
+           "        out = _multiply(grads, *inverse)\n"
            "        return out, all_finite(out, axis_name) & self._reciprocal_finite()", _T_JAX),
-    Mutant("jax-all-finite-sums-leaves", f"{BACKENDS}/jax.py",
+    Mutant("jax-all-finite-sums-leaves", f"{BACKENDS}/jax/_scaler.py",
            "jnp.isfinite(jnp.sum(leaf * 0))", "jnp.isfinite(jnp.sum(leaf))", _T_JAX),
-    Mutant("jax-all-finite-any-device", f"{BACKENDS}/jax.py",
+    Mutant("jax-all-finite-any-device", f"{BACKENDS}/jax/_scaler.py",
            "lax.psum((~finite).astype(jnp.int32), axis_name) == 0",
            "lax.pmax(finite.astype(jnp.int32), axis_name) == 1", _T_JAX),
-    Mutant("jax-loss-scaled-axis-ignored", f"{BACKENDS}/jax.py",
+    Mutant("jax-loss-scaled-axis-ignored", f"{BACKENDS}/jax/_optax.py",
            "finite = (all_finite(updates, axis_name) & scaler._reciprocal_finite()",
            "finite = (all_finite(updates) & scaler._reciprocal_finite()",
            "tests/test_jax_recipes.py::"
            "test_loss_scaled_with_axis_name_skips_on_every_device_in_shard_map_and_pmap "
            + _T_JAX),
+    Mutant("functional-report-drops-the-loss", f"{BACKENDS}/_functional_diagnostics.py",
+           "loss_finite=loss_is_finite(backend.xp, loss)", "loss_finite=None",
+           "tests/test_diagnostics_functional_mlx.py tests/test_diagnostics_functional_jax.py"),
     # ---------------------------------------------------------------- MLX
     Mutant("mlx-nan-is-finite", f"{BACKENDS}/mlx.py",
            "finite = finite & mx.isfinite(mx.sum(leaf * 0))",
