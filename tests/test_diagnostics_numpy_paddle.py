@@ -620,6 +620,42 @@ def test_paddle_history_zero_raises():
 
 
 @on_paddle
+def test_paddle_watch_report_and_history_on_a_linear_layer():
+    # The members are shared with NumPy (backends/_imperative.py), whose examples their
+    # docstrings show; these are Paddle's, on the smallest model.
+    import paddle
+
+    from unifiedamp.backends.paddle import PaddleGradScaler
+
+    def step(scaler, model, opt, x, clear=True):
+        scaler.scale(model(x).sum()).backward()  # d(out)/d(weight) = x
+        scaler.step(opt)
+        scaler.update()
+        if clear:
+            opt.clear_grad()
+
+    model = paddle.nn.Linear(2, 1)
+    opt = paddle.optimizer.SGD(parameters=model.parameters())
+    scaler = PaddleGradScaler(8.0)
+    scaler.watch(model)
+    step(scaler, model, opt, paddle.to_tensor([[INF, 1.0]]), clear=False)
+    assert scaler.overflow_report().names == ["weight"]
+    opt.clear_grad()
+
+    scaler = PaddleGradScaler(8.0, diagnose=True)
+    step(scaler, model, opt, paddle.to_tensor([[NAN, 1.0]]))
+    assert str(scaler.overflow_report()).splitlines()[:2] == [
+        "Step 1 was skipped at scale 8: 1 of 2 gradients held inf/NaN.",
+        "  param_groups[0][0] (2, 1): 0 inf, 1 NaN, largest finite |g| 1"]
+    assert scaler.overflow_report().loss_finite is False
+
+    scaler = PaddleGradScaler(8.0, history=2)
+    for poison in (1.0, INF, 1.0):
+        step(scaler, model, opt, paddle.full([1, 2], poison))
+    assert scaler.history().as_list() == [(2, 8.0, True), (3, 4.0, False)]
+
+
+@on_paddle
 @pytest.mark.parametrize("options", [{"diagnose": v} for v in BAD_DIAGNOSE]
                          + [{"history": v} for v in BAD_HISTORY], ids=repr)
 def test_paddle_bad_options_are_refused_before_anything_is_built(options):
