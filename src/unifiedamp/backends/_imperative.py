@@ -10,8 +10,9 @@ An imperative scaler changes itself: ``update()`` applies the rule to its own st
   ``watch()`` takes (:func:`watched_pairs`);
 - the counters and the config and state of a scaler that decides on the host
   (:class:`HostCounters`, :class:`HostState`);
-- the diagnostics: :class:`ImperativeDiagnostics` (``watch``, ``overflow_report``,
-  ``history`` and the collapse warning's detail), the skipped update it keeps
+- the diagnostics: :class:`WatchedNames` (``watch`` and the names it gives, torch's too),
+  :class:`ImperativeDiagnostics` (with ``overflow_report``, ``history`` and the collapse
+  warning's detail, for the scalers that decide on the host), the skipped update it keeps
   (:class:`LastUpdate`) and the note of its report (:func:`report_note`).
 
 The facade's own helpers (what a flag and a ``new_scale`` are, ``MAX_HISTORY``) stay in
@@ -284,18 +285,74 @@ def report_note(last: LastUpdate, named: bool, checked: int, at_update: bool, *,
             "skipped step.")
 
 
-class ImperativeDiagnostics:
-    """``watch``, ``overflow_report`` and ``history`` of an imperative scaler, and the
-    collapse warning's detail, written once.
+class WatchedNames:
+    """``watch()`` and the names it gives the gradients of a report.
+
+    Hooks: ``_parameter_type`` and ``_parameter_kind``, what ``watch()`` takes and its name
+    in errors; ``_watch_weakly``, hold the parameters by weak reference (torch: watching
+    keeps nothing alive). The scaler sets ``_watched = {}`` in ``__init__``.
+    """
+
+    _parameter_type: Any = object
+    _parameter_kind = "parameter"
+    _watch_weakly = False
+    #: watch()'s names: id(parameter) -> (name, the parameter or a weak reference to it).
+    _watched: dict[int, tuple[str, Any]]
+
+    def watch(self, model: Any) -> None:
+        """Names the parameters in :meth:`overflow_report`.
+
+        ``model`` is an object with ``named_parameters()`` (a ``torch.nn.Module``, DDP, a
+        ``paddle.nn.Layer``), a dict ``name -> parameter`` or an iterable of ``(name,
+        parameter)`` pairs; the parameters are matched to the optimizer's by identity (the
+        same objects, not copies or views; torch holds them weakly: watching keeps nothing
+        alive). Calls add up (a later name for the same parameter wins); every pair is
+        checked before any is kept. A copy of the scaler (``copy.deepcopy``, pickle)
+        forgets the names: watch again. Unwatched parameters are named by their place in
+        the optimizer: ``params[i]`` on NumPy, ``param_groups[g][i]`` on torch and Paddle,
+        with ``optimizers[k].`` in front when several optimizers were checked.
+
+        Example:
+            >>> import numpy as np
+            >>> from unifiedamp.backends.numpy import NumpyGradScaler, SGD
+            >>> w, b = np.ones(2, np.float32), np.zeros(1, np.float32)
+            >>> scaler, opt = NumpyGradScaler(8.0), SGD([w, b])
+            >>> scaler.watch({"w": w, "b": b})
+            >>> opt.grads = [np.array([np.inf, 8], np.float32), np.zeros(1, np.float32)]
+            >>> scaler.step(opt); _ = scaler.update()
+            >>> scaler.overflow_report().names
+            ['w']
+        """
+        pairs = watched_pairs(model, lambda p: isinstance(p, self._parameter_type),
+                              self._parameter_kind)
+        if self._watch_weakly:
+            self._watched = {key: entry for key, entry in self._watched.items()
+                             if entry[1]() is not None}
+            self._watched.update((id(p), (name, weakref.ref(p))) for name, p in pairs)
+        else:
+            self._watched.update((id(p), (name, p)) for name, p in pairs)
+
+    def _gradient_name(self, param: Any, fallback: str, k: int, several: bool) -> str:
+        """``watch()``'s name of ``param``, else ``fallback`` (its place in optimizer
+        ``k``, prefixed with ``optimizers[k].`` when ``several`` were checked)."""
+        entry = self._watched.get(id(param))
+        if entry is not None:
+            held = entry[1]() if self._watch_weakly else entry[1]
+            if held is param:
+                return entry[0]
+        return f"optimizers[{k}].{fallback}" if several else fallback
+
+
+class ImperativeDiagnostics(WatchedNames):
+    """``watch``, ``overflow_report`` and ``history`` of an imperative scaler that decides
+    on the host (numpy, paddle), and the collapse warning's detail, written once.
 
     A backend calls :meth:`_init_diagnostics` in ``__init__``; in ``update()``,
     :meth:`_record` (every update) and :meth:`_remember_update` (with the
     :class:`LastUpdate` of a skip, or None); it notes the optimizers it checks in
     ``_checked`` and the single input of ``scale()`` in ``_scale_input``, and clears both
-    with :meth:`_forget_iteration`. Its hooks:
+    with :meth:`_forget_iteration`. Its hooks, besides :class:`WatchedNames`':
 
-    - ``_parameter_type``, ``_parameter_kind``: what ``watch()`` takes, and its name in
-      errors; ``_watch_weakly``: hold the watched parameters by weak reference.
     - ``_compute_report(last, at_update)``: the report of a skipped update from the
       gradients of ``last.optimizers`` as they are now (``at_update``: inside the update).
     - ``_to_ring(values)``, ``_from_ring(stored)``: where the ring's scales and skip flags
@@ -305,16 +362,11 @@ class ImperativeDiagnostics:
     The ring's iterations are counted on the host (``_updates``, from the counters).
     """
 
-    _parameter_type: Any = object
-    _parameter_kind = "parameter"
-    _watch_weakly = False
     _updates: int
 
     # What the diagnostics hold, set by _init_diagnostics.
     #: diagnose=True: the report of a skipped update is computed inside it.
     _diagnose: bool
-    #: watch()'s names: id(parameter) -> (name, the parameter or a weak reference to it).
-    _watched: dict[int, tuple[str, Any]]
     #: The optimizers checked since the last update: id -> optimizer.
     _checked: dict[int, Any]
     #: The single array/tensor (or float) given to scale() this iteration, for loss_finite.
@@ -355,48 +407,6 @@ class ImperativeDiagnostics:
         return bool(found)
 
     # ------------------------------------------------------------ the members
-
-    def watch(self, model: Any) -> None:
-        """Names the parameters in :meth:`overflow_report`.
-
-        ``model`` is an object with ``named_parameters()`` (a ``paddle.nn.Layer``), a dict
-        ``name -> parameter`` or an iterable of ``(name, parameter)`` pairs; the parameters
-        are matched to the optimizer's by identity (the same objects, not copies or views).
-        Calls add up (a later name for the same parameter wins); every pair is checked
-        before any is kept. A copy of the scaler (``copy.deepcopy``, pickle) forgets the
-        names: watch again. Unwatched parameters are named by their place in the optimizer:
-        ``params[i]`` on NumPy, ``param_groups[g][i]`` on Paddle, with ``optimizers[k].``
-        in front when several optimizers were checked.
-
-        Example:
-            >>> import numpy as np
-            >>> from unifiedamp.backends.numpy import NumpyGradScaler, SGD
-            >>> w, b = np.ones(2, np.float32), np.zeros(1, np.float32)
-            >>> scaler, opt = NumpyGradScaler(8.0), SGD([w, b])
-            >>> scaler.watch({"w": w, "b": b})
-            >>> opt.grads = [np.array([np.inf, 8], np.float32), np.zeros(1, np.float32)]
-            >>> scaler.step(opt); _ = scaler.update()
-            >>> scaler.overflow_report().names
-            ['w']
-        """
-        pairs = watched_pairs(model, lambda p: isinstance(p, self._parameter_type),
-                              self._parameter_kind)
-        if self._watch_weakly:
-            self._watched = {key: entry for key, entry in self._watched.items()
-                             if entry[1]() is not None}
-            self._watched.update((id(p), (name, weakref.ref(p))) for name, p in pairs)
-        else:
-            self._watched.update((id(p), (name, p)) for name, p in pairs)
-
-    def _gradient_name(self, param: Any, fallback: str, k: int, several: bool) -> str:
-        """``watch()``'s name of ``param``, else ``fallback`` (its place in optimizer
-        ``k``, prefixed with ``optimizers[k].`` when ``several`` were checked)."""
-        entry = self._watched.get(id(param))
-        if entry is not None:
-            held = entry[1]() if self._watch_weakly else entry[1]
-            if held is param:
-                return entry[0]
-        return f"optimizers[{k}].{fallback}" if several else fallback
 
     def overflow_report(self) -> OverflowReport | None:
         """Which gradients held inf/NaN at the last update, if it skipped; else None

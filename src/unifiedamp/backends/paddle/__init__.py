@@ -29,15 +29,10 @@ need), ``_compat`` (the one module that names Paddle's private API, with the sup
 versions).
 """
 
+from unifiedamp.backends import show_as_public
 from unifiedamp.backends.paddle._scaler import PaddleGradScaler, paddle_expressible
 
 __all__ = ["PaddleGradScaler", "paddle_expressible"]
 
-# repr, pickle, docs and error messages show the public path.
-PaddleGradScaler.__module__ = __name__
-paddle_expressible.__module__ = __name__
-
-# The methods' examples, for doctest: it looks for a method's in the module whose globals
-# the method has (_scaler), and there skips the class, whose __module__ names this one.
-__test__ = {f"PaddleGradScaler.{name}": member for name, member in vars(PaddleGradScaler).items()
-            if callable(member) and ">>>" in (member.__doc__ or "")}
+show_as_public(PaddleGradScaler, __name__)
+show_as_public(paddle_expressible, __name__)
