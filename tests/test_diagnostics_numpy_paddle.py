@@ -286,6 +286,23 @@ def test_numpy_copy_keeps_the_report_and_history_not_the_optimizer():
         assert clone._last.optimizers == [] and clone._watched == {}
 
 
+def test_numpy_pickle_of_the_previous_release_keeps_its_history_and_report():
+    # The previous release kept the ring as one tuple _ring and the scale() input as
+    # _last_output; its pickles still load.
+    scaler, model, opt = numpy_setup(history=4)
+    numpy_iteration(scaler, model, opt, inject=("fc2.weight", (0, 1), INF))
+    old = scaler.__getstate__()
+    old["_ring"] = (old.pop("_ring_iterations"), old.pop("_ring_scales"),
+                    old.pop("_ring_skipped"))
+    old["_last_output"] = old.pop("_scale_input")
+    clone = NumpyGradScaler.__new__(NumpyGradScaler)
+    clone.__setstate__(old)
+    assert clone.history().as_list() == scaler.history().as_list() == [(1, 1024.0, True)]
+    assert clone.overflow_report() == scaler.overflow_report()
+    numpy_iteration(clone, model, opt)
+    assert len(clone.history()) == 2 and clone.state.scale == 512.0
+
+
 def test_numpy_history_zero_raises_and_disabled_records_nothing():
     scaler, _, _ = numpy_setup()
     with pytest.raises(ValueError, match=r"history=N"):
@@ -610,6 +627,27 @@ def test_paddle_report_survives_a_copy_and_the_copy_forgets_watch():
     assert clone.overflow_report() == report
     paddle_iteration(clone, model, opt, inject=("fc2.weight", 0, INF))
     assert clone.overflow_report().names == ["param_groups[0][2]"]
+
+
+@on_paddle
+def test_paddle_pickle_of_the_previous_release_still_loads():
+    # The previous release pickled its __dict__: Paddle's attribute names and its own
+    # (_scale, _factors, _optimizer_states, _last_output...), besides what a copy keeps now.
+    scaler, model, opt = paddle_setup(history=3)
+    paddle_iteration(scaler, model, opt, inject=("fc2.weight", 0, INF))
+    old = {**scaler.__getstate__(), "_scale": None, "_process_group": None, "_factors": {},
+           "_optimizer_states": None, "_functional_found_inf": [], "_iteration_thread": None,
+           "_found_inf": False, "_cache_found_inf": True, "_watched": {}, "_checked": {},
+           "_prechecked": {}, "_last_output": None, "_enable": True, "_incr_count": 0,
+           "_decr_count": 0}
+    clone = type(scaler).__new__(type(scaler))
+    clone.__setstate__(old)
+    assert clone.state == scaler.state and clone.num_skipped_steps == 1
+    assert clone.history().as_list() == scaler.history().as_list()
+    assert clone.overflow_report() == scaler.overflow_report()
+    assert clone._cache_found_inf is True and clone._scale.item() == scaler.get_scale()
+    paddle_iteration(clone, model, opt)
+    assert len(clone.history()) == 2
 
 
 @on_paddle

@@ -93,6 +93,10 @@ def _as_float_array(x: Any, what: str) -> np.ndarray:
     return a
 
 
+#: Names in pickles of the previous release -> their names now.
+_PICKLED_NAMES = {"_last_output": "_scale_input"}
+
+
 class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
     """A dynamic loss scaler for NumPy training loops, with ``torch.amp.GradScaler``'s verbs.
 
@@ -395,6 +399,14 @@ class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
         # A copy (pickle, deepcopy) keeps every attribute, a subclass's too, but of the
         # diagnostics only what _diagnostics_state() says a copy keeps.
         return {**self.__dict__, **self._diagnostics_state()}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        saved = {_PICKLED_NAMES.get(name, name): value for name, value in saved.items()}
+        if "_ring" in saved:  # the previous release's ring: one tuple of three arrays
+            iterations, scales, skipped = saved.pop("_ring")
+            saved.update(_ring_iterations=iterations, _ring_scales=scales,
+                         _ring_skipped=skipped)
+        self.__dict__.update(saved)
 
     # ------------------------------------------------------------ diagnostics
 
