@@ -26,16 +26,13 @@ import torch.distributed as dist
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import (
-    GradScaler,
-    NoInfChecksError,
-    ScaleNotCalledError,
+from unifiedamp._scaler import GradScaler, NoInfChecksError, ScaleNotCalledError, new_scale_value
+from unifiedamp._tree import leaves, tree_map
+from unifiedamp.backends._imperative import (
     diagnostics_options,
     mid_iteration_load_error,
-    new_scale_value,
     update_arguments,
 )
-from unifiedamp._tree import leaves, tree_map
 from unifiedamp.backends.torch._compat import (
     STEPS_ON_DEVICE,
     empty_optimizer_state,
