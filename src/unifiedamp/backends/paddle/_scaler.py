@@ -49,8 +49,7 @@ def paddle_expressible(config: ScalerConfig) -> bool:
         >>> paddle_expressible(ScalerConfig()), paddle_expressible(ScalerConfig(min_scale=1.0))
         (True, False)
     """
-    return (config.growth_factor > 1.0 and config.backoff_factor < 1.0
-            and config.min_scale is None and config.max_scale is None)
+    return not spec.cannot_carry(config, "paddle.amp.GradScaler")
 
 
 def _place(device: Any) -> Any:
@@ -321,11 +320,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
                 "which every unifiedamp backend loads")
         if not self._config.enabled:
             return {}
-        c, s = self._config, self._state
-        return {"scale": np.array([s.scale], np.float32), "incr_ratio": c.growth_factor,
-                "decr_ratio": c.backoff_factor, "incr_every_n_steps": c.growth_interval,
-                "decr_every_n_nan_or_inf": c.hysteresis, "incr_count": s.growth_tracker,
-                "decr_count": s.hysteresis_tracker, "use_dynamic_loss_scaling": c.dynamic}
+        return spec.native_dict(self._config, self._state, "paddle")
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Loads a canonical dict of any backend, or a native Paddle or torch dict.
