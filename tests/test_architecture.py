@@ -184,3 +184,100 @@ def test_the_layer_check_sees_an_upward_import():
                                      "unifiedamp.conformance (conformance)"]
     with pytest.raises(AssertionError, match="in no layer"):
         layer_of("unifiedamp.new_module")
+
+
+# ---------------------------------------------------------------- backend packages
+
+#: The modules of one backend package that another backend's package may import: the
+#: Keras backend on torch runs the torch backend's kernel and overflow counts.
+SHARED_ACROSS_BACKENDS = {"unifiedamp.backends.torch._compat",
+                          "unifiedamp.backends.torch._diagnostics"}
+
+
+def backend_package(module: str) -> str | None:
+    """The backend package (or single-module backend) ``module`` belongs to; None for the
+    backends layer's shared modules (``backends._functional``, ``backends._imperative``...)."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[:2] != ["unifiedamp", "backends"] or parts[2].startswith("_"):
+        return None
+    return ".".join(parts[:3])
+
+
+def cross_backend_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of another backend's package, but of a declared shared module."""
+    return [f"{module} imports {target}"
+            for module, targets in sorted(graph.items()) for target in sorted(targets)
+            if (own := backend_package(module)) and (other := backend_package(target))
+            and own != other and target not in SHARED_ACROSS_BACKENDS]
+
+
+def test_no_backend_package_imports_another_but_through_a_shared_module():
+    wrong = cross_backend_imports(GRAPH)
+    assert not wrong, ("a backend package imports another's; share it through a module of "
+                       "backends/ or declare it in SHARED_ACROSS_BACKENDS:\n" + "\n".join(wrong))
+
+
+def test_the_cross_backend_check_sees_an_import_of_another_backend():
+    graph = {"unifiedamp.backends.keras._torch": {"unifiedamp.backends.torch._scaler",
+                                                  "unifiedamp.backends.torch._compat",
+                                                  "unifiedamp.backends._float32"}}
+    assert cross_backend_imports(graph) == [
+        "unifiedamp.backends.keras._torch imports unifiedamp.backends.torch._scaler"]
+
+
+# ---------------------------------------------------------------- size and visible state
+
+#: A module longer than this says why it stays one module, in a docstring paragraph
+#: that starts with ``Length:``.
+MAX_LINES = 500
+
+
+def long_modules(root: pathlib.Path) -> list[str]:
+    out = []
+    for name, path in module_names(root, "unifiedamp").items():
+        lines = path.read_text().count("\n")
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if lines > MAX_LINES and not any(p.startswith("Length:") for p in doc.split("\n\n")):
+            out.append(f"{name} ({lines} lines)")
+    return out
+
+
+def test_no_module_is_long_without_saying_why():
+    long = long_modules(SRC)
+    assert not long, (f"modules over {MAX_LINES} lines whose docstring has no 'Length:' "
+                      "paragraph saying why they stay one module: " + ", ".join(long))
+
+
+def test_the_length_check_sees_a_long_module(tmp_path):
+    (tmp_path / "unifiedamp").mkdir()
+    (tmp_path / "unifiedamp" / "__init__.py").write_text('"""Short."""\n')
+    body = "x = 1\n" * MAX_LINES
+    (tmp_path / "unifiedamp" / "big.py").write_text('"""Big."""\n' + body)
+    (tmp_path / "unifiedamp" / "said.py").write_text(
+        '"""Big.\n\nLength: one table.\n"""\n' + body)
+    assert long_modules(tmp_path) == [f"unifiedamp.big ({MAX_LINES + 1} lines)"]
+
+
+def hidden_state(root: pathlib.Path) -> list[str]:
+    """Every ``<obj>.__dict__.update(...)`` outside ``__setstate__`` (which restores what
+    ``__init__`` assigned by name): attributes that grep and type checkers miss."""
+    out = []
+    for name, path in module_names(root, "unifiedamp").items():
+        tree = ast.parse(path.read_text())
+        restoring = {id(n) for f in ast.walk(tree)
+                     if isinstance(f, ast.FunctionDef) and f.name == "__setstate__"
+                     for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if id(node) in restoring:
+                continue
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "update"
+                    and isinstance(node.func.value, ast.Attribute)
+                    and node.func.value.attr == "__dict__"):
+                out.append(f"{name}:{node.lineno}")
+    return out
+
+
+def test_every_attribute_is_assigned_by_name():
+    assert not hidden_state(SRC), ("assign attributes by name, not through __dict__.update: "
+                                   + ", ".join(hidden_state(SRC)))

@@ -1,8 +1,15 @@
 """One module or package per framework; each imports its framework and nothing else does.
 
-Shared by the backends: ``_imperative`` (what the imperative backends share, their
-diagnostics mixin), ``_functional`` (the immutable scaler of JAX and MLX), and here
-:func:`show_as_public`, for a backend package's ``__init__``.
+A backend that is big is a package with the same file names everywhere: ``__init__``
+(the public names), ``_scaler`` (the class), ``_diagnostics``, ``_compat`` (the one
+module that touches the framework's private API, with the supported versions), and
+modules named for what they hold. Shared by the backends: ``_imperative`` (what the
+imperative backends share, their diagnostics mixin), ``_functional`` (the immutable
+scaler of JAX and MLX) and ``_functional_diagnostics``, ``_float32`` (float32 arithmetic
+on bit patterns, for JAX and Keras), and here :func:`show_as_public`, for a backend
+package's ``__init__``. A backend package imports no other backend's package, but for
+the modules ``tests/test_architecture.py`` declares shared (Keras on torch runs the torch
+backend's kernel).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ check) and ``_compat`` (the JAX internals they rely on).
 
 from __future__ import annotations
 
+from unifiedamp.backends import show_as_public
 from unifiedamp.backends._functional_diagnostics import LeafCounts
 from unifiedamp.backends.jax._diagnostics import (
     check_collapse,
@@ -55,19 +56,7 @@ __all__ = ["JaxGradScaler", "LeafCounts", "LossScaledAccumulateState", "LossScal
            "scale_history", "step_if_finite", "where_finite"]
 
 
-def _show_here(obj: object) -> None:
-    """Gives ``obj`` (and a class's own methods) this module's path: repr, pickle, error
-    messages and help show ``unifiedamp.backends.jax``, and doctest finds their examples
-    here, run with this module's names."""
-    private = obj.__module__
-    obj.__module__ = __name__
-    for member in vars(obj).values() if isinstance(obj, type) else ():
-        function = getattr(member, "__func__", member)  # a classmethod's function
-        if getattr(function, "__module__", None) == private:
-            function.__module__ = __name__
-
-
 for _name in __all__:
     if globals()[_name].__module__.startswith(__name__ + "."):
-        _show_here(globals()[_name])
+        show_as_public(globals()[_name], __name__)
 del _name
