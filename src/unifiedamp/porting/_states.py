@@ -26,7 +26,7 @@ import difflib
 from typing import Any
 
 from unifiedamp import spec
-from unifiedamp.spec import STATE_FORMS, ScalerConfig, ScalerState
+from unifiedamp.spec import STATE_FORMS, ScalerConfig
 from unifiedamp.spec._state_dict import detect_form, read_form, write_form
 
 __all__ = ["FORMS", "convert_state", "detect_form", "read_state"]
@@ -41,24 +41,9 @@ def _closest(value: Any, choices: tuple[str, ...]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def read_state(d: Any, config: ScalerConfig | None = None
-               ) -> tuple[ScalerConfig, ScalerState, str]:
-    """Validates a scaler state in any of :data:`FORMS`: ``(config, state, form)``.
-
-    ``config`` gives the parameters the form does not carry (torch's ``init_scale``,
-    Keras's whole config, jmp's hysteresis...); without it they are the defaults of
-    that form's native scaler (:data:`unifiedamp.spec.NATIVE_SCALERS`), except jmp's
-    ``init_scale``, which is its current ``loss_scale`` (jmp keeps no initial scale).
-
-    Raises:
-        ValueError: Not a known form, or a field out of range; names the field.
-
-    Example:
-        >>> cfg, st, form = read_state({"dynamic_scale": 512.0, "step_counter": 2})
-        >>> form, cfg.growth_interval, cfg.init_scale, st
-        ('keras', 2000, 32768.0, ScalerState(scale=512.0, growth_tracker=2, hysteresis_tracker=0))
-    """
-    return read_form(d, config)
+#: Validates a scaler state in any of :data:`FORMS`: ``(config, state, form)``; the
+#: parameters a form does not carry come from ``config`` or its native scaler's defaults.
+read_state = read_form
 
 
 def convert_state(state: Any, to: str, config: ScalerConfig | None = None) -> dict[str, Any]:

@@ -81,13 +81,16 @@ _PADDLE_CARRIES = {**{name: "any" for name in CANONICAL}, "growth_factor": "> 1.
                    "backoff_factor": "< 1.0", "min_scale": "no", "max_scale": "no"}
 
 
-def _paddle(init: float, interval: int, hysteresis: int) -> dict[str, Any]:
-    return {"enable": True, "init_loss_scaling": init, "incr_ratio": 2.0, "decr_ratio": 0.5,
-            "incr_every_n_steps": interval, "decr_every_n_nan_or_inf": hysteresis,
-            "use_dynamic_loss_scaling": True}
+def _paddle(releases: str, init: float, interval: int, hysteresis: int) -> dict[str, Any]:
+    """One version of a Paddle scaler: its defaults and what it hard-codes."""
+    return {"releases": releases,
+            "defaults": {"enable": True, "init_loss_scaling": init, "incr_ratio": 2.0,
+                         "decr_ratio": 0.5, "incr_every_n_steps": interval,
+                         "decr_every_n_nan_or_inf": hysteresis,
+                         "use_dynamic_loss_scaling": True},
+            "fixed": {"min_scale": None, "max_scale": None}}
 
 
-_PADDLE_FIXED = {"min_scale": None, "max_scale": None}
 _PADDLE_LIMITS = {"incr_ratio": (">", 1.0), "decr_ratio": ("<", 1.0)}
 _PADDLE_FIX = "unifiedamp's paddle backend can: ua.GradScaler(..., backend='paddle')"
 _PADDLE_QUIRKS = (
@@ -97,6 +100,12 @@ _PADDLE_QUIRKS = (
     "tensor)",
     "update() sees only the last optimizer's inf flag; no inf guard on growth",
 )
+# What both Paddle scalers share: all but their aliases and their defaults.
+_PADDLE: dict[str, Any] = {
+    "framework": "paddle", "backend": "paddle", "package": "paddlepaddle", "state": "paddle",
+    "params": _PADDLE_PARAMS, "names": _PADDLE_NAMES, "carries": _PADDLE_CARRIES,
+    "limits": _PADDLE_LIMITS, "fix": _PADDLE_FIX, "quirks": _PADDLE_QUIRKS,
+}
 
 _KERAS_IGNORED = {
     "inner_optimizer": "the optimizer it wraps, not part of the config: "
@@ -184,29 +193,18 @@ NATIVE_SCALERS: dict[str, dict[str, Any]] = {
         "quirks": ("positional order: backoff_factor before growth_factor",),
     },
     "paddle.amp.GradScaler": {
-        "framework": "paddle", "backend": "paddle", "package": "paddlepaddle", "state": "paddle",
-        "aliases": ("paddle", "paddle.amp.grad_scaler.GradScaler"),
-        "params": _PADDLE_PARAMS, "names": _PADDLE_NAMES,
+        **_PADDLE, "aliases": ("paddle", "paddle.amp.grad_scaler.GradScaler"),
         # Scripts written against paddle 2.x (whose documentation, and AmpScaler, say
         # 32768 / 1000 / 2) carry other defaults than paddle 3.x: porting must know which.
-        "versions": {"2": {"releases": "2.x", "defaults": _paddle(32768.0, 1000, 2),
-                           "fixed": _PADDLE_FIXED},
-                     "3": {"releases": ">=3.0", "defaults": _paddle(65536.0, 2000, 1),
-                           "fixed": _PADDLE_FIXED}},
-        "carries": _PADDLE_CARRIES, "limits": _PADDLE_LIMITS, "fix": _PADDLE_FIX,
-        "quirks": _PADDLE_QUIRKS,
+        "versions": {"2": _paddle("2.x", 32768.0, 1000, 2),
+                     "3": _paddle(">=3.0", 65536.0, 2000, 1)},
     },
     # AmpScaler keeps paddle 2.x's scale and interval in 3.x, with hysteresis 1 in both.
     "paddle.amp.AmpScaler": {
-        "framework": "paddle", "backend": "paddle", "package": "paddlepaddle", "state": "paddle",
+        **_PADDLE,
         "aliases": ("paddle.amp.grad_scaler.AmpScaler", "paddle.fluid.dygraph.AmpScaler"),
-        "params": _PADDLE_PARAMS, "names": _PADDLE_NAMES,
-        "versions": {"2": {"releases": "2.x", "defaults": _paddle(32768.0, 1000, 1),
-                           "fixed": _PADDLE_FIXED},
-                     "3": {"releases": ">=3.0", "defaults": _paddle(32768.0, 1000, 1),
-                           "fixed": _PADDLE_FIXED}},
-        "carries": _PADDLE_CARRIES, "limits": _PADDLE_LIMITS, "fix": _PADDLE_FIX,
-        "quirks": _PADDLE_QUIRKS,
+        "versions": {"2": _paddle("2.x", 32768.0, 1000, 1),
+                     "3": _paddle(">=3.0", 32768.0, 1000, 1)},
     },
     "keras.optimizers.LossScaleOptimizer": {
         "framework": "keras", "backend": "keras", "package": "keras", "state": "keras",
