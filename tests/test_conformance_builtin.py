@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
-from unifiedamp.backends.numpy import NumpyGradScaler
+from unifiedamp import _registry
 from unifiedamp.conformance import ScalerContract
+
+
+def builtin_adapter(backend, needs=None, **options):
+    """The conformance adapter of a built-in backend; skipped where ``needs`` is missing."""
+    if needs:
+        pytest.importorskip(needs)
+    module, _, name = _registry.BUILTIN[backend].target.partition(":")
+    return getattr(importlib.import_module(module), name).conformance_adapter(**options)
 
 
 class TestNumpyConformance(ScalerContract):
@@ -13,16 +23,14 @@ class TestNumpyConformance(ScalerContract):
 
     @pytest.fixture
     def adapter(self):
-        return NumpyGradScaler.conformance_adapter()
+        return builtin_adapter("numpy")
 
 
 def torch_adapter(optimizer, device):
     torch = pytest.importorskip("torch")
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("no CUDA device on this machine")
-    from unifiedamp.backends.torch import TorchGradScaler
-
-    return TorchGradScaler.conformance_adapter(optimizer=optimizer, device=device)
+    return builtin_adapter("torch", optimizer=optimizer, device=device)
 
 
 @pytest.mark.framework("torch")
@@ -78,10 +86,7 @@ class TestJaxConformance(ScalerContract):
 
     @pytest.fixture
     def adapter(self):
-        pytest.importorskip("optax")
-        from unifiedamp.backends.jax import JaxGradScaler
-
-        return JaxGradScaler.conformance_adapter()
+        return builtin_adapter("jax", "optax")
 
 
 @pytest.mark.framework("mlx")
@@ -92,10 +97,7 @@ class TestMlxConformance(ScalerContract):
 
     @pytest.fixture
     def adapter(self):
-        pytest.importorskip("mlx.core")
-        from unifiedamp.backends.mlx import MlxGradScaler
-
-        return MlxGradScaler.conformance_adapter()
+        return builtin_adapter("mlx", "mlx.core")
 
 
 @pytest.mark.framework("paddle")
@@ -106,10 +108,7 @@ class TestPaddleConformance(ScalerContract):
 
     @pytest.fixture
     def adapter(self):
-        pytest.importorskip("paddle")
-        from unifiedamp.backends.paddle import PaddleGradScaler
-
-        return PaddleGradScaler.conformance_adapter()
+        return builtin_adapter("paddle", "paddle")
 
 
 @pytest.mark.framework("keras")
@@ -121,10 +120,7 @@ class TestKerasConformance(ScalerContract):
 
     @pytest.fixture
     def adapter(self):
-        pytest.importorskip("keras")
-        from unifiedamp.backends.keras import KerasGradScaler
-
-        return KerasGradScaler.conformance_adapter()
+        return builtin_adapter("keras", "keras")
 
     @pytest.fixture
     def max_examples(self):
@@ -137,7 +133,4 @@ class TestKerasSGDConformance(TestKerasConformance):
 
     @pytest.fixture
     def adapter(self):
-        pytest.importorskip("keras")
-        from unifiedamp.backends.keras import KerasGradScaler
-
-        return KerasGradScaler.conformance_adapter(optimizer="sgd")
+        return builtin_adapter("keras", "keras", optimizer="sgd")

@@ -23,7 +23,12 @@ from test_torch_ops import CountOps  # noqa: E402
 import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
 from unifiedamp._monitor import ScaleCollapseWarning  # noqa: E402
-from unifiedamp.backends.torch import TorchGradScaler, _scale_before_skip  # noqa: E402
+from unifiedamp.backends.torch import TorchGradScaler  # noqa: E402
+from unifiedamp.backends.torch._diagnostics import (  # noqa: E402
+    DIAGNOSTICS_ATTRIBUTES,
+    TorchDiagnostics,
+    scale_before_skip,
+)
 from unifiedamp.diagnostics import FIXES, count_overflow  # noqa: E402
 
 pytestmark = pytest.mark.framework("torch")
@@ -295,7 +300,7 @@ def test_scale_before_skip_is_exact_when_it_says_so():
         for _ in range(400):
             before = spec.f32(2.0 ** rng.uniform(-100, 100))
             after = spec.f32(before * spec.f32(backoff))
-            got, exact = _scale_before_skip(config, after, 0)
+            got, exact = scale_before_skip(config, after, 0)
             assert got == before or not exact, (backoff, before, got)
             exact_count += exact
             assert abs(got - before) <= before * 2.0**-22
@@ -462,6 +467,15 @@ def test_state_dict_is_unchanged_and_copies_start_history_and_reports_afresh():
     scaler.load_state_dict(plain.state_dict())
     assert scaler.history().as_list() == [(1, 1024.0, True)]
     assert scaler.overflow_report().names == ["fc2.weight"]
+
+
+def test_a_copy_drops_exactly_what_the_diagnostics_reset():
+    # __getstate__ leaves out DIAGNOSTICS_ATTRIBUTES and __setstate__ assigns them afresh:
+    # a name the reset assigns but the list lacks would be pickled (a weak reference fails).
+    probe = TorchDiagnostics()
+    probe._config = spec.ScalerConfig()
+    probe._reset_diagnostics()
+    assert set(vars(probe)) - {"_config"} == DIAGNOSTICS_ATTRIBUTES
 
 
 # ---------------------------------------------------------------- the cost

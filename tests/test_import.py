@@ -45,7 +45,7 @@ PACKAGE_MODULES = {
     "unifiedamp.spec",
     "unifiedamp.spec._config",
     "unifiedamp.spec._float32",
-    "unifiedamp.spec._frameworks",
+    "unifiedamp.spec._natives",
     "unifiedamp.spec._rule",
 }
 

@@ -3,10 +3,12 @@ test_conformance_builtin.py)."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import importlib.metadata
 import inspect
 import json
+import pathlib
 import pickle
 import random
 import warnings
@@ -18,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
-from unifiedamp.backends.torch import TorchGradScaler  # noqa: E402
+from unifiedamp.backends.torch import TorchGradScaler, _compat  # noqa: E402
 from unifiedamp.conformance.backends.torch import run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.framework("torch")
@@ -694,6 +696,14 @@ def test_pickle_and_deepcopy_keep_config_and_state():
     for clone in (pickle.loads(pickle.dumps(scaler)), copy.deepcopy(scaler)):
         assert clone.state == scaler.state == spec.ScalerState(1024.0, 0, 1)
         assert clone.config == scaler.config and clone.num_skipped_steps == 1
+    # A pickle of the previous release, whose skip counters had other names, still loads.
+    old = scaler.__getstate__()
+    old["_skipped_on_host"] = old.pop("_skip_count_host")
+    old["_host_skips"] = old.pop("_consecutive_skips_host")
+    old["_skips_on_device"] = old.pop("_device_holds_consecutive_skips")
+    clone = type(scaler).__new__(type(scaler))
+    clone.__setstate__(old)
+    assert clone.state == scaler.state and clone.num_skipped_steps == 1
 
 
 # ---------------------------------------------------------------- distributed
@@ -890,33 +900,18 @@ def test_cuda_graph_replays_follow_the_spec_across_overflows(config):
 
 # ---------------------------------------------------------------- torch's private surface
 
-# What the backend overrides or calls beyond torch.amp.GradScaler's public API:
-# parameter names of each method, and how torch's own step() calls the two it
-# overrides. A torch that changes any of them is outside the supported range.
-PRIVATE_METHODS = {
-    "_maybe_opt_step": ["self", "optimizer", "optimizer_state", "args", "kwargs"],
-    "_check_inf_per_device": ["self", "optimizer"],
-    "_lazy_init_scale_growth_tracker": ["self", "dev"],
-}
-STEP_CALLS = ["retval = self._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)",
-              "self._check_inf_per_device(optimizer)"]
-OPS = {
-    "_amp_update_scale_": "aten::_amp_update_scale_(Tensor(a!) self, Tensor(b!) growth_tracker, "
-                          "Tensor found_inf, float scale_growth_factor, float "
-                          "scale_backoff_factor, int growth_interval) -> Tensor(a!)",
-    "_amp_foreach_non_finite_check_and_unscale_":
-        "aten::_amp_foreach_non_finite_check_and_unscale_(Tensor(a!)[] self, Tensor(b!) "
-        "found_inf, Tensor inv_scale) -> ()",
-}
-STATE_ATTRIBUTES = ["_scale", "_growth_tracker", "_per_optimizer_states", "_enabled", "_device",
-                    "_init_scale", "_init_growth_tracker", "_growth_factor", "_backoff_factor",
-                    "_growth_interval"]
+# What the backend overrides or calls beyond torch.amp.GradScaler's public API, listed in
+# unifiedamp.backends.torch._compat: parameter names of each method, how torch's own step()
+# calls the two it overrides, the ops' schemas. A torch that changes any of them is outside
+# the supported range.
+PRIVATE_METHODS = _compat.PRIVATE_METHODS
+STEP_CALLS = _compat.STEP_CALLS
+OPS = _compat.OPS
+STATE_ATTRIBUTES = _compat.STATE_ATTRIBUTES
 
 
 def private_api_changes(scaler_cls):
     """How ``scaler_cls`` (torch.amp.GradScaler or a stand-in) differs from what we rely on."""
-    from torch.amp.grad_scaler import _refresh_per_optimizer_state
-
     changes = []
     for name, params in PRIVATE_METHODS.items():
         got = list(inspect.signature(getattr(scaler_cls, name)).parameters)
@@ -924,12 +919,12 @@ def private_api_changes(scaler_cls):
             changes.append(f"{name}{tuple(got)}, expected {tuple(params)}")
     source = inspect.getsource(scaler_cls.step)
     changes += [f"step() no longer calls {call!r}" for call in STEP_CALLS if call not in source]
-    for op, schema in OPS.items():
+    for op, schemas in OPS.items():
         got = [str(s) for s in torch._C._jit_get_schemas_for_operator(f"aten::{op}")]
-        if got != [schema]:
-            changes.append(f"torch.{op} has the schema {got}, expected {schema}")
-    keys = set(_refresh_per_optimizer_state())
-    if keys != {"stage", "found_inf_per_device"}:
+        if got != schemas:
+            changes.append(f"torch.{op} has the schemas {got}, expected {schemas}")
+    keys = set(_compat.empty_optimizer_state())
+    if keys != _compat.OPTIMIZER_STATE_KEYS:
         changes.append(f"_refresh_per_optimizer_state() has the keys {sorted(keys)}")
     scaler = scaler_cls(device="cpu")
     scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
@@ -945,7 +940,7 @@ def test_torchs_private_surface_is_what_the_backend_was_written_for():
         f"torch {torch.__version__} changed the private torch.amp.GradScaler API that "
         f"unifiedamp's torch backend overrides or calls: {'; '.join(changes)}. The backend "
         f"supports {supported[0].split(';')[0]} (tested: 2.13.0 on CPU, 2.11 on CUDA); "
-        "adapt unifiedamp/backends/torch.py or use a torch in that range")
+        "adapt unifiedamp/backends/torch/_compat.py or use a torch in that range")
 
 
 def test_the_private_surface_check_sees_a_changed_step():
@@ -960,6 +955,107 @@ def test_the_private_surface_check_sees_a_changed_step():
     changes = private_api_changes(NewerGradScaler)
     assert changes == [f"step() no longer calls {STEP_CALLS[0]!r}",
                        f"step() no longer calls {STEP_CALLS[1]!r}"]
+
+
+def _is_private(dotted):
+    """Whether a dotted name has a part that starts with ``_`` (dunders such as
+    ``__version__`` are public)."""
+    return any(part.startswith("_") and not part.endswith("__") for part in dotted.split("."))
+
+
+def _dotted(node):
+    """``a.b.c`` for a chain of attributes on a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def _torch_private_members():
+    """The private methods and attributes of a torch.amp.GradScaler whose scale exists."""
+    scaler = torch.amp.GradScaler("cpu")
+    scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+    return {name for name in [*dir(torch.amp.GradScaler), *vars(scaler)] if _is_private(name)}
+
+
+TORCH_PRIVATE_MEMBERS = _torch_private_members()
+
+
+def private_torch_uses(source):
+    """Each use in ``source`` of a private torch name: an import of one (``import torch._C``,
+    ``from torch.utils._pytree import ...``, ``from torch.amp.grad_scaler import _x``), an
+    attribute read through a name bound to torch or one of its modules (``torch._foreach_norm``,
+    ``dist._x``), or a private member of ``torch.amp.GradScaler`` that is defined, called or
+    read (``def _unscale_grads_``, ``self._scale``) and not declared in ``_compat``'s lists."""
+    tree = ast.parse(source)
+    uses, torch_names = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch":
+                    torch_names.add(alias.asname or "torch")
+                    if _is_private(alias.name):
+                        uses.append(f"line {node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and not node.level and \
+                (node.module or "").split(".")[0] == "torch":
+            for alias in node.names:
+                torch_names.add(alias.asname or alias.name)
+                if _is_private(f"{node.module}.{alias.name}"):
+                    uses.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+    declared = set(_compat.PRIVATE_METHODS) | set(_compat.STATE_ATTRIBUTES)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            dotted = _dotted(node)
+            if dotted and dotted.split(".")[0] in torch_names and _is_private(node.attr) \
+                    and not _is_private(_dotted(node.value)):  # the first private part only
+                uses.append(f"line {node.lineno}: {dotted}")
+            elif node.attr in TORCH_PRIVATE_MEMBERS and node.attr not in declared:
+                uses.append(f"line {node.lineno}: .{node.attr}, torch.amp.GradScaler's")
+        elif isinstance(node, ast.FunctionDef) and node.name in TORCH_PRIVATE_MEMBERS \
+                and node.name not in declared:
+            uses.append(f"line {node.lineno}: def {node.name}, torch.amp.GradScaler's")
+    return sorted(uses, key=lambda use: int(use.split(":")[0].split()[1]))
+
+
+def test_only_compat_uses_torchs_private_names():
+    package = pathlib.Path(_compat.__file__).parent
+    modules = sorted(path for path in package.glob("*.py") if path.name != "_compat.py")
+    assert {path.name for path in modules} >= {"__init__.py", "_scaler.py", "_diagnostics.py",
+                                               "_rule.py"}
+    uses = {path.name: private_torch_uses(path.read_text()) for path in modules}
+    assert not any(uses.values()), (
+        f"private torch names outside unifiedamp/backends/torch/_compat.py: {uses}; reach "
+        "them through _compat (and list torch.amp.GradScaler's members in its lists)")
+
+
+def test_the_private_name_scan_sees_a_planted_use():
+    planted = (
+        "import torch\n"
+        "import torch._dynamo\n"
+        "import torch.distributed as dist\n"
+        "from torch.utils._python_dispatch import TorchDispatchMode\n"
+        "from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state\n"
+        "norms = torch._foreach_norm([torch.ones(2)], 2.0)\n"
+        "schemas = torch._C._jit_get_schemas_for_operator\n"
+        "rank = dist._rank_not_in_group(None)\n"
+        "public = torch.__version__, torch.amp.GradScaler, dist.group.WORLD\n"
+        "class Scaler(torch.amp.GradScaler):\n"
+        "    def _unscale_grads_(self, *args):\n"
+        "        return self._scale, super()._check_inf_per_device(args[0])\n"
+        "    def _get_hysteresis_tracker(self):\n"
+        "        return self._get_scale_async()\n"
+    )
+    assert private_torch_uses(planted) == [
+        "line 2: import torch._dynamo",
+        "line 4: from torch.utils._python_dispatch import TorchDispatchMode",
+        "line 5: from torch.amp.grad_scaler import _refresh_per_optimizer_state",
+        "line 6: torch._foreach_norm",
+        "line 7: torch._C",
+        "line 8: dist._rank_not_in_group",
+        "line 11: def _unscale_grads_, torch.amp.GradScaler's",
+        "line 14: ._get_scale_async, torch.amp.GradScaler's",
+    ]
 
 
 # ---------------------------------------------------------------- tools that take a torch scaler

@@ -137,7 +137,7 @@ def test_cuda_work_per_iteration_stays_within_natives_plus(fused, config, bound)
     """On CUDA: at most native + 2 kernels (and copies) per iteration for the
     torch-expressible config, native + 4 for the extended rule (its compiled kernel
     replayed as a graph, and the flag copied into it)."""
-    from unifiedamp.backends import torch as torch_backend
+    from unifiedamp.backends.torch import _rule
 
     # Ours first: were a later profiler session in the process to lose records, the
     # bias would be against ours, never in its favour.
@@ -146,7 +146,7 @@ def test_cuda_work_per_iteration_stays_within_natives_plus(fused, config, bound)
     # The profiler saw the step (forward, backward and AdamW are dozens of kernels) ...
     assert sum(theirs[-1].values()) >= 30 and sum(mine[-1].values()) >= 30, (theirs, mine)
     if config:  # ... and the extended rule ran compiled, not as its ~16 tensor ops
-        assert torch_backend._compiled_ok[(ua.spec.ScalerConfig(1024.0, **config), "cuda")]
+        assert _rule._compiled_ok[(ua.spec.ScalerConfig(1024.0, **config), "cuda")]
     extra = sum(mine[-1].values()) - sum(theirs[-1].values())
     assert extra <= bound, _extra(theirs[-1], mine[-1])
 
@@ -154,10 +154,10 @@ def test_cuda_work_per_iteration_stays_within_natives_plus(fused, config, bound)
 @pytest.fixture
 def compiled_rule_on_cpu(monkeypatch):
     """The compiled rule, which runs on CUDA by default, on the CPU (inductor's C++)."""
-    from unifiedamp.backends import torch as torch_backend
+    from unifiedamp.backends.torch import _rule
 
-    monkeypatch.setattr(torch_backend, "COMPILED_RULE_DEVICES", {"cpu", "cuda"})
-    return torch_backend
+    monkeypatch.setattr(_rule, "COMPILED_RULE_DEVICES", {"cpu", "cuda"})
+    return _rule
 
 
 @pytest.mark.parametrize("config", [

@@ -86,6 +86,13 @@ class Adapter:
         """Every parameter and optimizer-state value a step could change."""
         raise NotImplementedError
 
+    def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
+        """Changes the config mid-run (``set_config``): here through the scaler's
+        ``set_<name>`` setters, in place, on a handle whose first item is the scaler."""
+        for name, value in changes.items():
+            getattr(handle[0], f"set_{name}")(value)
+        return handle
+
 
 class FunctionalAdapter(Adapter):
     """Shared by adapters of immutable scalers (JAX, MLX): handles are ``(scaler, rest)``
@@ -154,11 +161,6 @@ class ImperativeAdapter(Adapter):
             problem.set_grads(kind, scaler)
             scaler.step(problem.optimizer)
         scaler.update()
-        return handle
-
-    def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
-        for name, value in changes.items():
-            getattr(handle[0], f"set_{name}")(value)
         return handle
 
     def read(self, handle: Any) -> ScalerState:

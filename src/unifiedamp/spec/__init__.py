@@ -4,8 +4,9 @@ Everything every backend must agree on lives here, in pure Python, one concern
 per module; this package re-exports the public names:
 
 - ``_float32``: float32 rounding and bit patterns;
-- ``_frameworks``: how each native scaler spells the parameters, and its defaults;
-- ``_config``: :class:`ScalerConfig`, its validation, the porting aliases;
+- ``_config``: :class:`ScalerConfig` and its validation;
+- ``_natives``: one table per native scaler (its call, defaults per version, what it can
+  carry, its state dict), the porting aliases;
 - ``_rule``: :class:`ScalerState` and the reference :func:`update`;
 - ``_state_dict``: the canonical ``state_dict``, and reading native torch/Paddle dicts;
 - ``_vectors``: the hand-computed test vectors;
@@ -44,9 +45,9 @@ Example:
 
 import importlib
 
-from unifiedamp.spec._config import ALIASES, CANONICAL, INT32_MAX, ScalerConfig, config_from_args
+from unifiedamp.spec._config import CANONICAL, INT32_MAX, ScalerConfig, config_from_args
 from unifiedamp.spec._float32 import FLOAT32_MIN_NORMAL, f32, f32_bits, f32_from_bits, f32_hex
-from unifiedamp.spec._frameworks import FRAMEWORKS
+from unifiedamp.spec._natives import ALIASES, FRAMEWORKS, NATIVE_SCALERS, STATE_FORMS
 from unifiedamp.spec._rule import MIN_UNSCALABLE, ScalerState, unscale_overflows, update
 
 # ``import unifiedamp`` needs only the config and the rule. The state-dict format,
@@ -96,9 +97,11 @@ __all__ = [
     "FRAMEWORKS",
     "INT32_MAX",
     "MIN_UNSCALABLE",
+    "NATIVE_SCALERS",
     "SCHEMA_VERSION",
     "SPEC_VERSION",
     "STATE_FORMAT",
+    "STATE_FORMS",
     "STATE_VERSION",
     "VECTORS",
     "ScalerConfig",

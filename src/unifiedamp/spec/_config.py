@@ -1,4 +1,4 @@
-"""The configuration: canonical parameters, their validation, and the porting aliases."""
+"""The configuration: canonical parameters and their validation."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import numbers
 from collections.abc import Mapping
 
 from unifiedamp.spec._float32 import f32
-from unifiedamp.spec._frameworks import FRAMEWORKS
 
 # typing.TYPE_CHECKING without importing typing, which (with re and enum) would cost
 # about a third of ``import unifiedamp`` (tests/test_import.py); type checkers know
@@ -16,7 +15,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["ALIASES", "CANONICAL", "INT32_MAX", "POSITIONAL", "RULES", "ScalerConfig",
+__all__ = ["CANONICAL", "INT32_MAX", "POSITIONAL", "RULES", "ScalerConfig",
            "config_from_args", "is_real", "python_scalar"]
 
 
@@ -33,25 +32,6 @@ CANONICAL = (
 )
 POSITIONAL = CANONICAL[:5]
 
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(word.title() for word in rest)
-
-
-def _derive_aliases() -> dict[str, str]:
-    # camelCase (the torch command reference's spelling), then every native
-    # spelling of the per-framework table.
-    aliases = {_camel(name): name for name in CANONICAL if _camel(name) != name}
-    for row in FRAMEWORKS.values():
-        aliases.update({native: name for name, native in row["names"].items()
-                        if native != name})
-    return aliases
-
-
-#: Porting aliases, each mapping to exactly one canonical name. They rename; they
-#: never bring the other framework's defaults along.
-ALIASES: dict[str, str] = _derive_aliases()
 
 #: The largest trackers, growth_interval and hysteresis: devices count in int32.
 INT32_MAX = 2**31 - 1
@@ -311,6 +291,8 @@ def _suggest(name: str, extra_names: tuple[str, ...]) -> str:
 
     if name in _FOREIGN:
         return f"Unknown parameter: {name!r} ({_FOREIGN[name]})"
+    from unifiedamp.spec._natives import ALIASES
+
     known = [*CANONICAL, *ALIASES, *extra_names]
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     if not close:
@@ -349,6 +331,9 @@ def config_from_args(
         ...
         TypeError: Unknown parameter: 'initScal' (did you mean 'initScale'?)
     """
+    # The aliases come from the native scalers' table, which is built on this module.
+    from unifiedamp.spec._natives import ALIASES
+
     if len(args) > len(POSITIONAL):
         raise TypeError(
             f"GradScaler takes at most {len(POSITIONAL)} positional parameters "

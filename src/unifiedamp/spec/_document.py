@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from unifiedamp.spec._config import ALIASES, CANONICAL, POSITIONAL, RULES, ScalerConfig
-from unifiedamp.spec._frameworks import FRAMEWORKS
+from unifiedamp.spec._config import CANONICAL, POSITIONAL, RULES, ScalerConfig
+from unifiedamp.spec._natives import ALIASES, FRAMEWORKS
 from unifiedamp.spec._rule import MIN_UNSCALABLE
 from unifiedamp.spec._state_dict import STATE_FORMAT, STATE_KEYS, STATE_VERSION
 from unifiedamp.spec._vectors import VECTORS

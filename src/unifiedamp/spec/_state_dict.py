@@ -19,7 +19,7 @@ from unifiedamp.spec._config import (
     is_real,
 )
 from unifiedamp.spec._float32 import f32
-from unifiedamp.spec._frameworks import FRAMEWORKS
+from unifiedamp.spec._natives import FRAMEWORKS
 from unifiedamp.spec._rule import ScalerState
 
 __all__ = ["STATE_FORMAT", "STATE_KEYS", "STATE_VERSION", "parse_state_dict", "to_state_dict"]

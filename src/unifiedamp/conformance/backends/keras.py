@@ -144,15 +144,12 @@ class KerasAdapter(Adapter):
         return handle
 
     def compiled_iterate(self, handle: Any, kinds: str) -> Any:
-        """One ``model.train_on_batch`` step: the ``fit`` path, compiled by the backend."""
+        """One ``model.train_on_batch`` step: the ``fit`` path, compiled by the backend.
+
+        A config change needs no retrace: the compiled step reads the rule from the
+        optimizer's variables, which the inherited ``reconfigure`` sets."""
         model = handle[1]
         model.train_on_batch(inputs(kinds), np.zeros((2, 1), np.float32))
-        return handle
-
-    def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
-        # No retrace: the compiled fit step reads the rule from the optimizer's variables.
-        for name, value in changes.items():
-            getattr(handle[0], f"set_{name}")(value)
         return handle
 
     def read(self, handle: Any) -> ScalerState:

@@ -91,10 +91,6 @@ class PaddleAdapter(ImperativeAdapter):
         )
         self.scaler_type = scaler_cls
 
-    def unscale_tree(self, handle: Any, tree: Any) -> tuple[Any, bool]:
-        out, finite = super().unscale_tree(handle, tree)
-        return out, bool(finite)
-
     def distributed_iterate(self, handle: Any, kinds_per_rank: list[str]) -> list[ScalerState]:
         """One iteration on len(kinds_per_rank) CPU ranks (``paddle.distributed.launch``,
         gloo), each with its own gradients; the states the ranks end with."""

@@ -85,10 +85,6 @@ class TorchAdapter(ImperativeAdapter):
         )
         self.scaler_type = scaler_cls
 
-    def unscale_tree(self, handle: Any, tree: Any) -> tuple[Any, bool]:
-        out, finite = super().unscale_tree(handle, tree)
-        return out, bool(finite)
-
     def compiled_iterate(self, handle: Any, kinds: str) -> Any:
         """One iteration whose loss runs through ``torch.compile(fullgraph=True)``."""
         scaler, problems = handle

@@ -1,0 +1,170 @@
+"""The one module of the torch backend that touches torch's private API.
+
+Supported: ``torch>=2.4`` (the ``torch`` extra of pyproject.toml); tested on torch 2.13
+(CPU) and 2.11 (CUDA). Beyond ``torch.amp.GradScaler``'s public members the backend relies
+on what this module names: two private ops and one private foreach op, torch's per-optimizer
+state (``OptState`` and its factory), the dispatch-mode query, the attribute by which an
+optimizer says it skips on the device, the private methods the scaler overrides and the
+private attributes it shares with torch's class, and the copy of torch's fused-optimizer
+branch of ``step()`` (:func:`fused_step`).
+
+``tests/test_torch_backend.py`` checks these against the torch installed: the methods'
+parameters, how torch's own ``step()`` calls the two it overrides, the ops' schemas, the
+per-optimizer state's keys and the attributes; a torch that changes one fails there, naming
+the change and this range. It also scans the package: no other module imports or reads a
+private torch name, and every private member of ``torch.amp.GradScaler`` the scaler
+overrides, calls or reads is listed here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+if TYPE_CHECKING:
+    from unifiedamp.backends.torch._scaler import TorchGradScaler
+
+__all__ = [
+    "OPS", "OPTIMIZER_STATE_KEYS", "PRIVATE_METHODS", "STATE_ATTRIBUTES", "STEPS_ON_DEVICE",
+    "STEP_CALLS", "OptState", "current_dispatch_mode", "empty_optimizer_state", "fused_step",
+    "inf_norms", "takes_grad_scaler", "unscale_and_check_", "update_scale_",
+]
+
+#: The private methods of ``torch.amp.GradScaler`` the scaler overrides or calls, with
+#: their parameters: a torch that changes any of them is outside the supported range.
+PRIVATE_METHODS: dict[str, list[str]] = {
+    "_maybe_opt_step": ["self", "optimizer", "optimizer_state", "args", "kwargs"],
+    "_check_inf_per_device": ["self", "optimizer"],
+    "_lazy_init_scale_growth_tracker": ["self", "dev"],
+}
+
+#: How torch's own ``step()`` calls the two methods overridden on its path.
+STEP_CALLS = ["retval = self._maybe_opt_step(optimizer, optimizer_state, *args, **kwargs)",
+              "self._check_inf_per_device(optimizer)"]
+
+#: The private ops called, with every schema of each (its overloads) they were written for.
+OPS: dict[str, list[str]] = {
+    "_amp_update_scale_": [
+        "aten::_amp_update_scale_(Tensor(a!) self, Tensor(b!) growth_tracker, Tensor found_inf, "
+        "float scale_growth_factor, float scale_backoff_factor, int growth_interval) "
+        "-> Tensor(a!)"],
+    "_amp_foreach_non_finite_check_and_unscale_": [
+        "aten::_amp_foreach_non_finite_check_and_unscale_(Tensor(a!)[] self, Tensor(b!) "
+        "found_inf, Tensor inv_scale) -> ()"],
+    "_foreach_norm": [
+        "aten::_foreach_norm.Scalar(Tensor[] self, Scalar ord=2, ScalarType? dtype=None) "
+        "-> Tensor[]",
+        "aten::_foreach_norm.Scalar_out(Tensor[] self, Scalar ord=2, ScalarType? dtype=None, "
+        "*, Tensor(a!)[] out) -> ()"],
+}
+
+#: The private attributes of ``torch.amp.GradScaler`` the scaler reads or writes.
+STATE_ATTRIBUTES = ["_scale", "_growth_tracker", "_per_optimizer_states", "_enabled", "_device",
+                    "_init_scale", "_init_growth_tracker", "_growth_factor", "_backoff_factor",
+                    "_growth_interval"]
+
+#: The keys of one optimizer's entry in ``_per_optimizer_states``.
+OPTIMIZER_STATE_KEYS = {"stage", "found_inf_per_device"}
+
+#: The attribute by which an optimizer says its ``step()`` takes ``grad_scale`` and
+#: ``found_inf`` and skips on the device (torch's fused optimizers set it).
+STEPS_ON_DEVICE = "_step_supports_amp_scaling"
+
+#: ``empty_optimizer_state()``: one optimizer's state before its first check this iteration
+#: (``{"stage": OptState.READY, "found_inf_per_device": {}}``), the factory of torch's
+#: ``defaultdict`` of them.
+empty_optimizer_state = _refresh_per_optimizer_state
+
+
+def current_dispatch_mode() -> Any:
+    """The ``TorchDispatchMode`` active (a FLOP counter, a debug mode), or None."""
+    return _get_current_dispatch_mode()
+
+
+def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: torch.Tensor,
+                  growth_factor: float, backoff_factor: float, growth_interval: int) -> None:
+    """torch's update of the scale and its growth tracker, in place on the device: what
+    ``torch.amp.GradScaler.update`` runs."""
+    torch._amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                             growth_interval)
+
+
+def unscale_and_check_(grads: list[torch.Tensor], found_inf: torch.Tensor,
+                       inv_scale: torch.Tensor) -> None:
+    """Multiplies ``grads`` (one device, one dtype) by ``inv_scale`` in place and sets
+    ``found_inf`` (a 0-dim float32 tensor) to 1.0 if one of them held inf or NaN: torch's
+    fused kernel, what ``torch.amp.GradScaler.unscale_`` runs. The check looks at the
+    gradients before the multiply.
+
+    Example:
+        >>> grads = [torch.tensor([2.0, 4.0]), torch.tensor([float("inf")])]
+        >>> found = torch.zeros(())
+        >>> unscale_and_check_(grads, found, torch.tensor(0.5))
+        >>> grads[0], found
+        (tensor([1., 2.]), tensor(1.))
+    """
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+
+
+def inf_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The infinity norm of each tensor (one device), in one multi-tensor kernel on CUDA."""
+    return list(torch._foreach_norm(tensors, math.inf))
+
+
+#: step functions -> whether they take torch's deprecated ``grad_scaler`` keyword.
+_TAKES_GRAD_SCALER: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def takes_grad_scaler(optimizer: torch.optim.Optimizer) -> bool:
+    """``"grad_scaler" in inspect.signature(optimizer.step).parameters``, once per function:
+    torch asks at every fused step, two signature walks of host time."""
+    step = optimizer.step
+    func = getattr(step, "__func__", step)
+    try:
+        return _TAKES_GRAD_SCALER[func]
+    except (KeyError, TypeError):  # TypeError: not weakly referenceable; not cached
+        takes = "grad_scaler" in inspect.signature(step).parameters
+        try:
+            _TAKES_GRAD_SCALER[func] = takes
+        except TypeError:
+            pass
+        return takes
+
+
+def fused_step(scaler: TorchGradScaler, optimizer: torch.optim.Optimizer, *args: Any,
+               **kwargs: Any) -> Any:
+    """torch's ``step()`` for an optimizer that skips on the device (``fused=True``), less
+    two ops and its signature walks: the flag goes to the optimizer as it is where torch
+    passes ``0 + flag`` (its ``sum`` of one device's flags), and the scale where torch
+    passes ``scale * 1`` (no ``grad_scale`` of the optimizer's own). The same checks,
+    errors and attributes as torch's branch; the caller has made the scale and asked
+    :func:`takes_grad_scaler` (an optimizer that takes the keyword runs torch's own)."""
+    if "closure" in kwargs:
+        raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+    state = scaler._per_optimizer_states[id(optimizer)]
+    if state["stage"] is OptState.STEPPED:
+        raise RuntimeError("step() has already been called since the last update().")
+    if state["stage"] is OptState.READY:
+        scaler._check_inf_per_device(optimizer)
+    scale = scaler._scale
+    assert scale is not None  # made by step()
+    founds = [t.to(scale.device, non_blocking=True)
+              for t in state["found_inf_per_device"].values()]
+    own = getattr(optimizer, "grad_scale", None)
+    # Fused optimizers read these two attributes, which Optimizer does not declare.
+    if state["stage"] == OptState.UNSCALED:
+        optimizer.grad_scale = own  # type: ignore[attr-defined]
+    else:
+        optimizer.grad_scale = scale if own is None else scale * own  # type: ignore[attr-defined]
+    optimizer.found_inf = founds[0] if len(founds) == 1 else sum(founds)  # type: ignore[attr-defined]
+    retval = optimizer.step(*args, **kwargs)
+    state["stage"] = OptState.STEPPED
+    del optimizer.grad_scale  # type: ignore[attr-defined]
+    del optimizer.found_inf  # type: ignore[attr-defined]
+    return retval

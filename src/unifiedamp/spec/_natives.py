@@ -1,0 +1,576 @@
+"""One table per native loss scaler: its call, defaults per version, what it carries, its state.
+
+Data and pure Python only (no framework is imported). Backends, porting and the
+conformance suite read these tables; adding a native scaler is one entry of
+:data:`NATIVE_SCALERS` (and, if its checkpoints hold a state of a new shape, one
+entry of :data:`STATE_FORMS`).
+
+Each entry of :data:`NATIVE_SCALERS`, keyed by the class's qualified name:
+
+- ``framework``, ``backend`` (unifiedamp's backend for it), ``package`` (the
+  distribution whose version selects the defaults), ``aliases`` (other spellings
+  of the class, and the short names porting takes);
+- ``params`` (in positional order), ``keyword_only``, ``names`` (native parameter ->
+  canonical one; a parameter not there has no canonical meaning, ``ignored`` says why);
+- ``versions``: major version -> ``releases`` (the releases with these names and
+  defaults), ``defaults`` by native name and ``fixed`` (the canonical values the class
+  hard-codes), and anything else that changed in that version;
+- ``carries``: for each canonical parameter, which values the class can hold:
+  ``"any"``, ``"> 1.0"``, ``"< 1.0"``, ``"<value> only"``, ``"no"`` (it has no such
+  parameter: only the canonical default), or jmp's one ``"factor"`` and
+  ``"1 / growth_factor only"``;
+- ``limits`` (values its constructor refuses), ``fix`` (what to use instead when it
+  cannot express a config), ``quirks`` (behaviour differences of every config);
+- ``state``: the name of its state dict's form in :data:`STATE_FORMS` (None: it has
+  no state worth a checkpoint).
+
+The defaults were read from the installed sources (torch 2.13, paddle 3.3.1, keras
+3.15.1, jmp 0.0.4) with ``inspect``; paddle 2.x's from its documentation (GradScaler)
+and source (AmpScaler); tf-keras 2's from its source. ``tests/test_framework_assumptions.py``
+checks them against the framework where it is installed.
+
+Example:
+    >>> row = NATIVE_SCALERS["paddle.amp.GradScaler"]
+    >>> row["versions"]["2"]["defaults"]["init_loss_scaling"], row["state"]
+    (32768.0, 'paddle')
+    >>> cannot_carry(ScalerConfig(hysteresis=2), "torch.amp.GradScaler")
+    ['hysteresis=2']
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+
+from unifiedamp.spec._config import CANONICAL, ScalerConfig
+from unifiedamp.spec._float32 import f32
+from unifiedamp.spec._rule import ScalerState
+
+# typing.TYPE_CHECKING without importing typing (tests/test_import.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["ALIASES", "FRAMEWORKS", "NATIVE_SCALERS", "QUALNAMES", "REQUIRED", "STATE_FORMS",
+           "cannot_carry", "detect_form", "form_cannot_carry", "native_defaults", "read_form",
+           "write_form"]
+
+#: A parameter without a default.
+REQUIRED = "<required>"
+
+# Canonical values of a scaler that hard-codes nothing beyond torch's rule.
+_TORCH_RULE = {"hysteresis": 1, "min_scale": None, "max_scale": None, "dynamic": True}
+_TORCH_PARAMS = ("device", "init_scale", "growth_factor", "backoff_factor", "growth_interval",
+                 "enabled")
+_TORCH_DEFAULTS = {"device": "cuda", "init_scale": 65536.0, "growth_factor": 2.0,
+                   "backoff_factor": 0.5, "growth_interval": 2000, "enabled": True}
+_TORCH_SAME = {name: name for name in _TORCH_PARAMS[1:]}
+_TORCH_LIMITS = {"growth_factor": (">", 1.0), "backoff_factor": ("<", 1.0)}
+_TORCH_CARRIES = {"init_scale": "any", "growth_factor": "> 1.0", "backoff_factor": "< 1.0",
+                  "growth_interval": "any", "enabled": "any", "hysteresis": "1 only",
+                  "min_scale": "no", "max_scale": "no", "dynamic": "True only"}
+_TORCH_FIX = "unifiedamp's torch backend can: ua.GradScaler(..., backend='torch')"
+_DEVICE = ("where the scale lives, not part of the config: pass device= to the torch backend; "
+           "torch disables its scaler (with a warning) for 'cuda' where CUDA is not available")
+
+_PADDLE_PARAMS = ("enable", "init_loss_scaling", "incr_ratio", "decr_ratio",
+                  "incr_every_n_steps", "decr_every_n_nan_or_inf", "use_dynamic_loss_scaling")
+_PADDLE_NAMES = {"enable": "enabled", "init_loss_scaling": "init_scale",
+                 "incr_ratio": "growth_factor", "decr_ratio": "backoff_factor",
+                 "incr_every_n_steps": "growth_interval",
+                 "decr_every_n_nan_or_inf": "hysteresis", "use_dynamic_loss_scaling": "dynamic"}
+_PADDLE_CARRIES = {**{name: "any" for name in CANONICAL}, "growth_factor": "> 1.0",
+                   "backoff_factor": "< 1.0", "min_scale": "no", "max_scale": "no"}
+
+
+def _paddle(init: float, interval: int, hysteresis: int) -> dict[str, Any]:
+    return {"enable": True, "init_loss_scaling": init, "incr_ratio": 2.0, "decr_ratio": 0.5,
+            "incr_every_n_steps": interval, "decr_every_n_nan_or_inf": hysteresis,
+            "use_dynamic_loss_scaling": True}
+
+
+_PADDLE_FIXED = {"min_scale": None, "max_scale": None}
+_PADDLE_LIMITS = {"incr_ratio": (">", 1.0), "decr_ratio": ("<", 1.0)}
+_PADDLE_FIX = "unifiedamp's paddle backend can: ua.GradScaler(..., backend='paddle')"
+_PADDLE_QUIRKS = (
+    "paddle 3.3.1's scaler disables itself on a CPU place and, at scale(), outside "
+    "auto_cast(dtype='float16')",
+    "paddle 3.3.1 with NumPy 2: its backoff path raises TypeError (float() of a shape-[1] "
+    "tensor)",
+    "update() sees only the last optimizer's inf flag; no inf guard on growth",
+)
+
+_KERAS_IGNORED = {
+    "inner_optimizer": "the optimizer it wraps, not part of the config: "
+                       "ua.GradScaler(..., backend='keras').wrap(inner_optimizer)",
+    "name": "the optimizer's name",
+    "dynamic": "Keras 3 takes only dynamic=True (False raises ValueError)",
+}
+_KERAS_FIX = "needs unifiedamp's wrapper: ua.GradScaler(..., backend='keras').wrap(opt)"
+_KERAS_CARRIES = {"init_scale": "any", "growth_factor": "2.0 only", "backoff_factor": "0.5 only",
+                  "growth_interval": "any", "enabled": "any", "hysteresis": "1 only",
+                  "min_scale": "no", "max_scale": "no", "dynamic": "True only"}
+_KERAS3: dict[str, Any] = {
+    "releases": ">=3.0",
+    "params": ("inner_optimizer", "initial_scale", "dynamic_growth_steps", "name"),
+    # Keras 3 takes dynamic= through **kwargs only to refuse False.
+    "keyword_only": ("dynamic",),
+    "names": {"initial_scale": "init_scale", "dynamic_growth_steps": "growth_interval"},
+    "defaults": {"inner_optimizer": REQUIRED, "initial_scale": 32768.0,
+                 "dynamic_growth_steps": 2000, "name": None, "dynamic": True},
+    "fixed": {"growth_factor": 2.0, "backoff_factor": 0.5, **_TORCH_RULE, "enabled": True},
+}
+_KERAS3_QUIRKS = (
+    "growth 2 and backoff 0.5 are hard-coded; no inf guard on growth (a growth past "
+    "float32's max makes the scale inf)",
+    "under tf.distribute.MirroredStrategy it checks replica 0's local gradients",
+    "stateful apply() fails under the JAX backend")
+_TF_KERAS2: dict[str, Any] = {
+    "releases": "tf-keras 2 (tensorflow <= 2.15, or TF_USE_LEGACY_KERAS=1)",
+    "params": ("inner_optimizer", "dynamic", "initial_scale", "dynamic_growth_steps"),
+    "keyword_only": ("name",),
+    "names": {"dynamic": "dynamic", "initial_scale": "init_scale",
+              "dynamic_growth_steps": "growth_interval"},
+    # None means 2**15 and 2000 when dynamic; a static one requires initial_scale.
+    "defaults": {"inner_optimizer": REQUIRED, "dynamic": True, "initial_scale": 32768.0,
+                 "dynamic_growth_steps": 2000},
+    # tf-keras's DynamicLossScale backs off to max(scale / 2, 1): a floor of 1.
+    "fixed": {"growth_factor": 2.0, "backoff_factor": 0.5, "hysteresis": 1, "min_scale": 1.0,
+              "max_scale": None, "enabled": True},
+}
+_TF_KERAS2_QUIRKS = ("backoff floors the scale at 1 (tf.maximum(scale / 2, 1))",)
+_TF_KERAS2_CARRIES = {**_KERAS_CARRIES, "min_scale": "1.0 only", "dynamic": "any"}
+_JMP_FIX = "unifiedamp's jax backend can: ua.GradScaler(..., backend='jax')"
+
+#: Each native scaler, keyed by its class's qualified name (see the module docstring).
+NATIVE_SCALERS: dict[str, dict[str, Any]] = {
+    "torch.amp.GradScaler": {
+        "framework": "torch", "backend": "torch", "package": "torch", "state": "torch",
+        "aliases": ("torch", "torch.amp.grad_scaler.GradScaler"),
+        "params": _TORCH_PARAMS, "names": _TORCH_SAME,
+        "ignored": {"device": _DEVICE},
+        "versions": {"2": {"releases": ">=2.3", "defaults": _TORCH_DEFAULTS,
+                           "fixed": _TORCH_RULE}},
+        "carries": _TORCH_CARRIES, "limits": _TORCH_LIMITS, "fix": _TORCH_FIX,
+        "quirks": ("default device 'cuda' silently disables it on a CPU-only machine",
+                   "refuses growth_factor <= 1 and backoff_factor >= 1",
+                   "multiplies by the float64 factor (float32-rounded factors give the spec's "
+                   "bits)"),
+    },
+    "torch.cuda.amp.GradScaler": {
+        "framework": "torch", "backend": "torch", "package": "torch", "state": "torch",
+        "aliases": ("torch.cuda.amp.grad_scaler.GradScaler",),
+        "params": _TORCH_PARAMS[1:], "names": _TORCH_SAME,
+        "versions": {"2": {"releases": ">=2.3",
+                           "defaults": {k: v for k, v in _TORCH_DEFAULTS.items()
+                                        if k != "device"}, "fixed": _TORCH_RULE}},
+        "carries": _TORCH_CARRIES, "limits": _TORCH_LIMITS, "fix": _TORCH_FIX,
+        "quirks": ("deprecated: torch.amp.GradScaler('cuda', ...)",
+                   "disabled (with a warning) where CUDA is not available"),
+    },
+    # FSDP's scaler takes backoff_factor BEFORE growth_factor (torch 2.13): a positional
+    # port that keeps torch.amp's order swaps the two factors.
+    "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler": {
+        "framework": "torch", "backend": "torch", "package": "torch", "state": "torch",
+        "aliases": ("torch.distributed.fsdp.ShardedGradScaler", "ShardedGradScaler"),
+        "params": ("device", "init_scale", "backoff_factor", "growth_factor", "growth_interval",
+                   "enabled", "process_group"),
+        "names": _TORCH_SAME,
+        "ignored": {"device": _DEVICE,
+                    "process_group": "the ranks that agree on found_inf: pass "
+                                     "process_group= to the torch backend"},
+        "versions": {"2": {"releases": ">=2.3",
+                           "defaults": {**_TORCH_DEFAULTS, "process_group": "WORLD"},
+                           "fixed": _TORCH_RULE}},
+        "carries": _TORCH_CARRIES, "limits": _TORCH_LIMITS, "fix": _TORCH_FIX,
+        "quirks": ("positional order: backoff_factor before growth_factor",),
+    },
+    "paddle.amp.GradScaler": {
+        "framework": "paddle", "backend": "paddle", "package": "paddlepaddle", "state": "paddle",
+        "aliases": ("paddle", "paddle.amp.grad_scaler.GradScaler"),
+        "params": _PADDLE_PARAMS, "names": _PADDLE_NAMES,
+        # Scripts written against paddle 2.x (whose documentation, and AmpScaler, say
+        # 32768 / 1000 / 2) carry other defaults than paddle 3.x: porting must know which.
+        "versions": {"2": {"releases": "2.x", "defaults": _paddle(32768.0, 1000, 2),
+                           "fixed": _PADDLE_FIXED},
+                     "3": {"releases": ">=3.0", "defaults": _paddle(65536.0, 2000, 1),
+                           "fixed": _PADDLE_FIXED}},
+        "carries": _PADDLE_CARRIES, "limits": _PADDLE_LIMITS, "fix": _PADDLE_FIX,
+        "quirks": _PADDLE_QUIRKS,
+    },
+    # AmpScaler keeps paddle 2.x's scale and interval in 3.x, with hysteresis 1 in both.
+    "paddle.amp.AmpScaler": {
+        "framework": "paddle", "backend": "paddle", "package": "paddlepaddle", "state": "paddle",
+        "aliases": ("paddle.amp.grad_scaler.AmpScaler", "paddle.fluid.dygraph.AmpScaler"),
+        "params": _PADDLE_PARAMS, "names": _PADDLE_NAMES,
+        "versions": {"2": {"releases": "2.x", "defaults": _paddle(32768.0, 1000, 1),
+                           "fixed": _PADDLE_FIXED},
+                     "3": {"releases": ">=3.0", "defaults": _paddle(32768.0, 1000, 1),
+                           "fixed": _PADDLE_FIXED}},
+        "carries": _PADDLE_CARRIES, "limits": _PADDLE_LIMITS, "fix": _PADDLE_FIX,
+        "quirks": _PADDLE_QUIRKS,
+    },
+    "keras.optimizers.LossScaleOptimizer": {
+        "framework": "keras", "backend": "keras", "package": "keras", "state": "keras",
+        "aliases": ("keras", "keras.mixed_precision.LossScaleOptimizer"),
+        **{k: v for k, v in _KERAS3.items() if k not in ("releases", "defaults", "fixed")},
+        "ignored": _KERAS_IGNORED,
+        "versions": {"3": {k: _KERAS3[k] for k in ("releases", "defaults", "fixed")}},
+        "carries": _KERAS_CARRIES, "fix": _KERAS_FIX, "quirks": _KERAS3_QUIRKS,
+    },
+    # tf.keras is tf-keras 2 up to tensorflow 2.15 (and with TF_USE_LEGACY_KERAS=1), Keras 3
+    # from tensorflow 2.16: the version picks the row.
+    "tf.keras.mixed_precision.LossScaleOptimizer": {
+        "framework": "keras", "backend": "keras", "package": "tf.keras", "state": "keras",
+        "aliases": ("tensorflow.keras.mixed_precision.LossScaleOptimizer",),
+        "params": _TF_KERAS2["params"], "ignored": _KERAS_IGNORED,
+        "versions": {"2": _TF_KERAS2, "3": _KERAS3},
+        "carries": _TF_KERAS2_CARRIES, "fix": _KERAS_FIX,
+        "quirks": _TF_KERAS2_QUIRKS + _KERAS3_QUIRKS,
+    },
+    # The tf-keras package (import tf_keras): Keras 2 for tensorflow >= 2.16, where tf.keras is
+    # Keras 3 (tf-models-official uses it). Always tf-keras 2's class.
+    "tf_keras.mixed_precision.LossScaleOptimizer": {
+        "framework": "keras", "backend": "keras", "package": "tf-keras", "state": "keras",
+        "aliases": (),
+        "params": _TF_KERAS2["params"], "names": _TF_KERAS2["names"], "keyword_only": ("name",),
+        "ignored": _KERAS_IGNORED,
+        "versions": {"2": {k: _TF_KERAS2[k] for k in ("releases", "defaults", "fixed")}},
+        "carries": _TF_KERAS2_CARRIES, "fix": _KERAS_FIX, "quirks": _TF_KERAS2_QUIRKS,
+    },
+    "jmp.DynamicLossScale": {
+        "framework": "jmp", "backend": "jax", "package": "jmp", "state": "jmp",
+        "aliases": ("jmp",),
+        "params": ("loss_scale", "counter", "period", "factor", "min_loss_scale"),
+        # factor f is growth f and backoff 1/f (handled in code).
+        "names": {"loss_scale": "init_scale", "period": "growth_interval",
+                  "min_loss_scale": "min_scale"},
+        "ignored": {"counter": "state, not config (the growth tracker): from_native() "
+                               "carries it"},
+        "versions": {"0": {"releases": "0.0.4",
+                           "defaults": {"loss_scale": REQUIRED, "counter": 0, "period": 2000,
+                                        "factor": 2, "min_loss_scale": 1.0},
+                           "fixed": {"hysteresis": 1, "max_scale": None, "dynamic": True,
+                                     "enabled": True}}},
+        "carries": {"init_scale": "any", "growth_factor": "factor",
+                    "backoff_factor": "1 / growth_factor only", "growth_interval": "any",
+                    "enabled": "no", "hysteresis": "1 only", "min_scale": "any",
+                    "max_scale": "no", "dynamic": "True only"},
+        "fix": _JMP_FIX,
+        "quirks": ("tree_flatten drops min_loss_scale: after any jit/pytree boundary it is "
+                   "1.0 again",
+                   "backoff divides by factor (the spec multiplies by f32(1 / factor): the "
+                   "same bits for a power of two)"),
+    },
+    "jmp.StaticLossScale": {
+        "framework": "jmp", "backend": "jax", "package": "jmp", "state": None, "aliases": (),
+        "params": ("loss_scale",), "names": {"loss_scale": "init_scale"},
+        "versions": {"0": {"releases": "0.0.4", "defaults": {"loss_scale": REQUIRED},
+                           "fixed": {"dynamic": False, "enabled": True}}},
+        "carries": {**{name: "any" for name in CANONICAL}, "enabled": "no",
+                    "dynamic": "False only"},
+        "fix": _JMP_FIX, "quirks": (),
+    },
+    "unifiedamp.GradScaler": {
+        "framework": "unifiedamp", "backend": None, "package": None, "state": "canonical",
+        "aliases": ("unifiedamp", "ua.GradScaler"),
+        "params": CANONICAL[:5], "keyword_only": CANONICAL[5:],
+        "names": {name: name for name in CANONICAL},
+        "versions": {"1": {"releases": "any", "defaults": ScalerConfig().to_dict(),
+                           "fixed": {}}},
+        "carries": {name: "any" for name in CANONICAL}, "fix": "", "quirks": (),
+    },
+}
+
+#: Every other spelling of a class (and the short names) -> its key in NATIVE_SCALERS.
+QUALNAMES: dict[str, str] = {alias: name for name, row in NATIVE_SCALERS.items()
+                             for alias in row["aliases"]}
+
+
+def _allows(rule: str, name: str, config: ScalerConfig) -> bool:
+    value = getattr(config, name)
+    if rule in ("any", "factor"):
+        return True
+    if rule == "no":  # no such parameter: only the canonical default
+        return value == getattr(ScalerConfig, name)
+    if rule == "1 / growth_factor only":  # jmp backs off by its one factor
+        return f32(value) == f32(1.0 / config.growth_factor)
+    if rule.endswith(" only"):
+        wanted = rule[: -len(" only")]
+        return value == {"True": True, "False": False}.get(wanted, None) if wanted in (
+            "True", "False") else value == float(wanted)
+    op, bound = rule.split(" ")
+    return value > float(bound) if op == ">" else value < float(bound)
+
+
+def cannot_carry(config: ScalerConfig, native: str) -> list[str]:
+    """What of ``config`` the native scaler ``native`` cannot hold, as ``name=value`` strings.
+
+    ``native`` is a key of :data:`NATIVE_SCALERS` (or an alias). Empty: it holds all of it.
+
+    Example:
+        >>> cannot_carry(ScalerConfig(growth_factor=3.0, min_scale=1.0), "paddle")
+        ['min_scale=1.0']
+        >>> cannot_carry(ScalerConfig(), "keras")
+        []
+    """
+    carries = NATIVE_SCALERS[QUALNAMES.get(native, native)]["carries"]
+    return [f"{name}={getattr(config, name)!r}" for name in CANONICAL
+            if not _allows(carries[name], name, config)]
+
+
+# ------------------------------------------------------------------ the summary per framework
+
+
+def _summary(name: str, version: str) -> dict[str, Any]:
+    row = NATIVE_SCALERS[name]
+    entry = row["versions"][version]
+    names = entry.get("names", row["names"])
+    defaults = {canonical: entry["defaults"][native] for native, canonical in names.items()
+                if entry["defaults"].get(native, REQUIRED) is not REQUIRED}
+    # The factors it hard-codes (Keras) or derives from its one factor (jmp).
+    if "factor" in entry["defaults"]:
+        factor = float(entry["defaults"]["factor"])
+        defaults |= {"growth_factor": factor, "backoff_factor": 1.0 / factor}
+    defaults |= {k: v for k, v in entry["fixed"].items()
+                 if k in ("growth_factor", "backoff_factor") and k not in defaults}
+    return {"api": name, "version": entry["releases"],
+            "names": {canonical: native for native, canonical in names.items()},
+            "defaults": {k: defaults[k] for k in CANONICAL if k in defaults},
+            "native": row["carries"]}
+
+
+#: Per framework, its main native scaler: ``api``, ``version`` (the releases with these
+#: names and defaults), ``names`` (canonical -> native), ``defaults`` (by canonical name;
+#: Keras's hard-coded factors included) and ``native`` (what it can hold): a view of
+#: :data:`NATIVE_SCALERS` for the spec document and the porting aliases.
+FRAMEWORKS: dict[str, dict[str, Any]] = {
+    "torch": _summary("torch.amp.GradScaler", "2"),
+    "paddle": _summary("paddle.amp.GradScaler", "3"),
+    "paddle2": _summary("paddle.amp.GradScaler", "2"),
+    "keras": _summary("keras.optimizers.LossScaleOptimizer", "3"),
+    "jmp": _summary("jmp.DynamicLossScale", "0"),
+}
+
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word.title() for word in rest)
+
+
+def _derive_aliases() -> dict[str, str]:
+    # camelCase (the torch command reference's spelling), then every native
+    # spelling of the per-framework view.
+    aliases = {_camel(name): name for name in CANONICAL if _camel(name) != name}
+    for row in FRAMEWORKS.values():
+        aliases.update({native: name for name, native in row["names"].items()
+                        if native != name})
+    return aliases
+
+
+#: Porting aliases, each mapping to exactly one canonical name. They rename; they
+#: never bring the other framework's defaults along.
+ALIASES: dict[str, str] = _derive_aliases()
+
+
+# ------------------------------------------------------------------ state forms
+
+#: The native state dicts, by form: ``keys`` (what marks a dict as this form), ``backend``
+#: (the unifiedamp backend a canonical dict converted from it names) and ``carries`` (the
+#: native scaler whose limits its dict shares; None: it carries no config, only the state).
+STATE_FORMS: dict[str, dict[str, Any]] = {
+    "canonical": {"keys": ("format",), "backend": None, "carries": None},
+    "torch": {"keys": ("_growth_tracker",), "backend": "torch",
+              "carries": "torch.amp.GradScaler"},
+    "paddle": {"keys": ("incr_count", "decr_count"), "backend": "paddle",
+               "carries": "paddle.amp.GradScaler"},
+    # The optimizer's variables: the config is its constructor's.
+    "keras": {"keys": ("dynamic_scale", "step_counter"), "backend": "keras", "carries": None},
+    "jmp": {"keys": ("loss_scale", "counter"), "backend": "jax",
+            "carries": "jmp.DynamicLossScale"},
+}
+_JMP_KEYS = ("loss_scale", "counter", "period", "factor", "min_loss_scale")
+
+
+def detect_form(d: Any) -> str:
+    """Which of :data:`STATE_FORMS` a dict is, from its keys.
+
+    Example:
+        >>> detect_form({"scale": 1024.0, "_growth_tracker": 3, "growth_factor": 2.0,
+        ...              "backoff_factor": 0.5, "growth_interval": 100})
+        'torch'
+        >>> detect_form({"dynamic_scale": 1024.0, "step_counter": 3})
+        'keras'
+    """
+    if not isinstance(d, Mapping):
+        raise TypeError(f"a scaler state must be a dict, got {type(d).__name__}")
+    for form, entry in STATE_FORMS.items():
+        keys = entry["keys"]
+        # torch's and paddle's dicts are marked by any one tracker key, so that a
+        # missing one is named rather than the dict called unknown.
+        if (any if form in ("torch", "paddle") else all)(k in d for k in keys):
+            return form
+    raise ValueError(
+        f"not a scaler state: keys {sorted(map(str, d))} match none of the forms "
+        f"{tuple(STATE_FORMS)} (canonical has 'format'; torch '_growth_tracker'; paddle "
+        "'incr_count'; keras 'dynamic_scale' and 'step_counter'; jmp 'loss_scale' and "
+        "'counter'); pass the scaler's own entry (key=) if this is a whole checkpoint")
+
+
+def _number(d: Mapping[str, Any], key: str) -> Any:
+    # Files give back 0-d or 1-element arrays and tensors where the framework held a
+    # variable (Keras, jmp, msgpack, npz), and JSON gives lists for Paddle's [scale].
+    if key not in d:
+        raise ValueError(f"Invalid scaler state_dict: the {detect_form(d)} form needs {key!r}, "
+                         f"and this dict has only {sorted(map(str, d))}; nothing was loaded")
+    value = d[key]
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if hasattr(value, "item") and not isinstance(value, numbers.Number):
+        size = value.numel() if hasattr(value, "numel") else getattr(value, "size", None)
+        if size == 1:
+            value = value.item()
+    return value
+
+
+def native_defaults(form: str) -> ScalerConfig:
+    """The config of the native scaler whose state dicts have ``form``, at its defaults.
+
+    Example:
+        >>> native_defaults("keras").init_scale
+        32768.0
+    """
+    if form == "canonical":
+        return ScalerConfig()
+    defaults = FRAMEWORKS[form]["defaults"]
+    return ScalerConfig(**{k: v for k, v in defaults.items() if k in CANONICAL})
+
+
+def read_form(d: Any, config: ScalerConfig | None = None
+              ) -> tuple[ScalerConfig, ScalerState, str]:
+    """Validates a scaler state in any of :data:`STATE_FORMS`: ``(config, state, form)``.
+
+    ``config`` gives the parameters the form does not carry (torch's ``init_scale``,
+    Keras's whole config, jmp's hysteresis...); without it they are the defaults of
+    that form's native scaler, except jmp's ``init_scale``, which is its current
+    ``loss_scale`` (jmp keeps no initial scale).
+
+    Raises:
+        ValueError: Not a known form, or a field out of range; names the field.
+
+    Example:
+        >>> cfg, st, form = read_form({"dynamic_scale": 512.0, "step_counter": 2})
+        >>> form, cfg.growth_interval, cfg.init_scale, st
+        ('keras', 2000, 32768.0, ScalerState(scale=512.0, growth_tracker=2, hysteresis_tracker=0))
+    """
+    from unifiedamp.spec._state_dict import parse_state_dict, to_state_dict
+
+    form = detect_form(d)
+    if form in ("canonical", "torch", "paddle"):
+        flat = dict(d)
+        if form != "canonical":
+            flat["scale"] = _number(d, "scale")
+            for key in ("_growth_tracker", "incr_count", "decr_count"):
+                if key in flat:
+                    flat[key] = _number(d, key)
+        cfg, state = parse_state_dict(flat, base=config or native_defaults(form))
+        return cfg, state, form
+    if form == "keras":
+        base = config or native_defaults("keras")
+        hyst = _number(d, "hysteresis_counter") if "hysteresis_counter" in d else 0
+        cfg, state = parse_state_dict(to_state_dict(base, ScalerState(0.0), "keras")
+                                      | {"scale": _number(d, "dynamic_scale"),
+                                         "growth_tracker": _number(d, "step_counter"),
+                                         "hysteresis_tracker": hyst})
+        if state.hysteresis_tracker and state.hysteresis_tracker >= cfg.hysteresis:
+            raise ValueError(
+                f"Invalid scaler state_dict: hysteresis_counter={state.hysteresis_tracker} "
+                f"needs a config with hysteresis > {state.hysteresis_tracker}, and Keras's "
+                "variables carry no config: pass config= (the optimizer's scaler_config); "
+                "nothing was loaded")
+        return cfg, state, form
+    missing = [k for k in _JMP_KEYS if k not in d]
+    if missing:
+        raise ValueError(f"Invalid scaler state_dict: the jmp form is missing {missing} "
+                         f"(jmp.DynamicLossScale has {list(_JMP_KEYS)}); nothing was loaded")
+    factor, floor = _number(d, "factor"), _number(d, "min_loss_scale")
+    scale = _number(d, "loss_scale")
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+               for v in (factor, floor, scale)):
+        raise ValueError(f"Invalid scaler state_dict: loss_scale, factor and min_loss_scale "
+                         f"must be finite numbers, got {scale!r}, {factor!r}, {floor!r}; "
+                         "nothing was loaded")
+    if factor <= 0:
+        raise ValueError(f"Invalid scaler state_dict: jmp's factor must be > 0, got "
+                         f"factor={factor!r}; nothing was loaded")
+    base = config or ScalerConfig(scale if scale > 0 else 1.0)
+    raw = base.to_dict() | {"growth_factor": float(factor), "backoff_factor": 1.0 / factor,
+                            "growth_interval": _number(d, "period"),
+                            # jmp's 0 is "no floor" (jnp.maximum(0, scale / f))
+                            "min_scale": float(floor) if floor > 0 else None}
+    canonical = to_state_dict(base, ScalerState(0.0), "jax") | {
+        "config": raw, "scale": scale, "growth_tracker": _number(d, "counter"),
+        "hysteresis_tracker": 0}
+    cfg, state = parse_state_dict(canonical)
+    return cfg, state, form
+
+
+def form_cannot_carry(config: ScalerConfig, form: str) -> list[str]:
+    """What of ``config`` the state dicts of ``form`` cannot carry (empty: all of it).
+
+    Example:
+        >>> form_cannot_carry(ScalerConfig(hysteresis=2), "torch")
+        ['hysteresis=2']
+        >>> form_cannot_carry(ScalerConfig(hysteresis=2), "paddle")
+        []
+    """
+    if not config.enabled:
+        # torch and paddle save {} for a disabled scaler, which nothing can load.
+        return ["enabled=False (a disabled scaler has no native state)"]
+    native = STATE_FORMS[form]["carries"]
+    return [] if native is None else cannot_carry(config, native)
+
+
+def write_form(config: ScalerConfig, state: ScalerState, form: str) -> dict[str, Any]:
+    """The state dict of ``form`` holding ``config`` and ``state``, as the native scaler
+    writes it (the backends' ``native_state_dict()`` and porting write this).
+
+    Raises:
+        ValueError: ``form`` cannot carry ``config`` (:func:`form_cannot_carry`); names what.
+
+    Example:
+        >>> write_form(ScalerConfig(growth_interval=100), ScalerState(1024.0, 7, 0), "jmp")
+        {'loss_scale': 1024.0, 'counter': 7, 'period': 100, 'factor': 2.0, 'min_loss_scale': 0.0}
+    """
+    lost = form_cannot_carry(config, form)
+    if lost:
+        backend = STATE_FORMS[form]["backend"]
+        raise ValueError(
+            f"the {form} form cannot carry {', '.join(lost)}: loading it would run another "
+            f"rule. Convert with to='canonical' (every unifiedamp backend loads it, "
+            f"ua.GradScaler(..., backend='{backend}') included); nothing was written")
+    s, c = state, config
+    if form == "torch":
+        # The factors rounded to float32: torch's kernel multiplies by the factor it
+        # holds, and the float32 one gives the spec's bits.
+        return {"scale": s.scale, "growth_factor": f32(c.growth_factor),
+                "backoff_factor": f32(c.backoff_factor), "growth_interval": c.growth_interval,
+                "_growth_tracker": s.growth_tracker}
+    if form == "paddle":
+        import numpy as np
+
+        # paddle's load reads state_dict["scale"][0].
+        return {"scale": np.array([s.scale], np.float32), "incr_ratio": c.growth_factor,
+                "decr_ratio": c.backoff_factor, "incr_every_n_steps": c.growth_interval,
+                "decr_every_n_nan_or_inf": c.hysteresis, "incr_count": s.growth_tracker,
+                "decr_count": s.hysteresis_tracker, "use_dynamic_loss_scaling": c.dynamic}
+    if form == "keras":
+        return {"dynamic_scale": s.scale, "step_counter": s.growth_tracker,
+                "hysteresis_counter": s.hysteresis_tracker}
+    if form == "jmp":
+        # min_loss_scale 0.0 is "no floor" (its default 1.0 would add one).
+        return {"loss_scale": s.scale, "counter": s.growth_tracker, "period": c.growth_interval,
+                "factor": c.growth_factor, "min_loss_scale": c.min_scale or 0.0}
+    raise ValueError(f"no native form {form!r}: one of {tuple(STATE_FORMS)[1:]}")
