@@ -1459,6 +1459,37 @@ def test_the_private_api_check_sees_each_kind_of_use(keras):
         "6: .__internal__", "5: ._trainable_variables", "5: getattr(..., '_variables')"]
 
 
+def test_only_the_torch_paths_import_the_torch_backend_and_only_its_two_shared_modules():
+    """Keras-on-torch reuses the torch backend's kernel call and overflow counts; nothing
+    else of the Keras package reaches into another backend (the shared modules of the
+    backends layer, ``unifiedamp.backends._*``, are for every backend)."""
+    import ast
+
+    folder = pathlib.Path(__file__).parents[1] / "src" / "unifiedamp" / "backends" / "keras"
+    allowed = {"_torch.py": {"unifiedamp.backends.torch._compat",
+                             "unifiedamp.backends.torch._diagnostics"}}
+    wrong, used = [], set()
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                modules = [node.module or ""]
+            else:
+                continue
+            for module in modules:
+                parts = module.split(".")
+                if parts[:2] != ["unifiedamp", "backends"] or len(parts) < 3 \
+                        or parts[2] == "keras" or parts[2].startswith("_"):
+                    continue
+                if module in allowed.get(path.name, set()):
+                    used.add(module)
+                else:
+                    wrong.append(f"{path.name}:{node.lineno} imports {module}")
+    assert not wrong, wrong
+    assert used == allowed["_torch.py"]
+
+
 # ------------------------------------------------------------ 2, 3 and 6. JAX and torch (children)
 # Last in the file: the children run while the TensorFlow tests above run here.
 

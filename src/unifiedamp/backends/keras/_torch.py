@@ -1,5 +1,8 @@
 """The torch Keras backend: ``apply`` runs torch's fused check-and-unscale kernel and the rule on
-the host, and the overflow report is counted on the host.
+the host, and the overflow report is counted on the host, with the torch backend's own pieces
+(``unifiedamp.backends.torch._compat.unscale_and_check_`` and
+``unifiedamp.backends.torch._diagnostics.count_overflows``, imported when first used, so the
+other Keras backends never import torch).
 
 Keras's ``cond`` is a host ``if`` on torch anyway, and a few hundred eager scalar ops per step
 (the bit-pattern path of the other backends) would cost more than the step's own update
@@ -14,7 +17,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from unifiedamp import spec
-from unifiedamp.diagnostics import GradientOverflow, OverflowReport, count_overflow
+from unifiedamp.diagnostics import GradientOverflow, OverflowReport
 from unifiedamp.spec import ScalerState
 
 from ._facade import LastUpdate
@@ -22,28 +25,6 @@ from ._paths import BackendPaths
 
 if TYPE_CHECKING:
     from ._optimizer import SpecLossScaleOptimizer
-
-
-def unscale_and_check_(grads: list[Any], found_inf: Any, inv_scale: Any) -> None:
-    """Multiplies each gradient by ``inv_scale`` in place and sets ``found_inf`` to 1.0 where
-    one holds an inf or NaN: torch's own fused kernel."""
-    import torch
-
-    torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
-
-
-def count_overflows(named_grads: list[tuple[str, Any]]) -> list[GradientOverflow]:
-    """The gradients of ``named_grads`` that hold inf/NaN, counted: one finiteness check per
-    gradient, then counts of the few that fail."""
-    import torch
-
-    if not named_grads:
-        return []
-    with torch.no_grad():
-        finite = torch.stack([torch.isfinite(g).all() for _, g in named_grads]).tolist()
-        counts = [count_overflow(name, g.detach().float().cpu().numpy())
-                  for (name, g), ok in zip(named_grads, finite, strict=True) if not ok]
-    return [c for c in counts if c is not None]
 
 
 class TorchPaths(BackendPaths):
@@ -68,6 +49,8 @@ class TorchPaths(BackendPaths):
               trainable_variables: Any) -> None:
         """``apply(grads)``: the kernel checks and unscales, the rule runs on the host."""
         import torch
+
+        from unifiedamp.backends.torch._compat import unscale_and_check_
 
         tvs = trainable_variables or opt._optimized_variables
         scale = opt.dynamic_scale.value
@@ -142,5 +125,7 @@ class TorchPaths(BackendPaths):
 def _counted(last: LastUpdate, pairs: list[tuple[int, Any]], note: str) -> OverflowReport:
     """The report of ``last`` from its gradients ``pairs`` (variable index, gradient), each
     gradient named by its variable's index."""
+    from unifiedamp.backends.torch._diagnostics import count_overflows
+
     overflows = count_overflows([(str(i), g) for i, g in pairs])
     return OverflowReport(last.step, last.scale, overflows, len(pairs), None, note)
