@@ -26,10 +26,13 @@ LAYERS = [
     ("backends", ["unifiedamp.backends", "unifiedamp.backends.*"]),
     # Loggers for trainers (Lightning, Keras): they read a backend's scaler.
     ("callbacks", ["unifiedamp.callbacks", "unifiedamp.callbacks.*"]),
-    # Porting reads native scalers and builds any backend's scaler.
-    ("port", ["unifiedamp.port", "unifiedamp.port_*"]),
+    # Porting reads native scalers and builds any backend's scaler (unifiedamp.port and
+    # unifiedamp.port_*: the former paths, deprecated, re-exporting unifiedamp.porting).
+    ("port", ["unifiedamp.porting", "unifiedamp.porting.*", "unifiedamp.port",
+              "unifiedamp.port_*"]),
     ("conformance", ["unifiedamp.conformance", "unifiedamp.conformance.*"]),
-    ("cli", ["unifiedamp.cli", "unifiedamp.demo"]),
+    # unifiedamp.demo: the former path of unifiedamp.cli.demo, deprecated.
+    ("cli", ["unifiedamp.cli", "unifiedamp.cli.*", "unifiedamp.demo"]),
 ]
 
 

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("libcst")
 
 from unifiedamp.cli import main  # noqa: E402
-from unifiedamp.port_source import port_source  # noqa: E402
+from unifiedamp.porting import port_source  # noqa: E402
 
 # The shape of nanoGPT's train.py: the scaler built at module level among other statements.
 SCRIPT = textwrap.dedent("""\

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from unifiedamp import cli, demo, spec
+from unifiedamp import cli, spec
+from unifiedamp.cli import demo
 from unifiedamp.diagnostics import ScaleHistory
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -286,6 +286,23 @@ def test_numpy_copy_keeps_the_report_and_history_not_the_optimizer():
         assert clone._last.optimizers == [] and clone._watched == {}
 
 
+def test_numpy_pickle_of_the_previous_release_keeps_its_history_and_report():
+    # The previous release kept the ring as one tuple _ring and the scale() input as
+    # _last_output; its pickles still load.
+    scaler, model, opt = numpy_setup(history=4)
+    numpy_iteration(scaler, model, opt, inject=("fc2.weight", (0, 1), INF))
+    old = scaler.__getstate__()
+    old["_ring"] = (old.pop("_ring_iterations"), old.pop("_ring_scales"),
+                    old.pop("_ring_skipped"))
+    old["_last_output"] = old.pop("_scale_input")
+    clone = NumpyGradScaler.__new__(NumpyGradScaler)
+    clone.__setstate__(old)
+    assert clone.history().as_list() == scaler.history().as_list() == [(1, 1024.0, True)]
+    assert clone.overflow_report() == scaler.overflow_report()
+    numpy_iteration(clone, model, opt)
+    assert len(clone.history()) == 2 and clone.state.scale == 512.0
+
+
 def test_numpy_history_zero_raises_and_disabled_records_nothing():
     scaler, _, _ = numpy_setup()
     with pytest.raises(ValueError, match=r"history=N"):
@@ -613,10 +630,67 @@ def test_paddle_report_survives_a_copy_and_the_copy_forgets_watch():
 
 
 @on_paddle
+def test_paddle_pickle_of_the_previous_release_still_loads():
+    # The previous release pickled its __dict__: Paddle's attribute names and its own
+    # (_scale, _factors, _optimizer_states, _last_output...), besides what a copy keeps now.
+    scaler, model, opt = paddle_setup(history=3)
+    paddle_iteration(scaler, model, opt, inject=("fc2.weight", 0, INF))
+    old = {**scaler.__getstate__(), "_scale": None, "_process_group": None, "_factors": {},
+           "_optimizer_states": None, "_functional_found_inf": [], "_iteration_thread": None,
+           "_found_inf": False, "_cache_found_inf": True, "_watched": {}, "_checked": {},
+           "_prechecked": {}, "_last_output": None, "_enable": True, "_incr_count": 0,
+           "_decr_count": 0}
+    clone = type(scaler).__new__(type(scaler))
+    clone.__setstate__(old)
+    assert clone.state == scaler.state and clone.num_skipped_steps == 1
+    assert clone.history().as_list() == scaler.history().as_list()
+    assert clone.overflow_report() == scaler.overflow_report()
+    assert clone._cache_found_inf is True and clone._scale.item() == scaler.get_scale()
+    paddle_iteration(clone, model, opt)
+    assert len(clone.history()) == 2
+
+
+@on_paddle
 def test_paddle_history_zero_raises():
     scaler, _, _ = paddle_setup()
     with pytest.raises(ValueError, match=r"history=N"):
         scaler.history()
+
+
+@on_paddle
+def test_paddle_watch_report_and_history_on_a_linear_layer():
+    # The members are shared with NumPy (backends/_imperative.py), whose examples their
+    # docstrings show; these are Paddle's, on the smallest model.
+    import paddle
+
+    from unifiedamp.backends.paddle import PaddleGradScaler
+
+    def step(scaler, model, opt, x, clear=True):
+        scaler.scale(model(x).sum()).backward()  # d(out)/d(weight) = x
+        scaler.step(opt)
+        scaler.update()
+        if clear:
+            opt.clear_grad()
+
+    model = paddle.nn.Linear(2, 1)
+    opt = paddle.optimizer.SGD(parameters=model.parameters())
+    scaler = PaddleGradScaler(8.0)
+    scaler.watch(model)
+    step(scaler, model, opt, paddle.to_tensor([[INF, 1.0]]), clear=False)
+    assert scaler.overflow_report().names == ["weight"]
+    opt.clear_grad()
+
+    scaler = PaddleGradScaler(8.0, diagnose=True)
+    step(scaler, model, opt, paddle.to_tensor([[NAN, 1.0]]))
+    assert str(scaler.overflow_report()).splitlines()[:2] == [
+        "Step 1 was skipped at scale 8: 1 of 2 gradients held inf/NaN.",
+        "  param_groups[0][0] (2, 1): 0 inf, 1 NaN, largest finite |g| 1"]
+    assert scaler.overflow_report().loss_finite is False
+
+    scaler = PaddleGradScaler(8.0, history=2)
+    for poison in (1.0, INF, 1.0):
+        step(scaler, model, opt, paddle.full([1, 2], poison))
+    assert scaler.history().as_list() == [(2, 8.0, True), (3, 4.0, False)]
 
 
 @on_paddle

@@ -45,6 +45,7 @@ PACKAGE_MODULES = {
     "unifiedamp.spec",
     "unifiedamp.spec._config",
     "unifiedamp.spec._float32",
+    "unifiedamp.spec._names",
     "unifiedamp.spec._natives",
     "unifiedamp.spec._rule",
 }

@@ -3,7 +3,9 @@ contract runs in test_conformance_builtin.py)."""
 
 from __future__ import annotations
 
+import ast
 import json
+import pathlib
 import pickle
 import re
 
@@ -17,9 +19,9 @@ import jax.numpy as jnp  # noqa: E402
 
 import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
+from unifiedamp.backends import jax as jax_backend  # noqa: E402
 from unifiedamp.backends.jax import (  # noqa: E402
     JaxGradScaler,
-    _mul_bits,
     all_finite,
     find_scaler,
     loss_scaled,
@@ -27,6 +29,7 @@ from unifiedamp.backends.jax import (  # noqa: E402
     step_if_finite,
     where_finite,
 )
+from unifiedamp.backends.jax._scaler import F32  # noqa: E402
 from unifiedamp.conformance.backends.jax import run_devices  # noqa: E402
 
 pytestmark = pytest.mark.framework("jax")
@@ -155,7 +158,8 @@ def test_exact_float32_multiply_under_flush_to_zero():
                         ).astype(np.uint32).view(np.float32)
     for c in (0.5, 0.7, 1.1, 3.3, 0.999, 1e-20, 2.5e30):
         c = spec.f32(c)
-        got = np.asarray(jax.jit(jax.vmap(lambda x, c=c: _mul_bits(x, c)))(jnp.asarray(xs)))
+        got = np.asarray(jax.jit(jax.vmap(lambda x, c=c: F32.mul_bits_by(F32.bits(x), c)))(
+            jnp.asarray(xs)))
         with np.errstate(over="ignore"):
             expected = (xs * np.float32(c)).view(np.uint32)
         assert (got.view(np.uint32) == expected).all(), c
@@ -589,3 +593,60 @@ def test_a_new_scaler_can_be_donated_to_a_jitted_step():
         assert len({id(leaf) for leaf in leaves}) == len(leaves)
         step = jax.jit(lambda s: s.update(jnp.array(True)), donate_argnums=0)
         assert step(scaler).growth_tracker.shape == ()
+
+
+# ------------------------------------------------------------ the package's layout
+
+#: What jax/_compat.py wraps: not JAX's stable API (attribute and string names).
+JAX_INTERNALS = {"core", "_src", "pcast", "pvary", "vma", "manual_axis_type"}
+
+
+def _names_used(path):
+    tree = ast.parse(path.read_text())
+    names = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    names |= {node.value for node in ast.walk(tree)
+              if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    names |= {part for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+              for part in (node.module or "").split(".")}
+    return names
+
+
+def test_only_compat_touches_jax_internals():
+    package = pathlib.Path(jax_backend.__file__).parent
+    compat = package / "_compat.py"
+    assert JAX_INTERNALS - {"_src"} <= _names_used(compat)
+    for path in sorted(package.glob("*.py")):
+        if path != compat:
+            assert not JAX_INTERNALS & _names_used(path), (
+                f"{path.name} uses {sorted(JAX_INTERNALS & _names_used(path))}: go through "
+                "unifiedamp/backends/jax/_compat.py")
+
+
+def test_the_jax_internals_compat_wraps_work_on_this_jax():
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    from unifiedamp.backends.jax import _compat
+
+    seen = {}
+
+    def body(x):
+        zero = jnp.zeros(())
+        seen.update(tracer=_compat.is_tracer(x), x=_compat.varying_axes(x),
+                    zero=_compat.varying_axes(zero),
+                    cast=_compat.varying_axes(_compat.cast_varying(zero, frozenset({"d"}))))
+        return x
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("d",))
+    jax.shard_map(body, mesh=mesh, in_specs=P("d"), out_specs=P("d"))(jnp.ones(1))
+    assert seen == {"tracer": True, "x": {"d"}, "zero": frozenset(), "cast": {"d"}}, (
+        f"jax {jax.__version__}: {seen}; adapt unifiedamp/backends/jax/_compat.py")
+    assert not _compat.is_tracer(jnp.ones(1))
+
+
+def test_public_names_show_the_public_module():
+    for name in jax_backend.__all__:
+        if name != "LeafCounts":  # shared with the MLX backend
+            assert getattr(jax_backend, name).__module__ == "unifiedamp.backends.jax", name
+    assert pickle.loads(pickle.dumps(JaxGradScaler(8.0))).get_scale() == 8.0
+    assert "unifiedamp.backends.jax.JaxGradScaler" in repr(JaxGradScaler)

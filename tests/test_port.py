@@ -1,5 +1,6 @@
-"""Porting between frameworks (``unifiedamp.port``): native constructor calls -> config, config ->
-native keyword arguments, and live native scalers -> unifiedamp scalers with their state.
+"""Porting between frameworks (``unifiedamp.porting``): native constructor calls -> config,
+config -> native keyword arguments, and live native scalers -> unifiedamp scalers with their
+state.
 
 Every trajectory check builds the real native object and drives it over a forced-overflow
 sequence (torch and paddle with a real optimizer, Keras with a real ``apply``, jmp with its
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 from unifiedamp import spec
-from unifiedamp.port import NATIVE_SCALERS, config_from_call, from_native, native_call
+from unifiedamp.porting import NATIVE_SCALERS, config_from_call, from_native, native_call
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 KINDS = "FFFIFFFFIIFFFFFIFF"  # F: finite gradients, I: an inf in them

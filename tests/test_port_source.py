@@ -1,10 +1,10 @@
-"""``unifiedamp port``: the source rewriter (``unifiedamp.port_source``) and its command.
+"""``unifiedamp port``: the source rewriter (``unifiedamp.porting.port_source``) and its command.
 
 Framework-free checks read the rewritten source back with the rewriter itself (ported again
 to unifiedamp, the output must hold the source's config). The strongest check executes the
 rewritten source with the real frameworks, one subprocess per target (paddle imported first:
 paddle after tensorflow segfaults; Keras on its JAX backend), and reads the live scaler's
-config with ``port.from_native``: it must equal the source call's config, and every field
+config with ``porting.from_native``: it must equal the source call's config, and every field
 that differs must be named by a problem on that line.
 """
 
@@ -26,8 +26,7 @@ import pytest
 pytest.importorskip("libcst")
 
 from unifiedamp.cli import main  # noqa: E402
-from unifiedamp.port import config_from_call  # noqa: E402
-from unifiedamp.port_source import port_source  # noqa: E402
+from unifiedamp.porting import config_from_call, port_source  # noqa: E402
 from unifiedamp.spec import ScalerConfig  # noqa: E402
 
 # (snippet defining `scaler`, the call's qualname, args, kwargs, source version)
@@ -580,7 +579,7 @@ class _Gpu:
     def is_gpu_place(self):
         return True
 _gs._dygraph_tracer = lambda: types.SimpleNamespace(_expected_place=_Gpu())
-from unifiedamp.port import from_native
+from unifiedamp.porting import from_native
 out = []
 for code in json.loads(sys.argv[1]):
     ns = {}

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from unifiedamp import spec
-from unifiedamp.port_state import (
+from unifiedamp.porting import (
     FORMS,
     convert_state,
     load_file,
@@ -250,7 +250,7 @@ RESUMES = {"torch": ("torch", "b.pt"), "paddle": ("paddle", "b.pdopt"),
 WORKER = r'''
 import json, sys
 import numpy as np
-from unifiedamp.port_state import load_file, save_file
+from unifiedamp.porting import load_file, save_file
 
 fw, mode, folder = sys.argv[1:4]
 PATTERN, AT = sys.argv[4], int(sys.argv[5])
@@ -375,7 +375,7 @@ print(json.dumps(trajectory))
 
 PORTER = r'''
 import json, sys
-from unifiedamp.port_state import port_state_file
+from unifiedamp.porting import port_state_file
 from unifiedamp.spec import ScalerConfig
 to, dst_name = sys.argv[1:3]
 for src, dst in zip(sys.argv[3::2], sys.argv[4::2]):
@@ -462,7 +462,7 @@ import json, os, sys, time
 import numpy as np
 import unifiedamp as ua
 from unifiedamp.backends.numpy import SGD
-from unifiedamp.port_state import load_file, save_file
+from unifiedamp.porting import load_file, save_file
 
 ckpt, pattern, every, stop_after = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 x = np.ones((2, 4), np.float32); y = np.ones((2, 1), np.float32)
@@ -809,7 +809,7 @@ def test_in_place_through_a_symlink_rewrites_the_target_and_keeps_the_link(tmp_p
 
 WRITE_UNDER_LIMIT = r'''
 import resource, sys
-from unifiedamp.port_state import port_state_file
+from unifiedamp.porting import port_state_file
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 try:
     port_state_file(sys.argv[1], to="torch", in_place=True)
@@ -820,14 +820,14 @@ except OSError as exc:
 
 KILLED_WHILE_WRITING = r'''
 import os, signal, sys, json
-from unifiedamp import port_state
+from unifiedamp.porting import _checkpoints
 real_dumps = json.dumps
 def dumps_then_die(*args, **kwargs):
     text = real_dumps(*args, **kwargs)
     sys.stdout.write("writing\n"); sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
-port_state.json.dumps = dumps_then_die
-port_state.port_state_file(sys.argv[1], to="torch", in_place=True)
+_checkpoints.json.dumps = dumps_then_die
+_checkpoints.port_state_file(sys.argv[1], to="torch", in_place=True)
 '''
 
 

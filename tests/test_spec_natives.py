@@ -15,14 +15,8 @@ from hypothesis import strategies as st
 from unifiedamp import spec
 from unifiedamp.conformance.strategies import configs
 from unifiedamp.spec import CANONICAL, NATIVE_SCALERS, STATE_FORMS, ScalerConfig, ScalerState
-from unifiedamp.spec._natives import (
-    QUALNAMES,
-    REQUIRED,
-    cannot_carry,
-    form_cannot_carry,
-    read_form,
-    write_form,
-)
+from unifiedamp.spec._natives import QUALNAMES, REQUIRED, cannot_carry
+from unifiedamp.spec._state_dict import form_cannot_carry, read_form, write_form
 
 KEYS = {"framework", "backend", "package", "state", "aliases", "params", "versions",
         "carries", "fix", "quirks"}

@@ -54,7 +54,7 @@ class Mutant(NamedTuple):
 
 SPEC = "src/unifiedamp/spec"
 BACKENDS = "src/unifiedamp/backends"
-PORTING = "src/unifiedamp/port"  # port.py, port_source.py, port_state.py
+PORTING = "src/unifiedamp/porting"
 
 # Selections, fastest first within each: with -x the first failure ends the run.
 _T_RULE = f"tests/test_spec_reference.py {SPEC}/_rule.py " \
@@ -72,6 +72,9 @@ _T_TORCH_STATE = "tests/test_torch_backend.py tests/test_torch_porting.py " \
 _T_JAX = "tests/test_jax_backend.py tests/test_conformance_builtin.py::TestJaxConformance"
 _T_MLX = "tests/test_mlx_backend.py tests/test_conformance_builtin.py::TestMlxConformance"
 _T_FUNCTIONAL = f"{_T_MLX} {_T_JAX} tests/test_state_dict.py"
+_T_FLOAT32 = "tests/test_float32_bits.py::test_jax_namespace_matches_ieee_under_jit " \
+             "tests/test_float32_bits.py::test_jax_multiply_takes_the_factor_as_arrays_too " \
+             + _T_JAX
 _T_KERAS = "tests/test_keras_backend.py tests/test_conformance_builtin.py::TestKerasConformance"
 _T_PADDLE = "tests/test_paddle_backend.py " \
             "tests/test_conformance_builtin.py::TestPaddleConformance tests/test_state_dict.py"
@@ -160,32 +163,41 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("functional-restore-takes-enabled", f"{BACKENDS}/_functional.py",
            "self._make(config.replace(enabled=self._config.enabled), *self._arrays(state)",
            "self._make(config, *self._arrays(state)", _T_FUNCTIONAL),
+    # ---------------------------------------------------------------- float32 on bits (JAX, Keras)
+    Mutant("float32-mul-bits-no-zero-case", f"{BACKENDS}/_float32.py",
+           "return xp.where(xp.equal(bits, 0), self.int32(0), out)", "return out", _T_FLOAT32),
+    Mutant("float32-product-error-drops-the-low-product", f"{BACKENDS}/_float32.py",
+           "self.int32(0xFFF)), 12) + xl * cl - hl", "self.int32(0xFFF)), 12) - hl",
+           _T_FLOAT32),
+    Mutant("float32-tie-ignores-the-remainder", f"{BACKENDS}/_float32.py",
+           "tie_up = xp.logical_or(xp.greater(below, 0),", "tie_up = xp.logical_or(False,",
+           _T_FLOAT32),
+    Mutant("float32-reciprocal-no-neighbours", f"{BACKENDS}/_float32.py",
+           "for step in range(-4, 5):", "for step in range(0, 1):",
+           "tests/test_float32_bits.py::test_keras_namespace_matches_ieee"),
+    Mutant("float32-split-flushes-subnormals", f"{BACKENDS}/_float32.py",
+           "lo = xp.where(subnormal, self.float32(2.0**-64), self.float32(1.0))",
+           "lo = xp.where(subnormal, self.float32(1.0), self.float32(1.0))", _T_FLOAT32),
     # ---------------------------------------------------------------- JAX
-    Mutant("jax-mul-bits-factor-split-8", f"{BACKENDS}/jax.py",
-           "    bh, bl = _split_bits(b, 11)", "    bh, bl = _split_bits(b, 8)", _T_JAX),
-    Mutant("jax-mul-bits-scale-split-8", f"{BACKENDS}/jax.py",
-           "    ah, al = _split_bits(a, 11)", "    ah, al = _split_bits(a, 8)", _T_JAX),
-    Mutant("jax-mul-bits-no-zero-case", f"{BACKENDS}/jax.py",
-           "return jnp.where(bits == 0, 0, out).astype(jnp.int32)",
-           "return out.astype(jnp.int32)", _T_JAX),
-    Mutant("jax-unscale-checks-unscaled-grads", f"{BACKENDS}/jax.py",
+    Mutant("jax-unscale-checks-unscaled-grads", f"{BACKENDS}/jax/_scaler.py",
            "        finite = all_finite(grads, axis_name) & self._reciprocal_finite()\n"
-           "        return _multiply(grads, *_split(_reciprocal_bits(jnp.asarray("
-           "self.loss_scale)))), finite",
-           "        out = _multiply(grads, *_split(_reciprocal_bits(jnp.asarray("
-           "self.loss_scale))))\n"
+           "        return _multiply(grads, *inverse), finite",
+           "        out = _multiply(grads, *inverse)\n"
            "        return out, all_finite(out, axis_name) & self._reciprocal_finite()", _T_JAX),
-    Mutant("jax-all-finite-sums-leaves", f"{BACKENDS}/jax.py",
+    Mutant("jax-all-finite-sums-leaves", f"{BACKENDS}/jax/_scaler.py",
            "jnp.isfinite(jnp.sum(leaf * 0))", "jnp.isfinite(jnp.sum(leaf))", _T_JAX),
-    Mutant("jax-all-finite-any-device", f"{BACKENDS}/jax.py",
+    Mutant("jax-all-finite-any-device", f"{BACKENDS}/jax/_scaler.py",
            "lax.psum((~finite).astype(jnp.int32), axis_name) == 0",
            "lax.pmax(finite.astype(jnp.int32), axis_name) == 1", _T_JAX),
-    Mutant("jax-loss-scaled-axis-ignored", f"{BACKENDS}/jax.py",
+    Mutant("jax-loss-scaled-axis-ignored", f"{BACKENDS}/jax/_optax.py",
            "finite = (all_finite(updates, axis_name) & scaler._reciprocal_finite()",
            "finite = (all_finite(updates) & scaler._reciprocal_finite()",
            "tests/test_jax_recipes.py::"
            "test_loss_scaled_with_axis_name_skips_on_every_device_in_shard_map_and_pmap "
            + _T_JAX),
+    Mutant("functional-report-drops-the-loss", f"{BACKENDS}/_functional_diagnostics.py",
+           "loss_finite=loss_is_finite(backend.xp, loss)", "loss_finite=None",
+           "tests/test_diagnostics_functional_mlx.py tests/test_diagnostics_functional_jax.py"),
     # ---------------------------------------------------------------- MLX
     Mutant("mlx-nan-is-finite", f"{BACKENDS}/mlx.py",
            "finite = finite & mx.isfinite(mx.sum(leaf * 0))",
@@ -287,35 +299,35 @@ MUTANTS: tuple[Mutant, ...] = (
            "tests/test_torch_backend.py::"
            "test_functional_unscale_of_several_dtypes_counts_one_inf_for_the_rule " + _T_TORCH),
     # ---------------------------------------------------------------- paddle
-    Mutant("paddle-update-last-flag-only", f"{BACKENDS}/paddle.py",
+    Mutant("paddle-update-last-flag-only", f"{BACKENDS}/paddle/_scaler.py",
            "found_inf = any(bool(flag) for flag in checks)",
            "found_inf = bool(checks[-1])", _T_PADDLE),
-    Mutant("paddle-reciprocal-overflow-not-inf", f"{BACKENDS}/paddle.py",
+    Mutant("paddle-reciprocal-overflow-not-inf", f"{BACKENDS}/paddle/_scaler.py",
            "            return True\n        return functools.reduce",
            "            pass\n        return functools.reduce", _T_PADDLE),
-    Mutant("paddle-non-float32-not-unscaled", f"{BACKENDS}/paddle.py",
+    Mutant("paddle-non-float32-not-unscaled", f"{BACKENDS}/paddle/_scaler.py",
            "paddle.assign(self._multiply(g, reciprocal=True), g)", "paddle.assign(g, g)",
            _T_PADDLE),
-    Mutant("paddle-scale-tensor-not-written", f"{BACKENDS}/paddle.py",
-           "self._scale.fill_(state.scale)", "pass", _T_PADDLE),
-    Mutant("paddle-factor-cache-kept", f"{BACKENDS}/paddle.py",
-           "            self._factors.clear()\n", "", _T_PADDLE),
-    Mutant("paddle-step-ignores-flag", f"{BACKENDS}/paddle.py",
+    Mutant("paddle-scale-tensor-not-written", f"{BACKENDS}/paddle/_scaler.py",
+           "self._scale_tensor.fill_(state.scale)", "pass", _T_PADDLE),
+    Mutant("paddle-factor-cache-kept", f"{BACKENDS}/paddle/_scaler.py",
+           "            self._factor_tensors.clear()\n", "", _T_PADDLE),
+    Mutant("paddle-step-ignores-flag", f"{BACKENDS}/paddle/_scaler.py",
            "return None if skipped else call(*args, **kwargs)", "return call(*args, **kwargs)",
            _T_PADDLE),
-    Mutant("paddle-load-takes-enabled", f"{BACKENDS}/paddle.py",
+    Mutant("paddle-load-takes-enabled", f"{BACKENDS}/paddle/_scaler.py",
            "self._config = config.replace(enabled=self._config.enabled)",
            "self._config = config", _T_PADDLE),
-    Mutant("paddle-ranks-not-agreed", f"{BACKENDS}/paddle.py",
+    Mutant("paddle-ranks-not-agreed", f"{BACKENDS}/paddle/_scaler.py",
            "return (self._distributed is not False and dist.is_initialized()",
            "return (False and dist.is_initialized()",
            "tests/test_paddle_distributed.py"),
-    Mutant("paddle-update-keeps-functional-checks", f"{BACKENDS}/paddle.py",
-           "        self._functional_found_inf = []\n        self._checked, self._prechecked",
-           "        self._checked, self._prechecked",
+    Mutant("paddle-update-keeps-functional-checks", f"{BACKENDS}/paddle/_scaler.py",
+           "        self._functional_found_inf = []\n        self._prechecked = {}",
+           "        self._prechecked = {}",
            "tests/test_paddle_backend.py::"
            "test_update_clears_the_functional_checks_so_one_inf_skips_one_update " + _T_PADDLE),
-    Mutant("paddle-float64-checked-in-float32", f"{BACKENDS}/paddle.py",
+    Mutant("paddle-float64-checked-in-float32", f"{BACKENDS}/paddle/_scaler.py",
            "wide = g if g.dtype == paddle.float64 else g.astype(paddle.float32)",
            "wide = g.astype(paddle.float32)",
            "tests/test_paddle_backend.py::test_a_float64_gradient_is_checked_in_float64 "
@@ -362,20 +374,20 @@ MUTANTS: tuple[Mutant, ...] = (
            "tests/test_keras_backend.py::"
            "test_an_optimizer_wrapped_by_one_scaler_cannot_be_wrapped_by_another"),
     # ---------------------------------------------------------------- port-state, diagnostics
-    Mutant("port-state-paddle-decr-count-zero", "src/unifiedamp/port_state.py",
+    Mutant("port-state-paddle-decr-count-zero", f"{PORTING}/_states.py",
            '"decr_count": s.hysteresis_tracker,', '"decr_count": 0,',
            "tests/test_port_state.py::"
            "test_forms_with_a_hysteresis_counter_keep_a_nonzero_tracker"),
-    Mutant("port-state-paddle-unpickles-anything", "src/unifiedamp/port_state.py",
+    Mutant("port-state-paddle-unpickles-anything", f"{PORTING}/_safe_pickle.py",
            "            if (module, name) in _PADDLE_GLOBALS:",
            "            if True:",
            "tests/test_port_state.py::test_no_checkpoint_runs_code_unless_the_user_trusts_it"),
-    Mutant("port-state-zip-checksum-unchecked", "src/unifiedamp/port_state.py",
+    Mutant("port-state-zip-checksum-unchecked", f"{PORTING}/_checkpoints.py",
            "    if bad is not None:\n        raise ValueError(f\"{path}: the data of its member",
            "    if False:\n        raise ValueError(f\"{path}: the data of its member",
            "tests/test_port_state.py::"
            "test_a_checkpoint_whose_data_fails_its_own_checksum_is_refused"),
-    Mutant("port-state-damaged-torch-file-suggests-trust", "src/unifiedamp/port_state.py",
+    Mutant("port-state-damaged-torch-file-suggests-trust", f"{PORTING}/_safe_pickle.py",
            "        if match:\n            raise _Refused(f\"an object of {match.group(1) or "
            "match.group(2)}\")",
            "        if \"Weights only\" in str(exc):\n            raise _Refused(f\"an object "
@@ -400,10 +412,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "            if not _is_bool(b):", "            if b is None:",
            "tests/test_diagnostics.py::"
            "test_history_from_json_refuses_a_record_it_would_misread"),
-    Mutant("paddle-mid-iteration-load-accepted", f"{BACKENDS}/paddle.py",
+    Mutant("paddle-mid-iteration-load-accepted", f"{BACKENDS}/paddle/_scaler.py",
            "            raise mid_iteration_load_error()", "            pass",
            "tests/test_imperative_misuse.py"),
-    Mutant("paddle-second-thread-accepted", f"{BACKENDS}/paddle.py",
+    Mutant("paddle-second-thread-accepted", f"{BACKENDS}/paddle/_scaler.py",
            "        elif self._iteration_thread != me:", "        elif False:",
            "tests/test_imperative_misuse.py"),
     Mutant("diagnostics-summary-and-0-more", "src/unifiedamp/diagnostics.py",
@@ -423,7 +435,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "                self._skip_count_host += host_found",
            "                self._skip_count_host += host_found * 2",
            "tests/test_torch_backend.py"),
-    Mutant("imperative-skips-not-counted", "src/unifiedamp/_scaler.py",
+    Mutant("imperative-skips-not-counted", f"{BACKENDS}/_imperative.py",
            "        self._skipped += int(found_inf)", "        pass",
            "tests/test_paddle_backend.py tests/test_numpy_backend.py tests/test_agnostic_step.py"),
     Mutant("functional-updates-not-counted", f"{BACKENDS}/_functional.py",
@@ -448,7 +460,7 @@ MUTANTS: tuple[Mutant, ...] = (
            """    return text in ("bool", "bool_")""",
            "tests/test_keras_backend.py -k update"),
     # ---------------------------------------------------------------- porting
-    Mutant("port-torch-factors-unrounded", f"{PORTING}.py",
+    Mutant("port-torch-factors-unrounded", f"{PORTING}/_config.py",
            "value = f32(value)", "value = float(value)", _T_PORT),
 )
 
@@ -468,7 +480,7 @@ def area(path: str) -> str:
         return "spec"
     if path.startswith(BACKENDS + "/"):
         return "backends"
-    if path.startswith(PORTING):
+    if path.startswith(PORTING + "/"):
         return "porting"
     return "other"
 

@@ -3,7 +3,15 @@
 ``unifiedamp.GradScaler(...)`` returns the scaler of one backend; every
 backend's scaler class derives from :class:`GradScaler`, which lists every
 member a backend provides or may provide. A third-party backend author reads
-this one class.
+this one class. With it, what the interface's arguments are on every backend, functional
+and imperative: a finite-flag (:func:`is_flag`, :func:`check_flag`), a ``new_scale``
+(:func:`new_scale_value`), the largest ``history`` (:data:`MAX_HISTORY`), and the errors
+users catch (:class:`NoInfChecksError`, :class:`ScaleNotCalledError`). What only the
+imperative backends share is in ``unifiedamp.backends._imperative``.
+
+Length: one class is most of this module: the interface, with a docstring for each member,
+and the typed constructor's overloads that name each backend's options. Split, a backend
+author would read the interface in pieces.
 """
 
 from __future__ import annotations
@@ -13,10 +21,10 @@ import math
 import numbers
 
 from unifiedamp import _registry
-from unifiedamp.spec import ScalerConfig, ScalerState, f32, unscale_overflows
+from unifiedamp.spec import ScalerConfig, ScalerState, f32
 
-# typing.TYPE_CHECKING without importing typing, which (with re and enum) would cost
-# about a third of ``import unifiedamp`` (tests/test_import.py); type checkers know
+# typing.TYPE_CHECKING without importing typing: a bare ``import unifiedamp`` loads
+# neither typing nor the re and enum it brings (tests/test_import.py); type checkers know
 # this idiom.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -132,232 +140,10 @@ def check_flag(finite: Any) -> None:
                          "keras.ops.all)")
 
 
-def update_arguments(finite: Any, new_scale: Any) -> tuple[Any, Any]:
-    """``(finite, new_scale)`` of an imperative ``update(finite=None, *, new_scale=None)``:
-    a first argument that is not a flag (:func:`is_flag`) is torch's positional
-    ``new_scale``; a flag is checked (:func:`check_flag`).
-
-    Example:
-        >>> update_arguments(True, None), update_arguments(1024.0, None)
-        ((True, None), (None, 1024.0))
-        >>> update_arguments(1024.0, 8.0)
-        Traceback (most recent call last):
-        ...
-        TypeError: update() got new_scale twice (1024.0 and 8.0): pass it once
-    """
-    if finite is None:
-        return finite, new_scale
-    if is_flag(finite):
-        check_flag(finite)
-        return finite, new_scale
-    if new_scale is not None:
-        raise TypeError(f"update() got new_scale twice ({finite!r} and {new_scale!r}): pass "
-                        "it once")
-    return None, finite
-
-
-def mid_iteration_load_error() -> RuntimeError:
-    """What an imperative backend's ``load_state_dict`` raises between an iteration's
-    checks (``unscale_``/``step``) and its ``update()``, before changing anything."""
-    return RuntimeError(
-        "load_state_dict() was called between step()/unscale_() and update(): update() would "
-        "apply this iteration's inf checks to the loaded state. Call update() first, or load "
-        "before the iteration's first unscale_()/step(); nothing was loaded")
-
-
 #: The most records a history ring keeps, on every backend: 2**24 records take about
 #: 150 MB of device memory (int32 iteration, float32 scale, bool skipped), and a ring's
 #: indices stay far inside int32.
 MAX_HISTORY = 2**24
-
-
-def diagnostics_options(diagnose: Any, history: Any) -> int:
-    """Checks the imperative backends' ``diagnose`` and ``history`` options; the ring size.
-
-    Example:
-        >>> diagnostics_options(True, 1024)
-        1024
-        >>> diagnostics_options(False, -1)  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        ValueError: history must be an int >= 0 (...), got -1: pass e.g. history=1000
-    """
-    if not isinstance(diagnose, bool):
-        raise TypeError(f"diagnose must be True or False, got {diagnose!r}: pass diagnose=True "
-                        "to keep the overflow report of each skipped step (computed only then)")
-    is_int = isinstance(history, numbers.Integral) and not isinstance(history, bool)
-    if not is_int or not 0 <= history <= MAX_HISTORY:
-        raise (ValueError if is_int else TypeError)(
-            f"history must be an int >= 0 (the number of updates the ring keeps; 0 keeps "
-            f"none) and at most {MAX_HISTORY} (MAX_HISTORY), got {history!r}: pass e.g. "
-            "history=1000")
-    return int(history)
-
-
-def watched_pairs(model: Any, is_parameter: Any, what: str) -> list[tuple[str, Any]]:
-    """The ``(name, parameter)`` pairs ``watch(model)`` takes: from ``named_parameters()``,
-    a dict ``name -> parameter`` or an iterable of pairs; every one checked (a str name,
-    ``is_parameter(parameter)``) before any is returned. ``what`` names the parameter type
-    in errors.
-
-    Example:
-        >>> watched_pairs({"w": 1.0}, lambda p: isinstance(p, float), "float")
-        [('w', 1.0)]
-        >>> watched_pairs([("w", "x")], lambda p: isinstance(p, float), "float")
-        Traceback (most recent call last):
-        ...
-        TypeError: watch(): item 0 must be a (name, float) pair with a str name, got ('w', 'x')
-    """
-    items = model.named_parameters() if hasattr(model, "named_parameters") else model
-    if isinstance(items, dict):
-        items = items.items()
-    try:
-        pairs = list(items)
-    except TypeError:
-        raise TypeError(f"watch() takes a model (named_parameters()), a dict name -> {what} or "
-                        f"an iterable of (name, {what}) pairs, got {type(model).__name__}"
-                        ) from None
-    for k, item in enumerate(pairs):
-        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                and is_parameter(item[1])):
-            raise TypeError(f"watch(): item {k} must be a (name, {what}) pair with a str name, "
-                            f"got {item!r:.80}")
-    return pairs
-
-
-class HostCounters:
-    """The update counters of the imperative scalers that decide on the host (numpy,
-    paddle, and keras's ``update(finite)`` without ``wrap``): ``_count(found_inf)`` once
-    per update made.
-
-    Example:
-        >>> counters = HostCounters()
-        >>> counters._count(True); counters._count(False)
-        >>> counters.num_steps, counters.num_skipped_steps, counters.last_step_skipped
-        (2, 1, False)
-    """
-
-    _updates = 0
-    _skipped = 0
-    _last_skipped = False
-
-    @property
-    def last_step_skipped(self) -> bool:
-        """Whether the last update's gradients were not all finite (its step skipped)."""
-        return self._last_skipped
-
-    @property
-    def num_skipped_steps(self) -> int:
-        """Updates whose gradients were not all finite."""
-        return self._skipped
-
-    @property
-    def num_steps(self) -> int:
-        """Updates made (``update(new_scale=...)`` and a disabled scaler count none)."""
-        return self._updates
-
-    def _count(self, found_inf: bool) -> None:
-        self._updates += 1
-        self._skipped += int(found_inf)
-        self._last_skipped = found_inf
-
-
-class LastUpdate:
-    """A skipped update of an imperative scaler (numpy, paddle), kept until the next update
-    for ``overflow_report()``: the optimizers it checked, the ``scale()`` input, and the
-    report once computed.
-
-    Attributes:
-        step, scale: The update (counted from 1) and the scale it started from.
-        optimizers: The optimizers checked in that iteration (their gradients are read
-            when the report is computed).
-        loss: The one array/tensor given to ``scale()`` that iteration, else None.
-        functional_only: Only the functional ``unscale(grads)`` found the inf/NaN.
-        distributed: ``found_inf`` was agreed across ranks.
-        prechecked: Backend-specific counts taken before a kernel changed the gradients
-            (paddle on CPU): optimizer id -> parameter index -> counts.
-        report: The :class:`OverflowReport`, once computed.
-    """
-
-    def __init__(self, step: int, scale: float, optimizers: list[Any], loss: Any,
-                 functional_only: bool, distributed: bool = False,
-                 prechecked: dict[int, dict[int, tuple[Any, ...]]] | None = None):
-        self.step = step
-        self.scale = scale
-        self.optimizers = optimizers
-        self.loss = loss
-        self.functional_only = functional_only
-        self.distributed = distributed
-        self.prechecked = prechecked or {}
-        self.report: Any = None
-
-    def detached(self, report: Any) -> LastUpdate:
-        """A copy that keeps ``report`` and none of the objects the update refers to
-        (what a pickled or deep-copied scaler carries)."""
-        last = LastUpdate(self.step, self.scale, [], None, self.functional_only,
-                          self.distributed)
-        last.report = report
-        return last
-
-
-class SkipReports:
-    """What ``overflow_report()`` shares on the imperative scalers (numpy, paddle): the
-    report of ``self._last`` (a :class:`LastUpdate` or None), computed once by the
-    backend's ``_compute_report(last, at_update)`` and kept, and the collapse warning's
-    detail built from it."""
-
-    _last: LastUpdate | None
-
-    def _compute_report(self, last: LastUpdate, at_update: bool) -> Any:
-        raise NotImplementedError
-
-    def _kept_report(self) -> Any:
-        if self._last is None:
-            return None
-        if self._last.report is None:
-            self._last.report = self._compute_report(self._last, at_update=False)
-        return self._last.report
-
-    def _collapse_detail(self) -> str:
-        # Called by the monitor inside update(), only when it reports a collapse:
-        # the gradients of the skipped update are still there.
-        report = self._kept_report()
-        return "" if report is None else report.collapse_detail()
-
-
-def report_note(last: LastUpdate, named: bool, checked: int, at_update: bool, *,
-                items: str, clear: str, zeroed: str = "", changed: str = "") -> str:
-    """What a report's list alone does not say: why it names no gradient, why it names
-    them all, or why its counts are not the gradients' (``zeroed``: the backend's words
-    when a kernel changed them). ``items``: what the functional unscale takes ("arrays",
-    "tensors"); ``clear``: the verb that clears gradients; ``changed``: how they change.
-
-    Example:
-        >>> last = LastUpdate(3, 1024.0, [], None, functional_only=True)
-        >>> report_note(last, False, 0, True, items="arrays", clear="zero_grad")[:40]
-        'The inf/NaN was found by the functional '
-    """
-    if unscale_overflows(last.scale):
-        return (f"The scale {last.scale:g} is so small that 1/scale overflows float32: every "
-                "check finds inf and every unscaled gradient is inf/NaN, whatever the "
-                "gradients were (set min_scale to keep a floor).")
-    if zeroed:
-        return zeroed
-    if named:
-        return ""
-    if last.functional_only:
-        return (f"The inf/NaN was found by the functional unscale(grads), whose {items} the "
-                "report does not see.")
-    if last.distributed:
-        return "found_inf is agreed across ranks: another rank's gradients held the inf/NaN."
-    if at_update:
-        return ""
-    if not checked:
-        return (f"The gradients were cleared ({clear}) before overflow_report() was called: "
-                "build the scaler with diagnose=True to keep the report of each skipped step.")
-    return (f"No gradient holds inf/NaN any more: they changed after the skipped update"
-            f"{changed}. Build the scaler with diagnose=True to keep the report of each "
-            "skipped step.")
 
 
 #: What an optional member of :class:`GradScaler` is for; ``capabilities`` lists those a

@@ -1,6 +1,6 @@
 """The immutable scaler shared by the functional backends (JAX, MLX).
 
-A scaler is a value: five 0-d arrays (:data:`LEAVES`: the float32 ``loss_scale``,
+A scaler is a value: six 0-d arrays (:data:`LEAVES`: the float32 ``loss_scale``,
 the int32 trackers and skip counters) and a static :class:`ScalerConfig`. Every verb
 returns a new value; nothing waits for the device. The rule, validation, state
 handling and the tree of arrays are written here once. A backend names its array
@@ -8,26 +8,16 @@ namespace (``xp``) and how its arrays are made, and may change how the scale is
 multiplied: JAX keeps exact float32 products under XLA's flush-to-zero by working
 on bit patterns (:meth:`FunctionalGradScaler._encode` and friends).
 
-The diagnostics (``docs/diagnostics.md``) are written here once too: per-leaf overflow
-counts computed inside the traced step (:func:`leaf_counts`) and read into an
-:class:`~unifiedamp.diagnostics.OverflowReport` outside it (:func:`build_report`), a ring of
-(iteration, scale, skipped) kept in the user's train state (:func:`history_init`,
-:func:`history_record`, :func:`scale_history`), and the collapse message the imperative
-backends' monitor gives, read from a scaler's skip counters (:func:`collapse_message`).
-Each backend wraps them with its tree functions (JAX key paths, MLX dotted paths).
+The diagnostics these scalers share (overflow counts, the history ring, the collapse
+message) are in :mod:`unifiedamp.backends._functional_diagnostics`.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
-import warnings
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 from unifiedamp import spec
-from unifiedamp._monitor import CollapseMonitor, ScaleCollapseError, ScaleCollapseWarning
-from unifiedamp._scaler import MAX_HISTORY, GradScaler, check_flag, new_scale_value
-from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
+from unifiedamp._scaler import GradScaler, check_flag, new_scale_value
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 #: The arrays of a scaler, in pytree order: the state, then the skip counters.
@@ -84,8 +74,8 @@ class FunctionalGradScaler(GradScaler):
     @classmethod
     def _overflow_reductions(cls, grad: Any) -> tuple[Any, ...]:
         """``(inf count, NaN count, largest finite |g|)`` of a non-empty float array, 0-d
-        arrays, traceable. Sums of bool arrays (MLX sums them into int32; a cast first
-        made ``mx.compile`` write an int32 copy of each gradient: 2 to 3x slower)."""
+        arrays, traceable. Sums of bool arrays (MLX sums them into int32): a cast first
+        makes ``mx.compile`` write an int32 copy of each gradient."""
         xp = cls.xp
         return (xp.sum(xp.isinf(grad)), xp.sum(xp.isnan(grad)),
                 xp.max(xp.where(xp.isfinite(grad), xp.abs(grad), 0)))
@@ -333,235 +323,3 @@ class FunctionalGradScaler(GradScaler):
                           xp.where(grow, 0, growth).astype(xp.int32),
                           xp.where(back_off, 0, hyst).astype(xp.int32), skipped, in_a_row,
                           updates)
-
-
-# ---------------------------------------------------------------- diagnostics
-#
-# Written once with ``xp`` for both functional backends; jax.py and mlx.py wrap each
-# function with their tree functions and give it a docstring with a runnable example.
-
-
-class LeafCounts(NamedTuple):
-    """One gradient's overflow counts: what ``overflow_counts`` puts where the gradient was.
-
-    Four arrays, so the record is a tree of arrays that ``jax.jit``, ``lax.cond``,
-    ``mx.compile``, donation and checkpoints carry like any other output of a step.
-
-    Attributes:
-        inf: Elements that were +inf or -inf, an int32 0-d array (exact up to 2**31 - 1).
-        nan: Elements that were NaN, an int32 0-d array.
-        max_finite: The largest finite magnitude, a float32 0-d array (0 if there is none).
-        shape: The gradient's shape, an int32 1-d array (a constant of the traced step).
-    """
-
-    inf: Any
-    nan: Any
-    max_finite: Any
-    shape: Any
-
-
-def leaf_counts(backend: type[FunctionalGradScaler], grad: Any) -> LeafCounts:
-    """The :class:`LeafCounts` of one gradient array, traceable.
-
-    The reductions are the backend's (:meth:`FunctionalGradScaler._overflow_reductions`);
-    a leaf that is not a float (an integer, JAX's ``float0``) or is empty counts nothing.
-    """
-    xp = backend.xp
-    shape = backend._array(list(grad.shape), xp.int32)
-    if grad.size == 0 or not xp.issubdtype(grad.dtype, xp.inexact):
-        return LeafCounts(backend._array(0, xp.int32), backend._array(0, xp.int32),
-                          backend._array(0.0, xp.float32), shape)
-    inf, nan, largest = backend._overflow_reductions(grad)
-    return LeafCounts(inf.astype(xp.int32), nan.astype(xp.int32), largest.astype(xp.float32),
-                      shape)
-
-
-def _check_counts(named: list[tuple[str, Any]]) -> None:
-    for name, record in named:
-        if not isinstance(record, LeafCounts):
-            raise TypeError(
-                f"overflow_report(counts) takes the tree overflow_counts(grads) returns (a "
-                f"LeafCounts where each gradient was), but {name or 'the tree'!r} is "
-                f"{type(record).__name__}: return overflow_counts(grads) from the step and "
-                "pass that")
-
-
-def _host_int(value: Any, what: str) -> int:
-    value = value.item() if hasattr(value, "item") else value
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{what} must be an int (or a 0-d integer array), got {value!r}")
-    return int(value)
-
-
-def _host_float(value: Any, what: str) -> float:
-    value = value.item() if hasattr(value, "item") else value
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a float (or a 0-d float array), got {value!r}")
-    return float(value)
-
-
-def build_report(named: list[tuple[str, Any]], host: Any, *, step: Any, scale: Any,
-                 loss_finite: bool | None, history: Any) -> OverflowReport | None:
-    """The :class:`OverflowReport` of ``named`` ``(path, LeafCounts)`` pairs, read to the host
-    with ``host`` (a tree of arrays -> the same tree of NumPy arrays, in one transfer).
-
-    None when no gradient held inf/NaN. ``step``/``scale`` default to the last record of
-    ``history`` (a :func:`history_init` ring), else to 0 and NaN (unknown).
-    """
-    _check_counts(named)
-    records = host([record for _, record in named])
-    overflows = []
-    for (name, _), record in zip(named, records, strict=True):
-        inf, nan = int(record.inf), int(record.nan)
-        if inf or nan:
-            shape = [int(n) for n in record.shape.reshape(-1).tolist()]
-            overflows.append(GradientOverflow(name, shape, inf, nan, float(record.max_finite)))
-    if not overflows:
-        return None
-    last_step, last_scale = 0, math.nan
-    if history is not None:
-        _check_history(history, "overflow_report(history=...)")
-        ring = host(history)
-        count = int(ring["count"])
-        if count:
-            slot = (count - 1) % len(ring["scale"])
-            last_step, last_scale = int(ring["iteration"][slot]), float(ring["scale"][slot])
-    step = last_step if step is None else _host_int(step, "overflow_report(step=...)")
-    scale = last_scale if scale is None else _host_float(scale, "overflow_report(scale=...)")
-    return OverflowReport(step, scale, overflows, checked=len(named), loss_finite=loss_finite)
-
-
-def loss_is_finite(xp: Any, loss: Any) -> bool | None:
-    """Whether ``loss`` (an array of the backend, or None) is all finite, on the host; a bool
-    array is taken as the flag itself (``isfinite(loss)`` computed in the step)."""
-    if loss is None or isinstance(loss, bool):
-        return loss
-    flag = xp.all(loss) if str(loss.dtype).rsplit(".", 1)[-1] == "bool" else xp.all(
-        xp.isfinite(loss))
-    return bool(flag.item())
-
-
-#: The arrays of a history ring (:func:`history_init`).
-HISTORY_KEYS = ("iteration", "scale", "skipped", "count")
-
-
-def history_init(backend: type[FunctionalGradScaler], size: Any) -> dict[str, Any]:
-    """An empty ring of ``size`` records: int32 ``iteration``, float32 ``scale``, bool
-    ``skipped`` (each ``(size,)``) and the int32 0-d ``count`` of records written."""
-    if isinstance(size, bool) or not isinstance(size, numbers.Integral):
-        raise TypeError(f"history_init(size) takes the number of updates to keep, an int >= 1, "
-                        f"got {size!r} of type {type(size).__name__}: e.g. history_init(1000)")
-    if not 1 <= int(size) <= MAX_HISTORY:
-        raise ValueError(f"history_init(size) takes the number of updates to keep, an int >= 1 "
-                         f"and at most {MAX_HISTORY} (MAX_HISTORY), got {size}: e.g. "
-                         "history_init(1000)")
-    xp, n = backend.xp, int(size)
-    # One buffer per array: a jitted step may donate them all.
-    return {"iteration": xp.zeros((n,), xp.int32), "scale": xp.zeros((n,), xp.float32),
-            "skipped": xp.zeros((n,), xp.bool_), "count": backend._array(0, xp.int32)}
-
-
-def _check_history(history: Any, verb: str) -> None:
-    # Static facts only (keys and shapes), so the check is free under tracing.
-    hint = ("build it with history_init(size) and keep what history_record(history, scaler, "
-            "finite) returns")
-    if not isinstance(history, dict) or set(history) != set(HISTORY_KEYS):
-        got = sorted(history) if isinstance(history, dict) else type(history).__name__
-        raise TypeError(f"{verb} takes a history (a dict of {', '.join(HISTORY_KEYS)}), got "
-                        f"{got}; {hint}")
-    shapes = [tuple(getattr(history[k], "shape", (-1, -1))) for k in HISTORY_KEYS[:3]]
-    if len(set(shapes)) != 1 or len(shapes[0]) != 1 or tuple(
-            getattr(history["count"], "shape", (-1,))) != ():
-        raise ValueError(f"{verb}: a history's iteration, scale and skipped are 1-d arrays of one "
-                         f"length and count is 0-d, got shapes {shapes} and "
-                         f"{getattr(history['count'], 'shape', None)}; {hint}")
-
-
-def history_record(backend: type[FunctionalGradScaler], set_slot: Any, history: dict[str, Any],
-                   scaler: Any, finite: Any) -> dict[str, Any]:
-    """``history`` with one more record: iteration ``count + 1``, the scale of ``scaler``
-    (before ``update(finite)``; 1.0 when disabled) and ``not finite``, in slot
-    ``count % size``. ``set_slot(ring, slot, value)`` writes one element, traceably."""
-    _check_history(history, "history_record")
-    if not isinstance(scaler, backend):
-        raise TypeError(f"history_record(history, scaler, finite) takes a {backend.__name__} "
-                        f"(the scaler before update(finite)), got {type(scaler).__name__}")
-    check_flag(finite)
-    xp = backend.xp
-    count = history["count"]
-    slot = (count % history["scale"].shape[0]).astype(xp.int32)
-    new_count = (count + 1).astype(xp.int32)
-    scale = (backend._array(scaler.loss_scale, xp.float32) if scaler.config.enabled
-             else backend._array(1.0, xp.float32))
-    skipped = xp.logical_not(backend._array(finite, xp.bool_))
-    return {"iteration": set_slot(history["iteration"], slot, new_count),
-            "scale": set_slot(history["scale"], slot, scale),
-            "skipped": set_slot(history["skipped"], slot, skipped),
-            "count": new_count}
-
-
-def scale_history(host: Any, history: dict[str, Any]) -> ScaleHistory:
-    """The :class:`ScaleHistory` of a ring (read to the host with ``host``), oldest first."""
-    _check_history(history, "scale_history")
-    ring = host(history)
-    return ScaleHistory.from_ring(ring["iteration"].tolist(), ring["scale"].tolist(),
-                                  ring["skipped"].tolist(), int(ring["count"]))
-
-
-def collapse_message(backend: type[FunctionalGradScaler], scaler: Any,
-                     report: OverflowReport | None = None, *, step: Any = None,
-                     max_consecutive_skips: int | None = 100) -> str | None:
-    """The imperative backends' collapse message for a functional scaler's counters, or None.
-
-    The same rule and wording as :class:`unifiedamp._monitor.CollapseMonitor` (its message is
-    built by one), read from ``scaler.consecutive_skips`` and the scale; ``report`` ends it
-    with ``"Last overflow: "`` + its summary and cause. ``step`` defaults to
-    ``report.step``; when neither is known the message names no step.
-    """
-    if not isinstance(scaler, backend):
-        raise TypeError(f"collapse_message(scaler, ...) takes a {backend.__name__}, got "
-                        f"{type(scaler).__name__}")
-    if report is not None and not isinstance(report, OverflowReport):
-        raise TypeError(f"report must be an OverflowReport (what overflow_report returns) or "
-                        f"None, got {type(report).__name__}")
-    monitor = CollapseMonitor(max_consecutive_skips, on_collapse="raise")  # validates the limit
-    scale, skips = scaler.get_scale(), scaler._host(scaler.consecutive_skips, int)
-    if not isinstance(scale, float) or not isinstance(skips, int):
-        raise TypeError("collapse_message reads the scaler's counters on the host: call it "
-                        "outside jax.jit / mx.compile, with the scaler the step returned")
-    if step is None and report is not None and report.step > 0:
-        step = report.step
-    step = None if step is None else _host_int(step, "step")
-
-    def detail() -> str:
-        if report is None:
-            return ""
-        return report.collapse_detail()
-
-    try:
-        monitor.report(-1 if step is None else step, scale, skips, detail)
-    except ScaleCollapseError as exc:
-        message = str(exc)
-    else:
-        return None
-    if step is None:
-        message = message.replace("Loss scale collapsed at step -1:", "Loss scale collapsed:", 1)
-    return message
-
-
-def check_collapse(backend: type[FunctionalGradScaler], scaler: Any,
-                   report: OverflowReport | None = None, *, step: Any = None,
-                   max_consecutive_skips: int | None = 100, on_collapse: str = "warn",
-                   stacklevel: int = 3) -> str | None:
-    """:func:`collapse_message`, warned (:class:`ScaleCollapseWarning`) or raised
-    (:class:`ScaleCollapseError`); returns the message, or None when nothing collapsed."""
-    if on_collapse not in ("warn", "raise"):
-        raise ValueError(f"on_collapse must be 'warn' or 'raise', got {on_collapse!r}")
-    message = collapse_message(backend, scaler, report, step=step,
-                               max_consecutive_skips=max_consecutive_skips)
-    if message is None:
-        return None
-    if on_collapse == "raise":
-        raise ScaleCollapseError(message)
-    warnings.warn(message, ScaleCollapseWarning, stacklevel=stacklevel)
-    return message

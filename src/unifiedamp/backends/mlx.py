@@ -6,8 +6,11 @@ skip is a ``mx.where`` over parameters and optimizer state (:meth:`apply`).
 ``mx.compile`` takes trees of arrays, so a compiled step passes the scaler as
 ``scaler.tree()`` and rebuilds it with ``scaler.with_tree(tree)``; :func:`compile`
 does that for a function that takes and returns scalers.
-MLX computes float32 subnormals on the CPU (measured with mlx 0.32 on Linux),
-so the update is a plain float32 multiply.
+MLX computes float32 subnormals (``docs/backends/mlx.md``), so the update is a plain
+float32 multiply.
+
+The diagnostics' report, history ring and collapse check are the shared ones
+(:mod:`unifiedamp.backends._functional_diagnostics`), bound here to MLX's trees.
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
-from unifiedamp import diagnostics
-from unifiedamp.backends import _functional
-from unifiedamp.backends._functional import FunctionalGradScaler, LeafCounts
+from unifiedamp.backends._functional import FunctionalGradScaler
+from unifiedamp.backends._functional_diagnostics import (
+    LeafCounts,
+    Words,
+    leaf_counts,
+    public_functions,
+)
 
 __all__ = ["LeafCounts", "MlxGradScaler", "all_finite", "check_collapse", "collapse_message",
            "compile",
@@ -197,9 +204,8 @@ def overflow_counts(grads: Any) -> Any:
     ``mlx.utils.tree_flatten``'s dotted paths.
 
     Cost: three reductions over each gradient, computed whenever the result is evaluated:
-    MLX has no ``cond``, so inside a compiled step they run on every step (measured 34 ms
-    on 9.4M float32 in 4 leaves inside ``mx.compile``, 70 ms eagerly, where
-    :func:`all_finite` took 16 ms; shared 2-core CPU, mlx 0.32.4). To pay only on skipped
+    MLX has no ``cond``, so inside a compiled step they run on every step (about twice
+    :func:`all_finite`; figures in ``docs/diagnostics.md``). To pay only on skipped
     steps, return the gradients from the step and count them outside it when
     ``scaler.last_step_skipped`` (a host read, after the ``mx.eval`` of the step).
 
@@ -217,7 +223,7 @@ def overflow_counts(grads: Any) -> Any:
         >>> report.names, report.loss_finite
         (['layers.0.weight', 'layers.1.weight'], False)
     """
-    return tree_map(lambda g: _functional.leaf_counts(
+    return tree_map(lambda g: leaf_counts(
         MlxGradScaler, g if isinstance(g, mx.array) else mx.array(g)), grads)
 
 
@@ -227,131 +233,24 @@ def _host(tree: Any) -> Any:
     return tree_map(lambda a: np.array(a) if isinstance(a, mx.array) else a, tree)
 
 
-def overflow_report(counts: Any, *, step: Any = None, scale: Any = None, loss: Any = None,
-                    history: Any = None) -> diagnostics.OverflowReport | None:
-    """The :class:`~unifiedamp.diagnostics.OverflowReport` of :func:`overflow_counts`'s tree,
-    outside ``mx.compile`` (it evaluates the counts); None when no gradient held inf/NaN.
-
-    Gradients are named by ``mlx.utils.tree_flatten``'s dotted paths (``layers.0.weight``,
-    the names of ``model.parameters()``), in tree order; ``checked`` is the number of leaves.
-
-    Args:
-        counts: What :func:`overflow_counts` returned.
-        step: The update's number (from 1). Default: the last record of ``history``, else 0
-            (unknown).
-        scale: The scale the loss was multiplied by (the scaler's before ``update``).
-            Default: the last record of ``history``, else NaN (unknown).
-        loss: The unscaled loss (an array or a number), or a bool: sets ``loss_finite``;
-            None leaves it unknown.
-        history: A :func:`history_init` ring that recorded this step last.
-
-    Example:
-        >>> import mlx.core as mx
-        >>> grads = {"b": mx.zeros(2), "w": mx.array([[1.0, -float("inf")], [float("nan"), -4.0]])}
-        >>> report = overflow_report(overflow_counts(grads), step=3, scale=1024.0, loss=2.5)
-        >>> report.names, report.overflows[0], report.checked, report.loss_finite
-        (['w'], GradientOverflow('w', shape=(2, 2), inf=1, nan=1, max_finite=4.0), 2, True)
-        >>> overflow_report(overflow_counts({"w": mx.ones(3)})) is None
-        True
-    """
+def _named_counts(counts: Any) -> list[tuple[str, Any]]:
     pairs = tree_flatten(counts, is_leaf=lambda x: isinstance(x, LeafCounts))
-    named = [(path or "grads", record) for path, record in pairs]
-    if loss is not None and not isinstance(loss, (bool, mx.array)):
-        loss = mx.array(loss)
-    return _functional.build_report(named, _host, step=step, scale=scale,
-                                    loss_finite=_functional.loss_is_finite(mx, loss),
-                                    history=history)
-
-
-def history_init(size: int) -> dict[str, mx.array]:
-    """An empty ring of the last ``size`` updates, to pass through the compiled step: a dict
-    of ``iteration`` (int32), ``scale`` (float32), ``skipped`` (bool), each ``(size,)``, and
-    ``count`` (int32 0-d, records written).
-
-    Raises:
-        TypeError: ``size`` is not an int (a bool neither).
-        ValueError: ``size`` is below 1.
-
-    Example:
-        >>> sorted((k, v.shape, str(v.dtype)) for k, v in history_init(4).items())
-        [('count', (), 'mlx.core.int32'), ('iteration', (4,), 'mlx.core.int32'),
-         ('scale', (4,), 'mlx.core.float32'), ('skipped', (4,), 'mlx.core.bool')]
-    """
-    return _functional.history_init(MlxGradScaler, size)
+    return [(path or "grads", record) for path, record in pairs]
 
 
 def _set_slot(ring: mx.array, slot: mx.array, value: mx.array) -> mx.array:
     return mx.slice_update(ring, value.astype(ring.dtype).reshape(1), slot.reshape(1), axes=(0,))
 
 
-def history_record(history: dict[str, mx.array], scaler: MlxGradScaler,
-                   finite: Any) -> dict[str, mx.array]:
-    """``history`` with this update recorded, eagerly or inside ``mx.compile`` (no host
-    read): iteration ``count + 1``, the scale of ``scaler`` *before*
-    ``scaler.update(finite)`` (1.0 when disabled) and whether the step was skipped
-    (``not finite``), in slot ``count % size``.
-
-    Example:
-        >>> import unifiedamp as ua
-        >>> scaler, history = ua.GradScaler(8.0, growth_interval=1, backend="mlx"), history_init(2)
-        >>> for finite in [True, False, True]:
-        ...     history = history_record(history, scaler, finite)
-        ...     scaler = scaler.update(finite)
-        >>> scale_history(history).as_list()     # the last 2 of 3: iterations 2 and 3
-        [(2, 16.0, True), (3, 8.0, False)]
-    """
-    return _functional.history_record(MlxGradScaler, _set_slot, history, scaler, finite)
-
-
-def scale_history(history: dict[str, mx.array]) -> diagnostics.ScaleHistory:
-    """The ring as a :class:`~unifiedamp.diagnostics.ScaleHistory`, oldest record first
-    (evaluates it: call it outside ``mx.compile``, when you log or plot).
-
-    Example:
-        >>> scale_history(history_init(3)).as_list()
-        []
-    """
-    return _functional.scale_history(_host, history)
-
-
-def collapse_message(scaler: MlxGradScaler, report: diagnostics.OverflowReport | None = None,
-                     *, step: Any = None, max_consecutive_skips: int | None = 100) -> str | None:
-    """The collapse warning's text for this scaler, or None: the imperative backends'
-    message (same rule, same words), read from ``consecutive_skips`` and the scale.
-
-    A collapse is ``max_consecutive_skips`` skipped steps in a row (None: not checked) or a
-    scale below float32's smallest normal number. ``report`` (:func:`overflow_report` of
-    the last skipped step) ends the message with ``"Last overflow: "``, its summary and
-    whether the loss itself was inf/NaN. ``step`` names the step (default ``report.step``).
-    Reads the device: call it outside ``mx.compile``. :func:`check_collapse` warns with it.
-
-    Example:
-        >>> scaler = MlxGradScaler(8.0).update(False).update(False)
-        >>> print(collapse_message(scaler, step=2, max_consecutive_skips=2))
-        Loss scale collapsed at step 2: scale 2.0 (0x40000000); the gradients were inf/NaN at
-        each of the last 2 steps, ...
-    """
-    return _functional.collapse_message(MlxGradScaler, scaler, report, step=step,
-                                        max_consecutive_skips=max_consecutive_skips)
-
-
-def check_collapse(scaler: MlxGradScaler, report: diagnostics.OverflowReport | None = None,
-                   *, step: Any = None, max_consecutive_skips: int | None = 100,
-                   on_collapse: str = "warn") -> str | None:
-    """Warns :class:`unifiedamp.ScaleCollapseWarning` (or raises
-    :class:`unifiedamp.ScaleCollapseError` with ``on_collapse="raise"``) with
-    :func:`collapse_message` when the scale collapsed; returns the message, or None.
-
-    Stateless: it warns at every call that finds a collapse, so call it where you log.
-
-    Example:
-        >>> import unifiedamp as ua
-        >>> scaler = MlxGradScaler(8.0).update(False)
-        >>> check_collapse(scaler, max_consecutive_skips=1, on_collapse="raise")
-        Traceback (most recent call last):
-        ...
-        unifiedamp._monitor.ScaleCollapseError: Loss scale collapsed: scale 4.0 ...
-    """
-    return _functional.check_collapse(MlxGradScaler, scaler, report, step=step,
-                                      max_consecutive_skips=max_consecutive_skips,
-                                      on_collapse=on_collapse, stacklevel=3)
+(overflow_report, history_init, history_record, scale_history, collapse_message,
+ check_collapse) = public_functions(
+    MlxGradScaler, module=__name__, host=_host, named_counts=_named_counts,
+    asarray=lambda x: x if isinstance(x, mx.array) else mx.array(x), set_slot=_set_slot,
+    words=Words(
+        outside="outside ``mx.compile``",
+        naming="Gradients are named by ``mlx.utils.tree_flatten``'s dotted paths "
+               "(``layers.0.weight``, the names of ``model.parameters()``), in tree order;",
+        keep="pass through the compiled step",
+        traced="eagerly or inside ``mx.compile`` (no host read)",
+        module="mlx.core", alias="mx", int32="'mlx.core.int32'",
+        float32="'mlx.core.float32'", bool_="'mlx.core.bool'"))

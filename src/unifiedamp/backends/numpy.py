@@ -26,21 +26,18 @@ import numpy as np
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import (
-    GradScaler,
-    HostCounters,
+from unifiedamp._scaler import GradScaler, NoInfChecksError, new_scale_value
+from unifiedamp._tree import tree_map
+from unifiedamp.backends._imperative import (
+    HostState,
+    ImperativeDiagnostics,
     LastUpdate,
-    NoInfChecksError,
-    SkipReports,
     diagnostics_options,
     mid_iteration_load_error,
-    new_scale_value,
     report_note,
     update_arguments,
-    watched_pairs,
 )
-from unifiedamp._tree import tree_map
-from unifiedamp.diagnostics import OverflowReport, ScaleHistory, count_overflow
+from unifiedamp.diagnostics import OverflowReport, count_overflow
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __all__ = ["NumpyGradScaler", "SGD"]
@@ -96,7 +93,11 @@ def _as_float_array(x: Any, what: str) -> np.ndarray:
     return a
 
 
-class NumpyGradScaler(SkipReports, HostCounters, GradScaler):
+#: Names in pickles of the previous release -> their names now.
+_PICKLED_NAMES = {"_last_output": "_scale_input"}
+
+
+class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
     """A dynamic loss scaler for NumPy training loops, with ``torch.amp.GradScaler``'s verbs.
 
     Takes every :class:`unifiedamp.spec.ScalerConfig` parameter (aliases too)
@@ -134,6 +135,8 @@ class NumpyGradScaler(SkipReports, HostCounters, GradScaler):
 
     backend = "numpy"
     capabilities = frozenset({"unscale_", "step", "watch", "overflow_report", "history"})
+    _parameter_type = np.ndarray
+    _parameter_kind = "numpy array"
 
     def __init__(
         self,
@@ -144,7 +147,7 @@ class NumpyGradScaler(SkipReports, HostCounters, GradScaler):
         history: int = 0,
         **kwargs: Any,
     ):
-        ring = diagnostics_options(diagnose, history)
+        history_size = diagnostics_options(diagnose, history)
         self._config = spec.config_from_args(
             args, kwargs, extra_names=("max_consecutive_skips", "on_collapse", "backend",
                                        "diagnose", "history")
@@ -157,35 +160,9 @@ class NumpyGradScaler(SkipReports, HostCounters, GradScaler):
         self._found_inf: dict[int, bool] = {}
         self._functional_found_inf: list[bool] = []
         self._updates = 0
-        # Diagnostics: what overflow_report() needs, kept only until the next update.
-        self._diagnose = diagnose
-        self._watched: dict[int, tuple[str, np.ndarray]] = {}  # id(param) -> (name, param)
-        self._checked: dict[int, Any] = {}  # id -> optimizer unscaled this iteration
-        self._last_output: Any = None  # what scale() was given, when one array or float
-        self._last: LastUpdate | None = None  # the last update, if it skipped
-        self._ring = (np.zeros(ring, np.int64), np.zeros(ring, np.float32),
-                      np.zeros(ring, bool))
-        self._ring_count = 0
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._state}, {self._config})"
+        self._init_diagnostics(diagnose, history_size)
 
     # ------------------------------------------------------------ state and config
-
-    @property
-    def config(self) -> ScalerConfig:
-        return self._config
-
-    @property
-    def state(self) -> ScalerState:
-        return self._state
-
-    def is_enabled(self) -> bool:
-        return self._config.enabled
-
-    def get_scale(self) -> float:
-        """The current scale; 1.0 when disabled, as in torch."""
-        return self._state.scale if self._config.enabled else 1.0
 
     def _reconfigure(self, config: ScalerConfig) -> NumpyGradScaler:
         self._config = config
@@ -247,7 +224,7 @@ class NumpyGradScaler(SkipReports, HostCounters, GradScaler):
         scaled = tree_map(scale_one, outputs)
         # For overflow_report().loss_finite, read only after a skipped update.
         single = isinstance(outputs, (np.ndarray, np.generic, float))
-        self._last_output = outputs if single else None
+        self._scale_input = outputs if single else None
         return scaled
 
     def _inv_scale(self) -> np.float32:
@@ -394,7 +371,7 @@ class NumpyGradScaler(SkipReports, HostCounters, GradScaler):
             return self
         if new_scale is not None:
             self._state = self._state._replace(scale=new_scale_value(new_scale))
-            self._last = None
+            self._remember_update(None)
         else:
             checks = [*self._found_inf.values(), *self._functional_found_inf]
             if finite is not None:
@@ -406,114 +383,35 @@ class NumpyGradScaler(SkipReports, HostCounters, GradScaler):
             self._state = self._next_state(found_inf)
             self._count(found_inf)
             self._record(scale, found_inf)
-            self._last = None
-            if found_inf:
-                self._last = LastUpdate(self._updates, scale, list(self._checked.values()),
-                                         self._last_output,
-                                         not any(self._found_inf.values()))
-                if self._diagnose:
-                    self._last.report = self._compute_report(self._last, at_update=True)
+            self._remember_update(LastUpdate(
+                self._updates, scale, list(self._checked.values()), self._scale_input,
+                not any(self._found_inf.values())) if found_inf else None)
         self._stages.clear()
         self._found_inf.clear()
         self._functional_found_inf.clear()
-        self._checked.clear()
-        self._last_output = None
+        self._forget_iteration()
         if new_scale is None:
             self._monitor.observe(self._updates, self._state.scale, found_inf,
                                   detail=self._collapse_detail if found_inf else None)
         return self
 
     def __getstate__(self) -> dict[str, Any]:
-        # A copy (pickle, deepcopy) keeps the history and the last report, computed now,
-        # as paddle's does; not the optimizers, gradients, loss or watch() names the
-        # scaler refers to (they may not pickle, and a copy must not keep them alive).
-        d = dict(self.__dict__)
-        d["_watched"], d["_checked"], d["_last_output"] = {}, {}, None
-        if self._last is not None:
-            d["_last"] = self._last.detached(self.overflow_report())
-        return d
+        # A copy (pickle, deepcopy) keeps every attribute, a subclass's too, but of the
+        # diagnostics only what _diagnostics_state() says a copy keeps.
+        return {**self.__dict__, **self._diagnostics_state()}
+
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        saved = {_PICKLED_NAMES.get(name, name): value for name, value in saved.items()}
+        if "_ring" in saved:  # the previous release's ring: one tuple of three arrays
+            iterations, scales, skipped = saved.pop("_ring")
+            saved.update(_ring_iterations=iterations, _ring_scales=scales,
+                         _ring_skipped=skipped)
+        self.__dict__.update(saved)
 
     # ------------------------------------------------------------ diagnostics
 
-    def watch(self, model: Any) -> None:
-        """Names the parameters in :meth:`overflow_report`.
-
-        ``model`` is an object with ``named_parameters()``, a dict ``name -> array`` or an
-        iterable of ``(name, array)`` pairs; the arrays are matched to the optimizer's
-        ``params`` by identity (the same array objects, not copies or views). Calls add
-        up (a later name for the same array wins); every pair is checked before any is
-        kept. A copy of the scaler (``copy.deepcopy``) forgets the names: watch again.
-        Unwatched parameters are named ``params[i]``.
-
-        Example:
-            >>> import numpy as np
-            >>> w, b = np.ones(2, np.float32), np.zeros(1, np.float32)
-            >>> scaler, opt = NumpyGradScaler(8.0), SGD([w, b])
-            >>> scaler.watch({"w": w, "b": b})
-            >>> opt.grads = [np.array([np.inf, 8], np.float32), np.zeros(1, np.float32)]
-            >>> scaler.step(opt); _ = scaler.update()
-            >>> scaler.overflow_report().names
-            ['w']
-        """
-        pairs = watched_pairs(model, lambda p: isinstance(p, np.ndarray), "numpy array")
-        self._watched.update((id(array), (name, array)) for name, array in pairs)
-
-    def overflow_report(self) -> OverflowReport | None:
-        """Which gradients held inf/NaN at the last update, if it skipped; else None.
-
-        With ``diagnose=True`` the report was computed during that ``update()``. Without,
-        it is computed now (once, then kept), from the gradients of the optimizers checked
-        in that iteration as they are now: after ``zero_grad()`` they are gone, and the
-        report lists none and says so. ``max_finite`` is of the unscaled gradient.
-        ``loss_finite`` is whether the one array (or float) given to ``scale()`` that
-        iteration was finite (None when ``scale()`` got a container or was not called).
-
-        Example:
-            >>> import numpy as np
-            >>> scaler, opt = NumpyGradScaler(4.0), SGD([np.ones(3, np.float32)])
-            >>> loss = scaler.scale(np.float32(0.5))
-            >>> opt.grads = [np.array([8.0, np.nan, -np.inf], np.float32)]
-            >>> scaler.step(opt); _ = scaler.update()
-            >>> print(scaler.overflow_report())  # doctest: +NORMALIZE_WHITESPACE
-            Step 1 was skipped at scale 4: 1 of 1 gradients held inf/NaN.
-              params[0] (3,): 1 inf, 1 NaN, largest finite |g| 2
-            The loss was finite before scaling: the scaled gradients overflowed float16 and
-            the scaler backs off, as designed.
-        """
-        return self._kept_report()
-
-    def history(self) -> ScaleHistory:
-        """The last ``history`` updates (oldest first): iteration (counted from 1), the scale
-        that iteration used (before the update changed it), and whether it skipped.
-
-        Raises:
-            ValueError: The scaler was built with ``history=0`` (the default).
-
-        Example:
-            >>> import numpy as np
-            >>> scaler, opt = NumpyGradScaler(4.0, history=2), SGD([np.ones(1, np.float32)])
-            >>> for g in (1.0, np.inf, 1.0):
-            ...     opt.grads = [np.array([g], np.float32)]
-            ...     scaler.step(opt); _ = scaler.update()
-            >>> scaler.history().as_list()
-            [(2, 4.0, True), (3, 2.0, False)]
-        """
-        iterations, scales, skipped = self._ring
-        if not len(scales):
-            raise ValueError("this scaler keeps no history: build it with history=N (e.g. "
-                             "history=1000) to keep the last N updates")
-        return ScaleHistory.from_ring(iterations, scales, skipped, self._ring_count)
-
-    def _record(self, scale: float, skipped: bool) -> None:
-        iterations, scales, flags = self._ring
-        if len(scales):
-            slot = self._ring_count % len(scales)
-            iterations[slot], scales[slot], flags[slot] = self._updates, scale, skipped
-            self._ring_count += 1
-
     def _compute_report(self, last: LastUpdate, at_update: bool) -> OverflowReport:
-        watched = self._watched
-        prefix = len(last.optimizers) > 1
+        several = len(last.optimizers) > 1
         overflows = []
         checked = 0
         for k, optimizer in enumerate(last.optimizers):
@@ -522,11 +420,7 @@ class NumpyGradScaler(SkipReports, HostCounters, GradScaler):
                 if grad is None:
                     continue
                 checked += 1
-                entry = watched.get(id(param))
-                if entry is not None and entry[1] is param:
-                    name = entry[0]
-                else:
-                    name = f"optimizers[{k}].params[{i}]" if prefix else f"params[{i}]"
+                name = self._gradient_name(param, f"params[{i}]", k, several)
                 # One pass over a finite gradient; only a non-finite one is counted.
                 overflow = count_overflow(name, grad)
                 if overflow is not None:

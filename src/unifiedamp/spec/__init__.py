@@ -4,11 +4,12 @@ Everything every backend must agree on lives here, in pure Python, one concern
 per module; this package re-exports the public names:
 
 - ``_float32``: float32 rounding and bit patterns;
-- ``_config``: :class:`ScalerConfig` and its validation;
+- ``_names``: the canonical parameter names;
+- ``_config``: :class:`ScalerConfig`, its validation, building one from any spelling;
 - ``_natives``: one table per native scaler (its call, defaults per version, what it can
   carry, its state dict), the porting aliases;
 - ``_rule``: :class:`ScalerState` and the reference :func:`update`;
-- ``_state_dict``: the canonical ``state_dict``, and reading native torch/Paddle dicts;
+- ``_state_dict``: the canonical ``state_dict``, and reading and writing each native form;
 - ``_vectors``: the hand-computed test vectors;
 - ``_document``: the whole spec as JSON and Markdown (``unifiedamp spec``).
 
@@ -47,7 +48,7 @@ import importlib
 
 from unifiedamp.spec._config import CANONICAL, INT32_MAX, ScalerConfig, config_from_args
 from unifiedamp.spec._float32 import FLOAT32_MIN_NORMAL, f32, f32_bits, f32_from_bits, f32_hex
-from unifiedamp.spec._natives import ALIASES, FRAMEWORKS, NATIVE_SCALERS, STATE_FORMS
+from unifiedamp.spec._natives import ALIASES, FRAMEWORKS, NATIVE_SCALERS, STATE_FORMS, cannot_carry
 from unifiedamp.spec._rule import MIN_UNSCALABLE, ScalerState, unscale_overflows, update
 
 # ``import unifiedamp`` needs only the config and the rule. The state-dict format,
@@ -56,6 +57,8 @@ from unifiedamp.spec._rule import MIN_UNSCALABLE, ScalerState, unscale_overflows
 _LAZY = {
     "STATE_FORMAT": "_state_dict", "STATE_VERSION": "_state_dict",
     "parse_state_dict": "_state_dict", "to_state_dict": "_state_dict",
+    "detect_form": "_state_dict", "read_form": "_state_dict", "write_form": "_state_dict",
+    "native_dict": "_state_dict",
     "VECTORS": "_vectors", "Vector": "_vectors", "run_reference": "_vectors",
     "SCHEMA_VERSION": "_document", "SPEC_VERSION": "_document",
     "spec_document": "_document", "spec_markdown": "_document",
@@ -72,8 +75,12 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and IDEs
     from unifiedamp.spec._state_dict import (
         STATE_FORMAT,
         STATE_VERSION,
+        detect_form,
+        native_dict,
         parse_state_dict,
+        read_form,
         to_state_dict,
+        write_form,
     )
     from unifiedamp.spec._vectors import VECTORS, Vector, run_reference
 
@@ -107,16 +114,21 @@ __all__ = [
     "ScalerConfig",
     "ScalerState",
     "Vector",
+    "cannot_carry",
     "config_from_args",
+    "detect_form",
     "f32",
     "f32_bits",
     "f32_from_bits",
     "f32_hex",
+    "native_dict",
     "parse_state_dict",
+    "read_form",
     "run_reference",
     "spec_document",
     "spec_markdown",
     "to_state_dict",
     "unscale_overflows",
     "update",
+    "write_form",
 ]

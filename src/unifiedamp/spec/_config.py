@@ -1,4 +1,4 @@
-"""The configuration: canonical parameters and their validation."""
+"""The configuration: :class:`ScalerConfig`, its validation, and building one from any spelling."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import numbers
 from collections.abc import Mapping
 
 from unifiedamp.spec._float32 import f32
+from unifiedamp.spec._names import CANONICAL, POSITIONAL
+from unifiedamp.spec._natives import ALIASES
 
 # typing.TYPE_CHECKING without importing typing, which (with re and enum) would cost
 # about a third of ``import unifiedamp`` (tests/test_import.py); type checkers know
@@ -15,22 +17,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["CANONICAL", "INT32_MAX", "POSITIONAL", "RULES", "ScalerConfig",
+__all__ = ["ALIASES", "CANONICAL", "INT32_MAX", "POSITIONAL", "RULES", "ScalerConfig",
            "config_from_args", "is_real", "python_scalar"]
-
-
-CANONICAL = (
-    "init_scale",
-    "growth_factor",
-    "backoff_factor",
-    "growth_interval",
-    "enabled",
-    "hysteresis",
-    "min_scale",
-    "max_scale",
-    "dynamic",
-)
-POSITIONAL = CANONICAL[:5]
 
 
 #: The largest trackers, growth_interval and hysteresis: devices count in int32.
@@ -291,8 +279,6 @@ def _suggest(name: str, extra_names: tuple[str, ...]) -> str:
 
     if name in _FOREIGN:
         return f"Unknown parameter: {name!r} ({_FOREIGN[name]})"
-    from unifiedamp.spec._natives import ALIASES
-
     known = [*CANONICAL, *ALIASES, *extra_names]
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     if not close:
@@ -331,9 +317,6 @@ def config_from_args(
         ...
         TypeError: Unknown parameter: 'initScal' (did you mean 'initScale'?)
     """
-    # The aliases come from the native scalers' table, which is built on this module.
-    from unifiedamp.spec._natives import ALIASES
-
     if len(args) > len(POSITIONAL):
         raise TypeError(
             f"GradScaler takes at most {len(POSITIONAL)} positional parameters "

@@ -1,9 +1,9 @@
 """One table per native loss scaler: its call, defaults per version, what it carries, its state.
 
-Data and pure Python only (no framework is imported). Backends, porting and the
-conformance suite read these tables; adding a native scaler is one entry of
-:data:`NATIVE_SCALERS` (and, if its checkpoints hold a state of a new shape, one
-entry of :data:`STATE_FORMS`).
+Data and pure Python only (no framework is imported). Backends and porting read these
+tables; adding a native scaler is one entry of :data:`NATIVE_SCALERS` (and, if its
+checkpoints hold a state of a new shape, one entry of :data:`STATE_FORMS` with its
+branch in :mod:`unifiedamp.spec._state_dict`, which reads and writes each form).
 
 Each entry of :data:`NATIVE_SCALERS`, keyed by the class's qualified name:
 
@@ -30,6 +30,7 @@ and source (AmpScaler); tf-keras 2's from its source. ``tests/test_framework_ass
 checks them against the framework where it is installed.
 
 Example:
+    >>> from unifiedamp.spec import ScalerConfig
     >>> row = NATIVE_SCALERS["paddle.amp.GradScaler"]
     >>> row["versions"]["2"]["defaults"]["init_loss_scaling"], row["state"]
     (32768.0, 'paddle')
@@ -39,22 +40,18 @@ Example:
 
 from __future__ import annotations
 
-import math
-import numbers
-from collections.abc import Mapping
-
-from unifiedamp.spec._config import CANONICAL, ScalerConfig
 from unifiedamp.spec._float32 import f32
-from unifiedamp.spec._rule import ScalerState
+from unifiedamp.spec._names import CANONICAL
 
 # typing.TYPE_CHECKING without importing typing (tests/test_import.py).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from unifiedamp.spec._config import ScalerConfig
+
 __all__ = ["ALIASES", "FRAMEWORKS", "NATIVE_SCALERS", "QUALNAMES", "REQUIRED", "STATE_FORMS",
-           "cannot_carry", "detect_form", "form_cannot_carry", "native_defaults", "read_form",
-           "write_form"]
+           "cannot_carry"]
 
 #: A parameter without a default.
 REQUIRED = "<required>"
@@ -272,15 +269,6 @@ NATIVE_SCALERS: dict[str, dict[str, Any]] = {
                     "dynamic": "False only"},
         "fix": _JMP_FIX, "quirks": (),
     },
-    "unifiedamp.GradScaler": {
-        "framework": "unifiedamp", "backend": None, "package": None, "state": "canonical",
-        "aliases": ("unifiedamp", "ua.GradScaler"),
-        "params": CANONICAL[:5], "keyword_only": CANONICAL[5:],
-        "names": {name: name for name in CANONICAL},
-        "versions": {"1": {"releases": "any", "defaults": ScalerConfig().to_dict(),
-                           "fixed": {}}},
-        "carries": {name: "any" for name in CANONICAL}, "fix": "", "quirks": (),
-    },
 }
 
 #: Every other spelling of a class (and the short names) -> its key in NATIVE_SCALERS.
@@ -292,8 +280,8 @@ def _allows(rule: str, name: str, config: ScalerConfig) -> bool:
     value = getattr(config, name)
     if rule in ("any", "factor"):
         return True
-    if rule == "no":  # no such parameter: only the canonical default
-        return value == getattr(ScalerConfig, name)
+    if rule == "no":  # no such parameter: only the canonical default (the class's attribute)
+        return value == getattr(type(config), name)
     if rule == "1 / growth_factor only":  # jmp backs off by its one factor
         return f32(value) == f32(1.0 / config.growth_factor)
     if rule.endswith(" only"):
@@ -310,6 +298,7 @@ def cannot_carry(config: ScalerConfig, native: str) -> list[str]:
     ``native`` is a key of :data:`NATIVE_SCALERS` (or an alias). Empty: it holds all of it.
 
     Example:
+        >>> from unifiedamp.spec import ScalerConfig
         >>> cannot_carry(ScalerConfig(growth_factor=3.0, min_scale=1.0), "paddle")
         ['min_scale=1.0']
         >>> cannot_carry(ScalerConfig(), "keras")
@@ -391,186 +380,3 @@ STATE_FORMS: dict[str, dict[str, Any]] = {
     "jmp": {"keys": ("loss_scale", "counter"), "backend": "jax",
             "carries": "jmp.DynamicLossScale"},
 }
-_JMP_KEYS = ("loss_scale", "counter", "period", "factor", "min_loss_scale")
-
-
-def detect_form(d: Any) -> str:
-    """Which of :data:`STATE_FORMS` a dict is, from its keys.
-
-    Example:
-        >>> detect_form({"scale": 1024.0, "_growth_tracker": 3, "growth_factor": 2.0,
-        ...              "backoff_factor": 0.5, "growth_interval": 100})
-        'torch'
-        >>> detect_form({"dynamic_scale": 1024.0, "step_counter": 3})
-        'keras'
-    """
-    if not isinstance(d, Mapping):
-        raise TypeError(f"a scaler state must be a dict, got {type(d).__name__}")
-    for form, entry in STATE_FORMS.items():
-        keys = entry["keys"]
-        # torch's and paddle's dicts are marked by any one tracker key, so that a
-        # missing one is named rather than the dict called unknown.
-        if (any if form in ("torch", "paddle") else all)(k in d for k in keys):
-            return form
-    raise ValueError(
-        f"not a scaler state: keys {sorted(map(str, d))} match none of the forms "
-        f"{tuple(STATE_FORMS)} (canonical has 'format'; torch '_growth_tracker'; paddle "
-        "'incr_count'; keras 'dynamic_scale' and 'step_counter'; jmp 'loss_scale' and "
-        "'counter'); pass the scaler's own entry (key=) if this is a whole checkpoint")
-
-
-def _number(d: Mapping[str, Any], key: str) -> Any:
-    # Files give back 0-d or 1-element arrays and tensors where the framework held a
-    # variable (Keras, jmp, msgpack, npz), and JSON gives lists for Paddle's [scale].
-    if key not in d:
-        raise ValueError(f"Invalid scaler state_dict: the {detect_form(d)} form needs {key!r}, "
-                         f"and this dict has only {sorted(map(str, d))}; nothing was loaded")
-    value = d[key]
-    if isinstance(value, list) and len(value) == 1:
-        value = value[0]
-    if hasattr(value, "item") and not isinstance(value, numbers.Number):
-        size = value.numel() if hasattr(value, "numel") else getattr(value, "size", None)
-        if size == 1:
-            value = value.item()
-    return value
-
-
-def native_defaults(form: str) -> ScalerConfig:
-    """The config of the native scaler whose state dicts have ``form``, at its defaults.
-
-    Example:
-        >>> native_defaults("keras").init_scale
-        32768.0
-    """
-    if form == "canonical":
-        return ScalerConfig()
-    defaults = FRAMEWORKS[form]["defaults"]
-    return ScalerConfig(**{k: v for k, v in defaults.items() if k in CANONICAL})
-
-
-def read_form(d: Any, config: ScalerConfig | None = None
-              ) -> tuple[ScalerConfig, ScalerState, str]:
-    """Validates a scaler state in any of :data:`STATE_FORMS`: ``(config, state, form)``.
-
-    ``config`` gives the parameters the form does not carry (torch's ``init_scale``,
-    Keras's whole config, jmp's hysteresis...); without it they are the defaults of
-    that form's native scaler, except jmp's ``init_scale``, which is its current
-    ``loss_scale`` (jmp keeps no initial scale).
-
-    Raises:
-        ValueError: Not a known form, or a field out of range; names the field.
-
-    Example:
-        >>> cfg, st, form = read_form({"dynamic_scale": 512.0, "step_counter": 2})
-        >>> form, cfg.growth_interval, cfg.init_scale, st
-        ('keras', 2000, 32768.0, ScalerState(scale=512.0, growth_tracker=2, hysteresis_tracker=0))
-    """
-    from unifiedamp.spec._state_dict import parse_state_dict, to_state_dict
-
-    form = detect_form(d)
-    if form in ("canonical", "torch", "paddle"):
-        flat = dict(d)
-        if form != "canonical":
-            flat["scale"] = _number(d, "scale")
-            for key in ("_growth_tracker", "incr_count", "decr_count"):
-                if key in flat:
-                    flat[key] = _number(d, key)
-        cfg, state = parse_state_dict(flat, base=config or native_defaults(form))
-        return cfg, state, form
-    if form == "keras":
-        base = config or native_defaults("keras")
-        hyst = _number(d, "hysteresis_counter") if "hysteresis_counter" in d else 0
-        cfg, state = parse_state_dict(to_state_dict(base, ScalerState(0.0), "keras")
-                                      | {"scale": _number(d, "dynamic_scale"),
-                                         "growth_tracker": _number(d, "step_counter"),
-                                         "hysteresis_tracker": hyst})
-        if state.hysteresis_tracker and state.hysteresis_tracker >= cfg.hysteresis:
-            raise ValueError(
-                f"Invalid scaler state_dict: hysteresis_counter={state.hysteresis_tracker} "
-                f"needs a config with hysteresis > {state.hysteresis_tracker}, and Keras's "
-                "variables carry no config: pass config= (the optimizer's scaler_config); "
-                "nothing was loaded")
-        return cfg, state, form
-    missing = [k for k in _JMP_KEYS if k not in d]
-    if missing:
-        raise ValueError(f"Invalid scaler state_dict: the jmp form is missing {missing} "
-                         f"(jmp.DynamicLossScale has {list(_JMP_KEYS)}); nothing was loaded")
-    factor, floor = _number(d, "factor"), _number(d, "min_loss_scale")
-    scale = _number(d, "loss_scale")
-    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-               for v in (factor, floor, scale)):
-        raise ValueError(f"Invalid scaler state_dict: loss_scale, factor and min_loss_scale "
-                         f"must be finite numbers, got {scale!r}, {factor!r}, {floor!r}; "
-                         "nothing was loaded")
-    if factor <= 0:
-        raise ValueError(f"Invalid scaler state_dict: jmp's factor must be > 0, got "
-                         f"factor={factor!r}; nothing was loaded")
-    base = config or ScalerConfig(scale if scale > 0 else 1.0)
-    raw = base.to_dict() | {"growth_factor": float(factor), "backoff_factor": 1.0 / factor,
-                            "growth_interval": _number(d, "period"),
-                            # jmp's 0 is "no floor" (jnp.maximum(0, scale / f))
-                            "min_scale": float(floor) if floor > 0 else None}
-    canonical = to_state_dict(base, ScalerState(0.0), "jax") | {
-        "config": raw, "scale": scale, "growth_tracker": _number(d, "counter"),
-        "hysteresis_tracker": 0}
-    cfg, state = parse_state_dict(canonical)
-    return cfg, state, form
-
-
-def form_cannot_carry(config: ScalerConfig, form: str) -> list[str]:
-    """What of ``config`` the state dicts of ``form`` cannot carry (empty: all of it).
-
-    Example:
-        >>> form_cannot_carry(ScalerConfig(hysteresis=2), "torch")
-        ['hysteresis=2']
-        >>> form_cannot_carry(ScalerConfig(hysteresis=2), "paddle")
-        []
-    """
-    if not config.enabled:
-        # torch and paddle save {} for a disabled scaler, which nothing can load.
-        return ["enabled=False (a disabled scaler has no native state)"]
-    native = STATE_FORMS[form]["carries"]
-    return [] if native is None else cannot_carry(config, native)
-
-
-def write_form(config: ScalerConfig, state: ScalerState, form: str) -> dict[str, Any]:
-    """The state dict of ``form`` holding ``config`` and ``state``, as the native scaler
-    writes it (the backends' ``native_state_dict()`` and porting write this).
-
-    Raises:
-        ValueError: ``form`` cannot carry ``config`` (:func:`form_cannot_carry`); names what.
-
-    Example:
-        >>> write_form(ScalerConfig(growth_interval=100), ScalerState(1024.0, 7, 0), "jmp")
-        {'loss_scale': 1024.0, 'counter': 7, 'period': 100, 'factor': 2.0, 'min_loss_scale': 0.0}
-    """
-    lost = form_cannot_carry(config, form)
-    if lost:
-        backend = STATE_FORMS[form]["backend"]
-        raise ValueError(
-            f"the {form} form cannot carry {', '.join(lost)}: loading it would run another "
-            f"rule. Convert with to='canonical' (every unifiedamp backend loads it, "
-            f"ua.GradScaler(..., backend='{backend}') included); nothing was written")
-    s, c = state, config
-    if form == "torch":
-        # The factors rounded to float32: torch's kernel multiplies by the factor it
-        # holds, and the float32 one gives the spec's bits.
-        return {"scale": s.scale, "growth_factor": f32(c.growth_factor),
-                "backoff_factor": f32(c.backoff_factor), "growth_interval": c.growth_interval,
-                "_growth_tracker": s.growth_tracker}
-    if form == "paddle":
-        import numpy as np
-
-        # paddle's load reads state_dict["scale"][0].
-        return {"scale": np.array([s.scale], np.float32), "incr_ratio": c.growth_factor,
-                "decr_ratio": c.backoff_factor, "incr_every_n_steps": c.growth_interval,
-                "decr_every_n_nan_or_inf": c.hysteresis, "incr_count": s.growth_tracker,
-                "decr_count": s.hysteresis_tracker, "use_dynamic_loss_scaling": c.dynamic}
-    if form == "keras":
-        return {"dynamic_scale": s.scale, "step_counter": s.growth_tracker,
-                "hysteresis_counter": s.hysteresis_tracker}
-    if form == "jmp":
-        # min_loss_scale 0.0 is "no floor" (its default 1.0 would add one).
-        return {"loss_scale": s.scale, "counter": s.growth_tracker, "period": c.growth_interval,
-                "factor": c.growth_factor, "min_loss_scale": c.min_scale or 0.0}
-    raise ValueError(f"no native form {form!r}: one of {tuple(STATE_FORMS)[1:]}")

@@ -1,7 +1,12 @@
-"""The canonical ``state_dict`` format: writing it, and reading it or a native torch/Paddle dict.
+"""The canonical ``state_dict`` format, and each native form: reading and writing them.
 
 Reading only reads: :func:`parse_state_dict` validates everything and returns
 values, so a backend that applies them afterwards never half-applies a bad dict.
+The native forms (:data:`unifiedamp.spec.STATE_FORMS`: torch's, Paddle's, Keras's
+optimizer variables, jmp's fields) are told apart by :func:`detect_form`, read by
+:func:`read_form` and written by :func:`write_form`, which refuses a config the form
+cannot carry (what each native scaler carries is its entry's ``carries`` in the
+natives' table).
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from unifiedamp.spec._config import (
     is_real,
 )
 from unifiedamp.spec._float32 import f32
-from unifiedamp.spec._natives import FRAMEWORKS
+from unifiedamp.spec._natives import FRAMEWORKS, STATE_FORMS, cannot_carry
 from unifiedamp.spec._rule import ScalerState
 
-__all__ = ["STATE_FORMAT", "STATE_KEYS", "STATE_VERSION", "parse_state_dict", "to_state_dict"]
+__all__ = ["STATE_FORMAT", "STATE_KEYS", "STATE_VERSION", "detect_form", "form_cannot_carry",
+           "native_defaults", "native_dict", "parse_state_dict", "read_form", "state_number",
+           "to_state_dict", "write_form"]
 
 STATE_FORMAT = "unifiedamp.GradScaler"
 STATE_VERSION = 1
@@ -190,3 +197,200 @@ def parse_state_dict(
         _tracker(d, "hysteresis_tracker", "hysteresis_tracker"),
     )
     return config, state
+
+
+# ------------------------------------------------------------------ native forms
+
+_JMP_KEYS = ("loss_scale", "counter", "period", "factor", "min_loss_scale")
+
+
+def detect_form(d: Any) -> str:
+    """Which of :data:`STATE_FORMS` a dict is, from its keys.
+
+    Example:
+        >>> detect_form({"scale": 1024.0, "_growth_tracker": 3, "growth_factor": 2.0,
+        ...              "backoff_factor": 0.5, "growth_interval": 100})
+        'torch'
+        >>> detect_form({"dynamic_scale": 1024.0, "step_counter": 3})
+        'keras'
+    """
+    if not isinstance(d, Mapping):
+        raise TypeError(f"a scaler state must be a dict, got {type(d).__name__}")
+    for form, entry in STATE_FORMS.items():
+        keys = entry["keys"]
+        # torch's and paddle's dicts are marked by any one tracker key, so that a
+        # missing one is named rather than the dict called unknown.
+        if (any if form in ("torch", "paddle") else all)(k in d for k in keys):
+            return form
+    raise ValueError(
+        f"not a scaler state: keys {sorted(map(str, d))} match none of the forms "
+        f"{tuple(STATE_FORMS)} (canonical has 'format'; torch '_growth_tracker'; paddle "
+        "'incr_count'; keras 'dynamic_scale' and 'step_counter'; jmp 'loss_scale' and "
+        "'counter'); pass the scaler's own entry (key=) if this is a whole checkpoint")
+
+
+def state_number(d: Mapping[str, Any], key: str) -> Any:
+    """The number at ``d[key]``, unwrapped from a 1-element list, array or tensor."""
+    # Files give back 0-d or 1-element arrays and tensors where the framework held a
+    # variable (Keras, jmp, msgpack, npz), and JSON gives lists for Paddle's [scale].
+    if key not in d:
+        raise ValueError(f"Invalid scaler state_dict: the {detect_form(d)} form needs {key!r}, "
+                         f"and this dict has only {sorted(map(str, d))}; nothing was loaded")
+    value = d[key]
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if hasattr(value, "item") and not isinstance(value, numbers.Number):
+        size = value.numel() if hasattr(value, "numel") else getattr(value, "size", None)
+        if size == 1:
+            value = value.item()
+    return value
+
+
+def native_defaults(form: str) -> ScalerConfig:
+    """The config of the native scaler whose state dicts have ``form``, at its defaults.
+
+    Example:
+        >>> native_defaults("keras").init_scale
+        32768.0
+    """
+    if form == "canonical":
+        return ScalerConfig()
+    defaults = FRAMEWORKS[form]["defaults"]
+    return ScalerConfig(**{k: v for k, v in defaults.items() if k in CANONICAL})
+
+
+def read_form(d: Any, config: ScalerConfig | None = None
+              ) -> tuple[ScalerConfig, ScalerState, str]:
+    """Validates a scaler state in any of :data:`STATE_FORMS`: ``(config, state, form)``.
+
+    ``config`` gives the parameters the form does not carry (torch's ``init_scale``,
+    Keras's whole config, jmp's hysteresis...); without it they are the defaults of
+    that form's native scaler, except jmp's ``init_scale``, which is its current
+    ``loss_scale`` (jmp keeps no initial scale).
+
+    Raises:
+        ValueError: Not a known form, or a field out of range; names the field.
+
+    Example:
+        >>> cfg, st, form = read_form({"dynamic_scale": 512.0, "step_counter": 2})
+        >>> form, cfg.growth_interval, cfg.init_scale, st
+        ('keras', 2000, 32768.0, ScalerState(scale=512.0, growth_tracker=2, hysteresis_tracker=0))
+    """
+    form = detect_form(d)
+    if form in ("canonical", "torch", "paddle"):
+        flat = dict(d)
+        if form != "canonical":
+            flat["scale"] = state_number(d, "scale")
+            for key in ("_growth_tracker", "incr_count", "decr_count"):
+                if key in flat:
+                    flat[key] = state_number(d, key)
+        cfg, state = parse_state_dict(flat, base=config or native_defaults(form))
+        return cfg, state, form
+    if form == "keras":
+        base = config or native_defaults("keras")
+        hyst = state_number(d, "hysteresis_counter") if "hysteresis_counter" in d else 0
+        cfg, state = parse_state_dict(to_state_dict(base, ScalerState(0.0), "keras")
+                                      | {"scale": state_number(d, "dynamic_scale"),
+                                         "growth_tracker": state_number(d, "step_counter"),
+                                         "hysteresis_tracker": hyst})
+        if state.hysteresis_tracker and state.hysteresis_tracker >= cfg.hysteresis:
+            raise ValueError(
+                f"Invalid scaler state_dict: hysteresis_counter={state.hysteresis_tracker} "
+                f"needs a config with hysteresis > {state.hysteresis_tracker}, and Keras's "
+                "variables carry no config: pass config= (the optimizer's scaler_config); "
+                "nothing was loaded")
+        return cfg, state, form
+    missing = [k for k in _JMP_KEYS if k not in d]
+    if missing:
+        raise ValueError(f"Invalid scaler state_dict: the jmp form is missing {missing} "
+                         f"(jmp.DynamicLossScale has {list(_JMP_KEYS)}); nothing was loaded")
+    factor, floor = state_number(d, "factor"), state_number(d, "min_loss_scale")
+    scale = state_number(d, "loss_scale")
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+               for v in (factor, floor, scale)):
+        raise ValueError(f"Invalid scaler state_dict: loss_scale, factor and min_loss_scale "
+                         f"must be finite numbers, got {scale!r}, {factor!r}, {floor!r}; "
+                         "nothing was loaded")
+    if factor <= 0:
+        raise ValueError(f"Invalid scaler state_dict: jmp's factor must be > 0, got "
+                         f"factor={factor!r}; nothing was loaded")
+    base = config or ScalerConfig(scale if scale > 0 else 1.0)
+    raw = base.to_dict() | {"growth_factor": float(factor), "backoff_factor": 1.0 / factor,
+                            "growth_interval": state_number(d, "period"),
+                            # jmp's 0 is "no floor" (jnp.maximum(0, scale / f))
+                            "min_scale": float(floor) if floor > 0 else None}
+    canonical = to_state_dict(base, ScalerState(0.0), "jax") | {
+        "config": raw, "scale": scale, "growth_tracker": state_number(d, "counter"),
+        "hysteresis_tracker": 0}
+    cfg, state = parse_state_dict(canonical)
+    return cfg, state, form
+
+
+def form_cannot_carry(config: ScalerConfig, form: str) -> list[str]:
+    """What of ``config`` the state dicts of ``form`` cannot carry (empty: all of it).
+
+    Example:
+        >>> form_cannot_carry(ScalerConfig(hysteresis=2), "torch")
+        ['hysteresis=2']
+        >>> form_cannot_carry(ScalerConfig(hysteresis=2), "paddle")
+        []
+    """
+    if not config.enabled:
+        # torch and paddle save {} for a disabled scaler, which nothing can load.
+        return ["enabled=False (a disabled scaler has no native state)"]
+    native = STATE_FORMS[form]["carries"]
+    return [] if native is None else cannot_carry(config, native)
+
+
+def write_form(config: ScalerConfig, state: ScalerState, form: str) -> dict[str, Any]:
+    """The state dict of ``form`` holding ``config`` and ``state``, as the native scaler
+    writes it (the backends' ``native_state_dict()`` and porting write this).
+
+    Raises:
+        ValueError: ``form`` cannot carry ``config`` (:func:`form_cannot_carry`); names what.
+
+    Example:
+        >>> write_form(ScalerConfig(growth_interval=100), ScalerState(1024.0, 7, 0), "jmp")
+        {'loss_scale': 1024.0, 'counter': 7, 'period': 100, 'factor': 2.0, 'min_loss_scale': 0.0}
+    """
+    lost = form_cannot_carry(config, form)
+    if lost:
+        backend = STATE_FORMS[form]["backend"]
+        raise ValueError(
+            f"the {form} form cannot carry {', '.join(lost)}: loading it would run another "
+            f"rule. Convert with to='canonical' (every unifiedamp backend loads it, "
+            f"ua.GradScaler(..., backend='{backend}') included); nothing was written")
+    return native_dict(config, state, form)
+
+
+def native_dict(config: ScalerConfig, state: ScalerState, form: str) -> dict[str, Any]:
+    """The keys of ``form``'s state dict for ``config`` and ``state``, unchecked: the caller
+    knows the form carries the config (:func:`write_form` checks first).
+
+    Example:
+        >>> native_dict(ScalerConfig(), ScalerState(1024.0, 7, 0), "keras")
+        {'dynamic_scale': 1024.0, 'step_counter': 7, 'hysteresis_counter': 0}
+    """
+    s, c = state, config
+    if form == "torch":
+        # The factors rounded to float32: torch's kernel multiplies by the factor it
+        # holds, and the float32 one gives the spec's bits.
+        return {"scale": s.scale, "growth_factor": f32(c.growth_factor),
+                "backoff_factor": f32(c.backoff_factor), "growth_interval": c.growth_interval,
+                "_growth_tracker": s.growth_tracker}
+    if form == "paddle":
+        import numpy as np
+
+        # paddle's load reads state_dict["scale"][0].
+        return {"scale": np.array([s.scale], np.float32), "incr_ratio": c.growth_factor,
+                "decr_ratio": c.backoff_factor, "incr_every_n_steps": c.growth_interval,
+                "decr_every_n_nan_or_inf": c.hysteresis, "incr_count": s.growth_tracker,
+                "decr_count": s.hysteresis_tracker, "use_dynamic_loss_scaling": c.dynamic}
+    if form == "keras":
+        return {"dynamic_scale": s.scale, "step_counter": s.growth_tracker,
+                "hysteresis_counter": s.hysteresis_tracker}
+    if form == "jmp":
+        # min_loss_scale 0.0 is "no floor" (its default 1.0 would add one).
+        return {"loss_scale": s.scale, "counter": s.growth_tracker, "period": c.growth_interval,
+                "factor": c.growth_factor, "min_loss_scale": c.min_scale or 0.0}
+    raise ValueError(f"no native form {form!r}: one of {tuple(STATE_FORMS)[1:]}")

@@ -22,10 +22,8 @@ torch's private API, with the supported torch versions).
 
 from __future__ import annotations
 
-from types import FunctionType
-from typing import Any
-
 from unifiedamp._scaler import ScaleNotCalledError
+from unifiedamp.backends import show_as_public
 from unifiedamp.backends.torch._rule import COMPILED_RULE_DEVICES, torch_expressible
 from unifiedamp.backends.torch._scaler import TorchGradScaler
 
@@ -33,17 +31,5 @@ __all__ = ["COMPILED_RULE_DEVICES", "ScaleNotCalledError", "TorchGradScaler",
            "torch_expressible"]
 
 
-def _public(obj: Any) -> None:
-    """Names this package as where ``obj`` (a class or function) lives, and the methods a
-    class defines: repr, pickle, docs and error messages show the public path, and doctest
-    finds the examples of the methods here."""
-    defined_in = obj.__module__
-    obj.__module__ = __name__
-    for member in vars(obj).values() if isinstance(obj, type) else ():
-        function = getattr(member, "__func__", member)  # a staticmethod's or classmethod's
-        if isinstance(function, FunctionType) and function.__module__ == defined_in:
-            function.__module__ = __name__
-
-
-_public(TorchGradScaler)
-_public(torch_expressible)
+show_as_public(TorchGradScaler, __name__)
+show_as_public(torch_expressible, __name__)

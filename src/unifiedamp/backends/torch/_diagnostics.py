@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from unifiedamp import spec
-from unifiedamp._scaler import watched_pairs
+from unifiedamp.backends._imperative import WatchedNames
 from unifiedamp.backends.torch._compat import inf_norms
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
 from unifiedamp.spec import ScalerConfig
@@ -109,17 +109,25 @@ DIAGNOSTICS_ATTRIBUTES = frozenset({
     "_ring", "_ring_slots", "_ring_count", "_ring_base", "_checking", "_scaled_input",
     "_diag_step", "_diag_found", "_diag_checked", "_diag_input", "_diag_functional",
     "_diag_config", "_diag_loads", "_diag_scale", "_loads", "_diag_report",
-    "_diag_report_ready", "_last_skip_report", "_names",
+    "_diag_report_ready", "_last_skip_report", "_watched",
 })
 
 
-class TorchDiagnostics:
+class TorchDiagnostics(WatchedNames):
     """``watch``, ``overflow_report`` and ``history`` of the torch scaler, and what they keep.
 
-    The scaler calls :meth:`_init_diagnostics` from its ``__init__``, :meth:`_make_ring`
+    ``watch()`` and the names it gives are the imperative backends' (:class:`WatchedNames`:
+    parameters held weakly). The rest is torch's own: the flag of an update stays on the
+    device until a report is asked for, the ring lives on the scale's device and is written
+    by one op, and a skipped update's scale is inferred from the state it left. The scaler
+    calls :meth:`_init_diagnostics` from its ``__init__``, :meth:`_make_ring`
     when it makes the scale, :meth:`_record` and :meth:`_diagnose_now` in ``update()``
     before the rule changes the scale, and :meth:`_remember_update` after it.
     """
+
+    _parameter_type = torch.Tensor
+    _parameter_kind = "parameter"
+    _watch_weakly = True
 
     if TYPE_CHECKING:  # the scaler's own, which these methods read
         _enabled: bool
@@ -169,8 +177,8 @@ class TorchDiagnostics:
         self._diag_report: OverflowReport | None = None
         self._diag_report_ready = False
         self._last_skip_report: OverflowReport | None = None
-        # Parameter names from watch(): id -> (weak reference, name), matched by identity.
-        self._names: dict[int, tuple[weakref.ref[torch.Tensor], str]] = {}
+        # Parameter names from watch(): id -> (name, weak reference), matched by identity.
+        self._watched = {}
 
     def _make_ring(self, dev: torch.device) -> None:
         """Makes the history ring on ``dev``, the scale's device (with the scale)."""
@@ -179,30 +187,6 @@ class TorchDiagnostics:
             self._ring_slots = self._ring.unbind(0)
             self._ring_count = 0
             self._ring_base = self._updates
-
-    def watch(self, model: Any) -> None:
-        """Names the parameters in :meth:`overflow_report`.
-
-        ``model`` is anything with ``named_parameters()`` (a ``torch.nn.Module``, a
-        Lightning module, DDP), a dict ``name -> parameter`` or an iterable of
-        ``(name, parameter)`` pairs. Names
-        are matched to the optimizer's parameters by identity (weakly held: watching
-        keeps nothing alive); a later call adds names, renaming a parameter seen
-        again. Parameters without a name are reported as ``param_groups[g][i]``
-        (``optimizers[k].param_groups[g][i]`` when several optimizers were checked).
-
-        Example:
-            >>> from unifiedamp.backends.torch import TorchGradScaler
-            >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
-            >>> scaler = TorchGradScaler(device="cpu")
-            >>> scaler.watch(model)
-            >>> scaler.watch([("head", torch.nn.Parameter(torch.zeros(1)))])
-        """
-        pairs = watched_pairs(model, lambda p: isinstance(p, torch.Tensor), "parameter")
-        self._names = {key: entry for key, entry in self._names.items()
-                       if entry[0]() is not None}
-        for name, param in pairs:
-            self._names[id(param)] = (weakref.ref(param), str(name))
 
     def overflow_report(self) -> OverflowReport | None:
         """Which gradients held inf/NaN at the last update, if it skipped; else None.
@@ -358,7 +342,8 @@ class TorchDiagnostics:
                     if param.grad is None or id(param) in seen:
                         continue
                     seen.add(id(param))
-                    named_grads.append((self._name_of(param, k, g, i, several), param.grad))
+                    name = self._gradient_name(param, f"param_groups[{g}][{i}]", k, several)
+                    named_grads.append((name, param.grad))
         overflows = count_overflows(named_grads)
         loss_finite = None if loss is None else bool(torch.isfinite(loss.detach()).all())
         if scale < spec.MIN_UNSCALABLE:
@@ -377,12 +362,6 @@ class TorchDiagnostics:
                          "gradients are copies the caller holds.")
         return OverflowReport(step, scale, overflows, len(named_grads), loss_finite,
                               " ".join(notes))
-
-    def _name_of(self, param: torch.Tensor, k: int, g: int, i: int, several: bool) -> str:
-        entry = self._names.get(id(param))
-        if entry is not None and entry[0]() is param:
-            return entry[1]
-        return (f"optimizers[{k}]." if several else "") + f"param_groups[{g}][{i}]"
 
     def _collapse_detail(self) -> str:
         """The collapse warning's last sentence: the last skipped update's report."""

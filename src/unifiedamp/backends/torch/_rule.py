@@ -12,7 +12,7 @@ import torch
 
 from unifiedamp import spec
 from unifiedamp.backends.torch._compat import current_dispatch_mode
-from unifiedamp.spec import ScalerConfig
+from unifiedamp.spec import ScalerConfig, cannot_carry
 
 __all__ = [
     "COMPILED_RULE_DEVICES", "capture_rule", "not_finite", "rule_constants",
@@ -25,12 +25,11 @@ def torch_expressible(config: ScalerConfig) -> bool:
     config's update.
 
     Example:
-        >>> from unifiedamp.spec import ScalerConfig
+        >>> from unifiedamp.spec import ScalerConfig, cannot_carry
         >>> torch_expressible(ScalerConfig()), torch_expressible(ScalerConfig(hysteresis=2))
         (True, False)
     """
-    return (config.growth_factor > 1.0 and config.backoff_factor < 1.0 and config.hysteresis == 1
-            and config.min_scale is None and config.max_scale is None and config.dynamic)
+    return not cannot_carry(config, "torch.amp.GradScaler")
 
 
 #: Scales at or above this are far from MIN_UNSCALABLE (8x): 1 / scale is finite

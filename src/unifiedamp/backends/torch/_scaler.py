@@ -26,16 +26,13 @@ import torch.distributed as dist
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import (
-    GradScaler,
-    NoInfChecksError,
-    ScaleNotCalledError,
+from unifiedamp._scaler import GradScaler, NoInfChecksError, ScaleNotCalledError, new_scale_value
+from unifiedamp._tree import leaves, tree_map
+from unifiedamp.backends._imperative import (
     diagnostics_options,
     mid_iteration_load_error,
-    new_scale_value,
     update_arguments,
 )
-from unifiedamp._tree import leaves, tree_map
 from unifiedamp.backends.torch._compat import (
     STEPS_ON_DEVICE,
     empty_optimizer_state,
@@ -65,7 +62,7 @@ from unifiedamp.backends.torch._rule import (
     traced,
     updates_before_unscalable,
 )
-from unifiedamp.spec import ScalerConfig, ScalerState
+from unifiedamp.spec import ScalerConfig, ScalerState, native_dict
 
 __all__ = ["TorchGradScaler"]
 
@@ -328,15 +325,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             # torch would load the keys and run another rule (no hysteresis, no
             # clamp): its KeyError is the better outcome.
             return canonical
-        return {**canonical, **self._torch_keys(state)}
-
-    def _torch_keys(self, state: ScalerState) -> dict[str, Any]:
-        # The factors rounded to float32: torch's kernel multiplies by the factor
-        # it holds, and with the float32 one it computes the spec's bits.
-        return {"scale": state.scale, "growth_factor": spec.f32(self._config.growth_factor),
-                "backoff_factor": spec.f32(self._config.backoff_factor),
-                "growth_interval": self._config.growth_interval,
-                "_growth_tracker": state.growth_tracker}
+        return {**canonical, **native_dict(self._config, state, "torch")}
 
     def native_state_dict(self) -> dict[str, Any]:
         """``torch.amp.GradScaler``'s own state dict, for tools that expect one.
@@ -349,7 +338,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
                 f"torch.amp.GradScaler's state dict cannot carry this config ({self._config}: "
                 "torch has no hysteresis, min/max scale or static mode, and refuses factors "
                 "of 1); use state_dict(), which every unifiedamp backend loads")
-        return self._torch_keys(self.state)
+        return native_dict(self._config, self.state, "torch")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Loads a canonical dict of any backend, or a native torch or paddle dict.

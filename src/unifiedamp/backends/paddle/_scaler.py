@@ -1,30 +1,10 @@
-"""The PaddlePaddle backend: a real ``paddle.amp.GradScaler`` that follows the spec bit for bit.
+"""The Paddle backend's scaler: :class:`PaddleGradScaler`, a real ``paddle.amp.GradScaler``.
 
-paddle 3.3.1's own scaler cannot be used as it is: it disables itself on a
-CPU place and (unless ``auto_cast`` set float16) at the first ``scale()``, its
-backoff path raises ``TypeError`` with NumPy 2 (``float()`` of a 1-element
-tensor), ``update()`` sees only the last optimizer's inf flag and reuses a
-stale one when no step ran, and growth past float32 makes the scale inf. This
-subclass keeps its class, names and verbs and replaces its behaviour:
-
-- the gradients are checked and unscaled by Paddle's own kernel
-  ``check_finite_and_unscale_`` (float32 gradients; other dtypes by the same
-  arithmetic in elementwise ops), on whatever place the scale lives;
-- every check of the iteration (every optimizer, every ``unscale_``, every
-  rank) is OR-ed into the one ``found_inf`` the update acts on;
-- the update is the spec's rule, applied to the host copy of the state (the
-  scale is a float32 value, the trackers are ints): ``step()`` must read the
-  flag on the host anyway to decide whether to call ``optimizer.step()``, as
-  Paddle's optimizers do, so keeping the rule there costs no extra sync.
-
-After a skipped step, ``scaler.overflow_report()`` names the gradients that held
-inf/NaN: by ``scaler.watch(model)``'s names (``model.named_parameters()``, matched
-by identity), else ``param_groups[g][i]``: ``g`` the group, ``i`` the index in it,
-in the order of ``optimizer._param_groups`` (an optimizer built from a plain list
-of parameters has one group, ``param_groups[0][i]``); ``optimizers[k].`` is put in
-front when several optimizers were checked in that iteration (``k`` in the order
-they were unscaled). ``history=N`` keeps the last N updates in tensors on the
-scaler's place, written with device ops.
+Length: one class, because it is one ``paddle.amp.GradScaler``: each of Paddle's public
+members must be the class's own (none may run Paddle's behaviour on this scaler's state),
+and with torch's verbs, the interface's and Paddle's getters and setters they make most of
+this module. Its diagnostics (``_diagnostics``) and Paddle's private API (``_compat``) are
+modules of their own.
 """
 
 from __future__ import annotations
@@ -32,34 +12,27 @@ from __future__ import annotations
 import functools
 import threading
 import warnings
-from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import paddle
 import paddle.distributed as dist
-from paddle import _C_ops
-from paddle.amp.grad_scaler import OptimizerState, _refresh_optimizer_state
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import (
-    GradScaler,
-    HostCounters,
+from unifiedamp._scaler import GradScaler, NoInfChecksError, ScaleNotCalledError, new_scale_value
+from unifiedamp._tree import leaves, tree_map
+from unifiedamp.backends._imperative import (
+    HostState,
     LastUpdate,
-    NoInfChecksError,
-    ScaleNotCalledError,
-    SkipReports,
     diagnostics_options,
     mid_iteration_load_error,
-    new_scale_value,
-    report_note,
     update_arguments,
-    watched_pairs,
 )
-from unifiedamp._tree import leaves, tree_map
-from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
+from unifiedamp.backends.paddle import _compat
+from unifiedamp.backends.paddle._compat import KERNEL_DTYPES, OptimizerState
+from unifiedamp.backends.paddle._diagnostics import PaddleDiagnostics
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __all__ = ["PaddleGradScaler", "paddle_expressible"]
@@ -67,23 +40,16 @@ __all__ = ["PaddleGradScaler", "paddle_expressible"]
 _EXTRA_NAMES = ("device", "process_group", "distributed", "max_consecutive_skips",
                 "on_collapse", "backend", "diagnose", "history")
 
-# Paddle's CPU kernel check_finite_and_unscale_ takes float32 and float64
-# gradients only (3.3.1), and for float64 it divides by a float64 scale, not by
-# the float32 reciprocal every other backend multiplies by: only float32 goes
-# through it. bfloat16/float16 (GPU training, or multi_precision parameters)
-# and float64 take the elementwise path, which does the same arithmetic.
-_KERNEL_DTYPES = (paddle.float32,)
-
 
 def paddle_expressible(config: ScalerConfig) -> bool:
     """Whether ``paddle.amp.GradScaler`` can hold this config (its state dict can carry it).
 
     Example:
+        >>> from unifiedamp.spec import ScalerConfig
         >>> paddle_expressible(ScalerConfig()), paddle_expressible(ScalerConfig(min_scale=1.0))
         (True, False)
     """
-    return (config.growth_factor > 1.0 and config.backoff_factor < 1.0
-            and config.min_scale is None and config.max_scale is None)
+    return not spec.cannot_carry(config, "paddle.amp.GradScaler")
 
 
 def _place(device: Any) -> Any:
@@ -102,7 +68,7 @@ def _place(device: Any) -> Any:
             "(paddle.is_compiled_with_cuda() is False): pass device='cpu' or enabled=False, or "
             "install paddlepaddle-gpu")
     try:
-        return paddle.device._convert_to_place(device.lower().replace("cuda", "gpu"))
+        return _compat.convert_to_place(device.lower().replace("cuda", "gpu"))
     except (ValueError, RuntimeError):
         # Paddle's message for a device its build lacks shows a regex match object.
         raise ValueError(f"device={device!r} is not a device this paddle can use: pass 'cpu', "
@@ -110,59 +76,8 @@ def _place(device: Any) -> Any:
                          "(paddle.get_device())") from None
 
 
-def _params_of(optimizer: Any) -> list[Any]:
-    return [param for _, param in _indexed_params_of(optimizer)]
-
-
-def _indexed_params_of(optimizer: Any) -> list[tuple[str, Any]]:
-    """``(param_groups[g][i], parameter)`` for every parameter, in the optimizer's order."""
-    groups = getattr(optimizer, "_param_groups", None)
-    if groups is None:
-        raise TypeError(f"optimizer must be a paddle.optimizer.Optimizer, got "
-                        f"{type(optimizer).__name__}")
-    params: list[tuple[str, Any]] = []
-    for g, group in enumerate(groups):
-        if isinstance(group, dict):
-            params.extend((f"param_groups[{g}][{i}]", p) for i, p in enumerate(group["params"]))
-        else:  # built from a list of parameters: one group
-            params.append((f"param_groups[0][{len(params)}]", group))
-    return params
-
-
-def _dense(grad: Any) -> Any:
-    # A sparse gradient (Embedding(sparse=True)) is SelectedRows, which the dense
-    # kernels misread (garbage dimensions, paddle 3.3.1); its values tensor shares
-    # the gradient's storage.
-    return grad._get_tensor_from_selected_rows() if grad.is_selected_rows() else grad
-
-
-def _wide(tensor: Any) -> Any:
-    # Paddle's CPU kernels lack float16/bfloat16 for abs and friends (3.3.1).
-    if tensor.dtype in (paddle.float32, paddle.float64):
-        return tensor
-    return tensor.astype(paddle.float32)
-
-
-def _nonfinite(grads: list[Any]) -> list[bool]:
-    """Which gradients hold inf/NaN: one finite check each, one host read for all."""
-    if not grads:
-        return []
-    flags = paddle.stack([paddle.isfinite(_wide(g)).all() for g in grads])
-    return [not bool(f) for f in flags.numpy()]
-
-
-def _counts(grad: Any) -> tuple[tuple[int, ...], int, int, float]:
-    """``(shape, inf, nan, largest finite |g|)`` of a gradient, in one host read."""
-    g = _wide(grad)
-    finite = paddle.isfinite(g)
-    largest = paddle.where(finite, g.abs(), paddle.zeros_like(g)).max()
-    inf, nan, largest = paddle.stack([
-        paddle.isinf(g).sum().astype(paddle.float64), paddle.isnan(g).sum().astype(paddle.float64),
-        largest.astype(paddle.float64)]).numpy().tolist()
-    return tuple(grad.shape), int(inf), int(nan), largest
-
-
-class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradScaler):
+@_compat.overrides_private_methods
+class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, GradScaler):
     """``paddle.amp.GradScaler`` with the unifiedamp spec, config, state and reporting.
 
     It is a real ``paddle.amp.GradScaler`` (``isinstance`` holds, Paddle's verbs
@@ -189,12 +104,16 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
             CPU kernel multiplies the gradients by 0 when it finds inf/NaN (an inf
             becomes NaN), so their counts are taken before it runs.
         history: Keep the last ``history`` updates' ``(iteration, scale, skipped)`` in a
-            ring, read by :meth:`history` (0: none).
+            ring of tensors on the scaler's place, read by :meth:`history` (0: none).
         **kwargs: The other config parameters, by canonical name or alias (Paddle's
             ``init_loss_scaling``, ``incr_ratio``, ``decr_ratio``, ``incr_every_n_steps``,
             ``decr_every_n_nan_or_inf``, ``enable``, ``use_dynamic_loss_scaling``).
 
-    Attributes:
+    After a skipped step, :meth:`overflow_report` names the gradients that held inf/NaN
+    (``param_groups[g][i]`` unless :meth:`watch` named them). On a CPU place, Paddle's
+    kernel has multiplied a checked float32 gradient by 0 by the time the report is asked
+    for (an inf reads as NaN, the largest finite value as 0): the names are right, and the
+    note says so; ``diagnose=True`` keeps the counts.
 
     Example:
         >>> import paddle
@@ -227,7 +146,7 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
         history: int = 0,
         **kwargs: Any,
     ):
-        ring = diagnostics_options(diagnose, history)
+        history_size = diagnostics_options(diagnose, history)
         if args and isinstance(args[0], bool):
             raise TypeError(
                 f"the first positional argument is init_scale (the spec's order), got "
@@ -241,9 +160,9 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
                             f"(paddle.distributed.new_group(ranks)) or None, got "
                             f"{process_group!r}")
         place = _place(device)
-        # paddle 3.3.1 disables an enabled scaler on a CPU place (with a warning)
-        # and asserts factors != 1: built disabled, it sets nothing we need, and
-        # the attributes its methods read are set from the config below.
+        # Paddle's own constructor disables an enabled scaler on a CPU place (with a
+        # warning) and asserts factors != 1: built disabled, it sets nothing this scaler
+        # needs, and Paddle's attributes are written from the config below.
         super().__init__(enable=False)
         self._config = config
         self._monitor = monitor
@@ -251,113 +170,77 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
         self._process_group = process_group
         self._distributed = distributed
         self._state = ScalerState.initial(config)
-        self._scale: paddle.Tensor = paddle.to_tensor(np.array([self._state.scale], np.float32),
-                                                     place=place)
-        self._factors: dict[Any, Any] = {}  # dtype -> 0-d scale or 1/scale tensor
-        # optimizer id -> {"state": OptimizerState, "found_inf": bool or bool tensor}
-        self._optimizer_states = defaultdict(_refresh_optimizer_state)
+        # The scale as a shape-[1] float32 tensor on the place: what the kernel takes.
+        self._scale_tensor: paddle.Tensor = paddle.to_tensor(
+            np.array([self._state.scale], np.float32), place=place)
+        # (float64?, reciprocal?) -> the 0-d scale or f32(1/scale) to multiply by.
+        self._factor_tensors: dict[tuple[bool, bool], paddle.Tensor] = {}
+        # optimizer id -> {"state": its OptimizerState, "found_inf": its check, once made},
+        # as paddle.amp.GradScaler keeps it.
+        self._optimizer_checks = _compat.new_optimizer_states()
+        # The checks of the functional unscale() since the last update.
         self._functional_found_inf: list[Any] = []
-        # Paddle's own flags, bools here (its stubs type them from its __init__: tensor, None).
-        self._found_inf = False  # type: ignore[assignment]
-        self._cache_found_inf: bool | None = None  # type: ignore[assignment]
         self._scale_called = False
         self._bf16_warned = False
         self._updates = 0
         # The thread that began this iteration (its first verb since the last update).
         self._iteration_thread: int | None = None
-        # Diagnostics: what overflow_report() needs, kept only until the next update.
-        self._diagnose = diagnose
-        self._watched: dict[int, tuple[str, Any]] = {}  # id(param) -> (name, param)
-        self._checked: dict[int, Any] = {}  # id -> optimizer unscaled this iteration
-        # id(optimizer) -> {parameter index: counts} taken before the CPU kernel ran
-        self._prechecked: dict[int, dict[int, tuple[Any, ...]]] = {}
-        self._last_output: Any = None  # the tensor given to scale(), when one
-        self._last: LastUpdate | None = None  # the last update, if it skipped
-        self._ring_iterations = np.zeros(ring, np.int64)  # the host counts updates
-        self._ring_scales = paddle.to_tensor(np.zeros(ring, np.float32), place=place)
-        self._ring_skipped = paddle.to_tensor(np.zeros(ring, bool), place=place)
-        self._ring_count = 0
-        self._sync_paddle_attributes()
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._state}, {self._config})"
+        self._prechecked = {}
+        self._init_diagnostics(diagnose, history_size)
+        self._write_native_attributes()
 
     def __getstate__(self) -> dict[str, Any]:
-        # Paddle places and process groups do not pickle: carry the place's name and the
-        # host state, and rebuild the tensors on load. Like torch's copy, a copy starts a
-        # new iteration (no inf checks carried over).
-        d = dict(self.__dict__)
-        d["_place"] = str(self._place)  # "Place(cpu)", "Place(gpu:0)"
-        for name in ("_scale", "_process_group"):
-            d[name] = None
-        d["_factors"] = {}
-        d["_optimizer_states"] = None
-        d["_functional_found_inf"] = []
-        d["_iteration_thread"] = None
-        # Diagnostics: the ring goes as arrays, the last report as a report; watch()
-        # names, optimizers and gradients do not (a copy forgets watch()).
-        d["_ring_scales"] = self._ring_scales.numpy()
-        d["_ring_skipped"] = self._ring_skipped.numpy()
-        d["_watched"], d["_checked"], d["_prechecked"], d["_last_output"] = {}, {}, {}, None
-        if self._last is not None:  # the copy gets the report, read from the gradients now
-            d["_last"] = self._last.detached(self.overflow_report())
-        return d
+        # Paddle places, tensors and process groups do not pickle: a copy carries the
+        # place's name and the host state, and rebuilds the tensors. Like torch's, a copy
+        # starts a new iteration (no inf checks carried over) and has no process group.
+        return {"_config": self._config, "_monitor": self._monitor,
+                "_place": str(self._place),  # "Place(cpu)", "Place(gpu:0)"
+                "_distributed": self._distributed, "_state": self._state,
+                "_scale_called": self._scale_called, "_bf16_warned": self._bf16_warned,
+                **self._counters(), **self._diagnostics_state()}
 
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        # A scaler pickled before the diagnostics existed has none of them.
-        self.__dict__.update({"_iteration_thread": None,
-                              "_diagnose": False, "_watched": {}, "_checked": {},
-                              "_prechecked": {}, "_last_output": None, "_last": None,
-                              "_ring_iterations": np.zeros(0, np.int64), "_ring_count": 0,
-                              "_ring_scales": np.zeros(0, np.float32),
-                              "_ring_skipped": np.zeros(0, bool)})
-        self.__dict__.update(d)
-        place = d["_place"]
+    def __setstate__(self, saved: dict[str, Any]) -> None:
+        place = saved["_place"]
+        self._config = saved["_config"]
+        self._monitor = saved["_monitor"]
         self._place = _place(place[len("Place("):-1] if place.startswith("Place(") else place)
-        self._scale = paddle.to_tensor(np.array([self._state.scale], np.float32),
-                                       place=self._place)
-        self._optimizer_states = defaultdict(_refresh_optimizer_state)
-        self._ring_scales = paddle.to_tensor(self._ring_scales, place=self._place)
-        self._ring_skipped = paddle.to_tensor(self._ring_skipped, place=self._place)
+        self._process_group = None
+        self._distributed = saved["_distributed"]
+        self._state = saved["_state"]
+        self._scale_tensor = paddle.to_tensor(np.array([self._state.scale], np.float32),
+                                              place=self._place)
+        self._factor_tensors = {}
+        self._optimizer_checks = _compat.new_optimizer_states()
+        self._functional_found_inf = []
+        self._scale_called = saved["_scale_called"]
+        self._bf16_warned = saved["_bf16_warned"]
+        self._iteration_thread = None
+        self._prechecked = {}
+        self._restore_counters(saved)
+        self._restore_diagnostics(saved)
+        self._write_native_attributes()
 
-    def _sync_paddle_attributes(self) -> None:
-        # Paddle's own attribute names, for code and tools that read them.
-        c, s = self._config, self._state
-        self._enable = c.enabled
-        self._use_dynamic_loss_scaling = c.dynamic
-        self._init_loss_scaling = c.init_scale
-        self._incr_ratio = c.growth_factor
-        self._decr_ratio = c.backoff_factor
-        self._incr_every_n_steps = c.growth_interval
-        self._decr_every_n_nan_or_inf = c.hysteresis
-        self._incr_count = s.growth_tracker
-        self._decr_count = s.hysteresis_tracker
+    def _write_native_attributes(self) -> None:
+        # Paddle's own attributes, for code and tools that read them.
+        _compat.write_native_config(self, self._config)
+        _compat.write_native_trackers(self, self._state)
+        _compat.write_native_scale(self, self._scale_tensor)
+        _compat.write_native_iteration(self, self._optimizer_checks,
+                                       self._last_skipped if self._updates else None)
 
     def _set_state(self, state: ScalerState) -> None:
         if state.scale != self._state.scale:
-            self._scale.fill_(state.scale)  # a float32 value: fill_ stores it exactly
-            self._factors.clear()
+            self._scale_tensor.fill_(state.scale)  # a float32 value: fill_ stores it exactly
+            self._factor_tensors.clear()
         self._state = state
-        self._incr_count = state.growth_tracker
-        self._decr_count = state.hysteresis_tracker
+        _compat.write_native_trackers(self, state)
 
     # ------------------------------------------------------------ config and state
-
-    @property
-    def config(self) -> ScalerConfig:
-        return self._config
-
-    @property
-    def state(self) -> ScalerState:
-        return self._state
 
     @property
     def native(self) -> PaddleGradScaler:
         """The ``paddle.amp.GradScaler`` to hand to Paddle code: this scaler itself."""
         return self
-
-    def is_enabled(self) -> bool:
-        return self._config.enabled
 
     def is_enable(self) -> bool:
         """Paddle's name for :meth:`is_enabled`."""
@@ -365,10 +248,6 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
 
     def is_use_dynamic_loss_scaling(self) -> bool:
         return self._config.dynamic
-
-    def get_scale(self) -> float:
-        """The current scale; 1.0 when disabled, as in torch."""
-        return self._state.scale if self._config.enabled else 1.0
 
     def get_init_loss_scaling(self) -> float:
         return self._config.init_scale
@@ -383,7 +262,7 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
 
     def _reconfigure(self, config: ScalerConfig) -> PaddleGradScaler:
         self._config = config
-        self._sync_paddle_attributes()
+        _compat.write_native_config(self, config)
         return self
 
     # paddle.amp.GradScaler's names for the interface's accessors, with its keywords.
@@ -441,11 +320,7 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
                 "which every unifiedamp backend loads")
         if not self._config.enabled:
             return {}
-        c, s = self._config, self._state
-        return {"scale": np.array([s.scale], np.float32), "incr_ratio": c.growth_factor,
-                "decr_ratio": c.backoff_factor, "incr_every_n_steps": c.growth_interval,
-                "decr_every_n_nan_or_inf": c.hysteresis, "incr_count": s.growth_tracker,
-                "decr_count": s.hysteresis_tracker, "use_dynamic_loss_scaling": c.dynamic}
+        return spec.native_dict(self._config, self._state, "paddle")
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Loads a canonical dict of any backend, or a native Paddle or torch dict.
@@ -454,11 +329,11 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
         raises ``ValueError`` and changes nothing.
         """
         if self._functional_found_inf or any("found_inf" in s
-                                             for s in self._optimizer_states.values()):
+                                             for s in self._optimizer_checks.values()):
             raise mid_iteration_load_error()
         config, state = spec.parse_state_dict(state_dict, base=self._config)
         self._config = config.replace(enabled=self._config.enabled)
-        self._sync_paddle_attributes()
+        _compat.write_native_config(self, self._config)
         self._set_state(state)
 
     # ------------------------------------------------------------ the verbs
@@ -468,7 +343,7 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
         tensor to multiply a ``dtype`` tensor by: float64 for float64, else float32
         (16-bit values are multiplied in float32 and rounded back, as NumPy does)."""
         key = (dtype == paddle.float64, reciprocal)
-        factor = self._factors.get(key)
+        factor = self._factor_tensors.get(key)
         if factor is None:
             value = np.float32(self._state.scale)
             if reciprocal:
@@ -476,7 +351,7 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
                     value = np.float32(np.float64(1.0) / np.float64(value))
             factor = paddle.to_tensor(np.asarray(value, np.float64 if key[0] else np.float32),
                                       place=self._place)
-            self._factors[key] = factor
+            self._factor_tensors[key] = factor
         return factor
 
     def _multiply(self, tensor: Any, reciprocal: bool = False) -> Any:
@@ -496,7 +371,7 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
             self._warn_if_bf16(outputs)
         scaled = tree_map(self._scale_one, outputs)
         # For overflow_report().loss_finite, read only after a skipped update.
-        self._last_output = outputs if isinstance(outputs, paddle.Tensor) else None
+        self._scale_input = outputs if isinstance(outputs, paddle.Tensor) else None
         return scaled
 
     def _scale_one(self, tensor: Any) -> Any:
@@ -511,13 +386,10 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
         first = next(iter(leaves(outputs)), None)
         if not isinstance(first, paddle.Tensor):
             return
-        tracer = paddle.base.framework._dygraph_tracer()
-        autocast_bf16 = (tracer is not None and str(tracer._amp_level) != "AmpLevel.O0"
-                         and tracer._amp_dtype == "bfloat16")
-        if first.dtype == paddle.bfloat16 or autocast_bf16:
+        if first.dtype == paddle.bfloat16 or _compat.autocast_dtype() == "bfloat16":
             self._bf16_warned = True
-            # paddle.amp.GradScaler disables itself here (3.3.1); this one keeps
-            # scaling, which is harmless, and says once that it is unnecessary.
+            # paddle.amp.GradScaler disables itself here; this one keeps scaling, which
+            # is harmless, and says once that it is unnecessary.
             warnings.warn(
                 "Loss scaling is unnecessary with bfloat16: it has float32's exponent range, "
                 "so gradients do not underflow. Build the scaler with enabled=False (every verb "
@@ -537,15 +409,11 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
         """Unscales ``grads`` in place; returns found_inf (a bool, or a bool tensor on
         the scale's place) for the gradients as given, before unscaling."""
         flags = []
-        kernel = [g for g in grads if g.dtype in _KERNEL_DTYPES]
+        kernel = [g for g in grads if g.dtype in KERNEL_DTYPES]
         if kernel:
-            # It returns a new flag: the one passed in is not written in eager mode.
-            # Paddle's stub leaves out the found_inf argument the kernel takes.
-            _, flag = _C_ops.check_finite_and_unscale_(  # type: ignore[call-arg]
-                kernel, self._scale, paddle.zeros([1], dtype=paddle.bool))
-            flags.append(flag)
+            flags.append(_compat.check_finite_and_unscale_(kernel, self._scale_tensor))
         for g in grads:
-            if g.dtype not in _KERNEL_DTYPES:
+            if g.dtype not in KERNEL_DTYPES:
                 wide = g if g.dtype == paddle.float64 else g.astype(paddle.float32)
                 flags.append(paddle.logical_not(paddle.isfinite(wide).all()).reshape([1]))
                 paddle.assign(self._multiply(g, reciprocal=True), g)
@@ -561,15 +429,16 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
             return
         self._claim()
         self._require_scale_called("unscale_")
-        state = self._optimizer_states[id(optimizer)]
+        state = self._optimizer_checks[id(optimizer)]
         if state["state"] is OptimizerState.UNSCALED:
             raise RuntimeError(
                 "unscale_() has already been called on this optimizer since the last update().")
         if state["state"] is OptimizerState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        # A sparse gradient's values tensor shares its storage (_dense), so unscaling
-        # it in place unscales the gradient.
-        indexed = [(k, _dense(p.grad)) for k, p in enumerate(_params_of(optimizer))
+        # A sparse gradient's values tensor shares its storage (_compat.dense), so
+        # unscaling it in place unscales the gradient.
+        indexed = [(k, _compat.dense(p.grad))
+                   for k, (_, p) in enumerate(_compat.indexed_params(optimizer))
                    if p.grad is not None]
         grads = [g for _, g in indexed]
         if self._diagnose:
@@ -581,10 +450,6 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
         if found is not None:
             state["found_inf"] = found
         state["state"] = OptimizerState.UNSCALED
-
-    def _unscale(self, optimizer: Any) -> None:
-        # The name paddle.amp.GradScaler's own code (and tools built on it) calls.
-        self.unscale_(optimizer)
 
     def _across_ranks(self) -> bool:
         return (self._distributed is not False and dist.is_initialized()
@@ -609,7 +474,7 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
             return call(*args, **kwargs)
         self._claim()
         self._require_scale_called("step")
-        state = self._optimizer_states[id(optimizer)]
+        state = self._optimizer_checks[id(optimizer)]
         if state["state"] is OptimizerState.STEPPED:
             raise RuntimeError("step() has already been called since the last update(). Call "
                                "scaler.update() once per iteration, after the last step().")
@@ -709,9 +574,9 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
                                     f"got {new_scale!r}")
                 new_scale = new_scale.item()  # a Python float: a floating tensor's item
             self._set_state(self._state._replace(scale=new_scale_value(new_scale)))
-            self._last = None
+            self._remember_update(None)
         else:
-            optimizer_checks = [s["found_inf"] for s in self._optimizer_states.values()
+            optimizer_checks = [s["found_inf"] for s in self._optimizer_checks.values()
                                 if "found_inf" in s]
             checks = optimizer_checks + self._functional_found_inf
             if finite is not None:
@@ -719,22 +584,20 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
             if not checks:
                 raise NoInfChecksError("No inf checks were recorded prior to update.")
             found_inf = any(bool(flag) for flag in checks)
-            self._cache_found_inf = found_inf
             scale = self._state.scale
             self._set_state(spec.update(self._config, self._state, found_inf))
             self._count(found_inf)
             self._record(scale, found_inf)
-            self._last = None
-            if found_inf:
-                self._last = LastUpdate(
-                    self._updates, scale, list(self._checked.values()), self._last_output,
-                    not any(bool(flag) for flag in optimizer_checks), self._across_ranks(),
-                    self._prechecked)
-                if self._diagnose:
-                    self._last.report = self._compute_report(self._last, at_update=True)
-        self._optimizer_states = defaultdict(_refresh_optimizer_state)
+            self._remember_update(LastUpdate(
+                self._updates, scale, list(self._checked.values()), self._scale_input,
+                not any(bool(flag) for flag in optimizer_checks), self._across_ranks(),
+                self._prechecked) if found_inf else None)
+        self._optimizer_checks = _compat.new_optimizer_states()
         self._functional_found_inf = []
-        self._checked, self._prechecked, self._last_output = {}, {}, None
+        self._prechecked = {}
+        self._forget_iteration()
+        _compat.write_native_iteration(self, self._optimizer_checks,
+                                       self._last_skipped if self._updates else None)
         self._iteration_thread = None
         if new_scale is None:
             # After the update is applied: on_collapse="raise" leaves a consistent scaler.
@@ -755,153 +618,6 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
                 "scaler is not thread-safe; give each thread its own scaler, or finish the "
                 "iteration (update()) before another thread uses it")
 
-    def _update(self) -> None:
-        # The name paddle.amp.GradScaler's own code calls after a step.
-        self.update()
-
-    # ------------------------------------------------------------ diagnostics
-
-    def watch(self, model: Any) -> None:
-        """Names the parameters in :meth:`overflow_report`.
-
-        ``model`` is a ``paddle.nn.Layer`` (its ``named_parameters()``), a dict ``name ->
-        parameter`` or an iterable of ``(name, parameter)`` pairs, matched to the
-        optimizer's parameters by identity. Calls add up (a later name for the same
-        parameter wins); every pair is checked before any is kept. A copy of the scaler
-        (``copy.deepcopy``, pickle) forgets the names: watch again. Unwatched parameters
-        are named ``param_groups[g][i]``.
-
-        Example:
-            >>> import paddle
-            >>> model = paddle.nn.Linear(2, 1)
-            >>> opt = paddle.optimizer.SGD(parameters=model.parameters())
-            >>> scaler = PaddleGradScaler(8.0)
-            >>> scaler.watch(model)
-            >>> x = paddle.to_tensor([[float("inf"), 1.0]])  # d(out)/d(weight) = x
-            >>> scaler.scale(model(x).sum()).backward()
-            >>> scaler.step(opt); _ = scaler.update()
-            >>> scaler.overflow_report().names
-            ['weight']
-        """
-        pairs = watched_pairs(model, lambda p: isinstance(p, paddle.Tensor), "paddle.Tensor")
-        self._watched.update((id(param), (name, param)) for name, param in pairs)
-
-    def overflow_report(self) -> OverflowReport | None:
-        """Which gradients held inf/NaN at the last update, if it skipped; else None.
-
-        With ``diagnose=True`` the report was computed during that ``update()``. Without,
-        it is computed now (once, then kept) from the gradients of the optimizers checked
-        in that iteration as they are now: ``clear_grad()`` zeroes or removes them, and
-        the report then lists none and says so; on a CPU place Paddle's kernel has already
-        multiplied a checked float32 gradient by 0 (an inf reads as NaN, the largest finite
-        value as 0: the names are right, and the note says so). ``max_finite`` is of the
-        unscaled gradient. ``loss_finite`` is whether the one tensor given to ``scale()``
-        that iteration was finite (None when it got a container).
-
-        Example:
-            >>> import paddle
-            >>> model = paddle.nn.Linear(2, 1)
-            >>> opt = paddle.optimizer.SGD(parameters=model.parameters())
-            >>> scaler = PaddleGradScaler(8.0, diagnose=True)
-            >>> x = paddle.to_tensor([[float("nan"), 1.0]])  # d(out)/d(weight) = x
-            >>> scaler.scale(model(x).sum()).backward()
-            >>> scaler.step(opt); _ = scaler.update(); opt.clear_grad()
-            >>> print(scaler.overflow_report())  # doctest: +NORMALIZE_WHITESPACE
-            Step 1 was skipped at scale 8: 1 of 2 gradients held inf/NaN.
-              param_groups[0][0] (2, 1): 0 inf, 1 NaN, largest finite |g| 1
-            The loss itself was inf/NaN before scaling: the model, not the scale, is the
-            problem; lower the learning rate, train in bfloat16 (no loss scaling needed), or
-            clip the gradients after unscaling them (torch/paddle: scaler.unscale_(optimizer),
-            then clip the norm; optax: clip_by_global_norm inside loss_scaled).
-        """
-        return self._kept_report()
-
-    def history(self) -> ScaleHistory:
-        """The last ``history`` updates (oldest first): iteration (counted from 1), the scale
-        that iteration used (before the update changed it), and whether it skipped.
-
-        The ring lives on the scaler's place, written by device ops at each update;
-        this reads it.
-
-        Raises:
-            ValueError: The scaler was built with ``history=0`` (the default).
-
-        Example:
-            >>> import paddle
-            >>> model = paddle.nn.Linear(2, 1)
-            >>> opt = paddle.optimizer.SGD(parameters=model.parameters())
-            >>> scaler = PaddleGradScaler(8.0, history=2)
-            >>> for poison in (1.0, float("inf"), 1.0):
-            ...     scaler.scale(model(paddle.full([1, 2], poison)).sum()).backward()
-            ...     scaler.step(opt); _ = scaler.update(); opt.clear_grad()
-            >>> scaler.history().as_list()
-            [(2, 8.0, True), (3, 4.0, False)]
-        """
-        if not len(self._ring_iterations):
-            raise ValueError("this scaler keeps no history: build it with history=N (e.g. "
-                             "history=1000) to keep the last N updates")
-        return ScaleHistory.from_ring(self._ring_iterations, self._ring_scales.numpy(),
-                                      self._ring_skipped.numpy(), self._ring_count)
-
-    def _record(self, scale: float, skipped: bool) -> None:
-        size = len(self._ring_iterations)
-        if size:
-            # set_value ops on the scaler's place: values from the host, no read back.
-            slot = self._ring_count % size
-            self._ring_iterations[slot] = self._updates
-            self._ring_scales[slot] = scale
-            self._ring_skipped[slot] = skipped
-            self._ring_count += 1
-
-    def _precheck(self, indexed: list[tuple[int, Any]]) -> dict[int, tuple[Any, ...]]:
-        """The counts of the float32 gradients on a CPU place that hold inf/NaN, taken
-        before Paddle's CPU kernel multiplies them by 0 (parameter index -> counts); on
-        other places the kernel leaves them readable and this checks nothing."""
-        cpu = [(k, g) for k, g in indexed
-               if g.dtype in _KERNEL_DTYPES and g.place.is_cpu_place()]
-        bad = _nonfinite([g for _, g in cpu])
-        # Counted as the kernel would have stored them: unscaled.
-        return {k: _counts(self._multiply(g, reciprocal=True))
-                for (k, g), b in zip(cpu, bad, strict=True) if b}
-
-    def _compute_report(self, last: LastUpdate, at_update: bool) -> OverflowReport:
-        watched = self._watched
-        prefix = len(last.optimizers) > 1
-        found: dict[int, GradientOverflow] = {}  # position among the checked -> overflow
-        todo = []  # (position, name, gradient) to check now
-        zeroed = False  # a CPU float32 gradient, multiplied by 0 by the kernel
-        position = 0
-        for k, optimizer in enumerate(last.optimizers):
-            prechecked = last.prechecked.get(id(optimizer))
-            for index, (fallback, param) in enumerate(_indexed_params_of(optimizer)):
-                if param.grad is None:
-                    continue
-                entry = watched.get(id(param))
-                if entry is not None and entry[1] is param:
-                    name = entry[0]
-                else:
-                    name = f"optimizers[{k}].{fallback}" if prefix else fallback
-                grad = _dense(param.grad)
-                if (prechecked is not None and grad.dtype in _KERNEL_DTYPES
-                        and grad.place.is_cpu_place()):
-                    if index in prechecked:
-                        found[position] = GradientOverflow(name, *prechecked[index])
-                else:
-                    todo.append((position, name, grad))
-                position += 1
-        for (pos, name, grad), bad in zip(todo, _nonfinite([g for _, _, g in todo]),
-                                          strict=True):
-            if bad:
-                found[pos] = GradientOverflow(name, *_counts(grad))
-                zeroed = zeroed or (grad.dtype in _KERNEL_DTYPES and grad.place.is_cpu_place())
-        overflows = [found[pos] for pos in sorted(found)]
-        loss_finite = (None if last.loss is None
-                       else bool(paddle.isfinite(_wide(last.loss)).all()))
-        note = report_note(
-            last, bool(overflows), position, at_update, items="tensors", clear="clear_grad",
-            changed=" (clear_grad() zeroes them)", zeroed=_ZEROED if zeroed else "")
-        return OverflowReport(last.step, last.scale, overflows, position, loss_finite, note)
-
     # ------------------------------------------------------------ tooling
 
     @classmethod
@@ -909,8 +625,3 @@ class PaddleGradScaler(SkipReports, HostCounters, paddle.amp.GradScaler, GradSca
         """``cpu`` and every GPU Paddle sees."""
         count = paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
         return ["cpu"] + [f"gpu:{i}" for i in range(count)]
-
-
-_ZEROED = ("Paddle's CPU kernel multiplied these float32 gradients by 0 when it found inf/NaN, "
-           "so an inf reads as NaN and the largest finite value as 0: the names are right; "
-           "build the scaler with diagnose=True for the counts.")

@@ -1,0 +1,73 @@
+"""The JAX backend: the scaler as an immutable pytree value, with an optax wrapper.
+
+The scale and both trackers are leaves (arrays); the config is static aux
+data, so it survives ``jax.jit``, ``tree_flatten``/``tree_unflatten``,
+``lax.scan`` carries and checkpoints intact. Every verb is pure and traceable:
+``scale(tree)``, ``unscale(grads) -> (grads, finite)``, ``update(finite) -> scaler``.
+
+XLA flushes float32 subnormals to zero (inputs and results, on CPU and by
+default on GPU). The update therefore multiplies the scale by a factor with
+integer and float ops that never see a subnormal, so the scale follows the
+spec bit for bit also below float32's smallest normal number. ``scale`` and
+``unscale`` multiply by the scale and by ``f32(1 / scale)`` split into two
+normal float32 factors, so neither multiplier is flushed at any scale: their
+results are NumPy's (and torch's, MLX's) bits wherever those are normal
+numbers, zeros, infs or NaNs (:mod:`unifiedamp.backends._float32`).
+
+The package's modules: ``_scaler`` (:class:`JaxGradScaler` and the helpers of a
+jitted step), ``_optax`` (:func:`loss_scaled`, :func:`loss_scaled_accumulate`),
+``_diagnostics`` (:func:`overflow_counts`, the report, history ring and collapse
+check) and ``_compat`` (the JAX internals they rely on).
+"""
+
+from __future__ import annotations
+
+from unifiedamp.backends._functional_diagnostics import LeafCounts
+from unifiedamp.backends.jax._diagnostics import (
+    check_collapse,
+    collapse_message,
+    history_init,
+    history_record,
+    overflow_counts,
+    overflow_report,
+    scale_history,
+)
+from unifiedamp.backends.jax._optax import (
+    LossScaledAccumulateState,
+    LossScaledState,
+    LossScaledTransformation,
+    find_scaler,
+    loss_scaled,
+    loss_scaled_accumulate,
+    replace_scaler,
+)
+from unifiedamp.backends.jax._scaler import (
+    JaxGradScaler,
+    all_finite,
+    step_if_finite,
+    where_finite,
+)
+
+__all__ = ["JaxGradScaler", "LeafCounts", "LossScaledAccumulateState", "LossScaledState",
+           "LossScaledTransformation", "all_finite", "check_collapse", "collapse_message",
+           "find_scaler", "history_init", "history_record", "loss_scaled",
+           "loss_scaled_accumulate", "overflow_counts", "overflow_report", "replace_scaler",
+           "scale_history", "step_if_finite", "where_finite"]
+
+
+def _show_here(obj: object) -> None:
+    """Gives ``obj`` (and a class's own methods) this module's path: repr, pickle, error
+    messages and help show ``unifiedamp.backends.jax``, and doctest finds their examples
+    here, run with this module's names."""
+    private = obj.__module__
+    obj.__module__ = __name__
+    for member in vars(obj).values() if isinstance(obj, type) else ():
+        function = getattr(member, "__func__", member)  # a classmethod's function
+        if getattr(function, "__module__", None) == private:
+            function.__module__ = __name__
+
+
+for _name in __all__:
+    if globals()[_name].__module__.startswith(__name__ + "."):
+        _show_here(globals()[_name])
+del _name

@@ -1,0 +1,251 @@
+"""The JAX scaler (:class:`JaxGradScaler`) and the helpers of a jitted step.
+
+The scale and both trackers are leaves (arrays); the config is static aux data, so it
+survives ``jax.jit``, ``tree_flatten``/``tree_unflatten``, ``lax.scan`` carries and
+checkpoints intact. XLA flushes float32 subnormals, so the update and the scale's
+reciprocal are computed on bit patterns (:mod:`unifiedamp.backends._float32`), and
+``scale``/``unscale`` multiply by two normal factors whose product is the multiplier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from unifiedamp.backends._float32 import Float32Bits
+from unifiedamp.backends._functional import LEAVES, FunctionalGradScaler
+from unifiedamp.backends.jax._compat import is_tracer
+from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, f32_bits
+
+#: Float32 arithmetic on bit patterns, in ``jax.numpy``.
+F32 = Float32Bits.for_jax()
+
+
+def _multiply(tree: Any, hi: jax.Array, lo: jax.Array) -> Any:
+    """Every leaf times ``hi * lo`` (:meth:`Float32Bits.split`), in the leaf's dtype."""
+    return jax.tree.map(lambda x: ((x * hi) * lo).astype(jnp.result_type(x)), tree)
+
+
+def all_finite(tree: Any, axis_name: Any = None) -> jax.Array:
+    """True (a 0-d bool array) when every element of every leaf is finite.
+
+    With ``axis_name`` (inside ``shard_map``/``pmap``), true only if it holds on
+    every device of that axis, so all of them skip together.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> bool(all_finite({"a": jnp.ones(2), "b": jnp.array([1.0, jnp.inf])}))
+        False
+    """
+    finite = jnp.array(True)
+    for leaf in jax.tree.leaves(tree):
+        leaf = jnp.asarray(leaf)
+        if jnp.dtype(leaf.dtype).itemsize >= 4:
+            # sum(g * 0) is 0 for finite g and NaN as soon as one element is inf or NaN
+            # (exact: a sum of zeros cannot overflow). One float reduction, which XLA's
+            # CPU runs faster than isfinite().all() (docs/backends/jax.md, Performance);
+            # XLA never folds it (x * 0 is not 0 for a float x).
+            finite = finite & jnp.isfinite(jnp.sum(leaf * 0))
+        else:
+            # float16/bfloat16: XLA's CPU emulates their arithmetic, which makes
+            # sum(g * 0) the slower form there.
+            finite = finite & jnp.all(jnp.isfinite(leaf))
+    if axis_name is not None:
+        finite = lax.psum((~finite).astype(jnp.int32), axis_name) == 0
+    return finite
+
+
+def step_if_finite(finite: jax.Array, step: Callable[[Any], Any], state: Any) -> Any:
+    """``step(state)`` if ``finite`` else ``state``, as a ``lax.cond``: a skipped step
+    costs nothing, and a taken one updates parameters and optimizer state in place.
+
+    Unscale the gradients *inside* ``step`` (``scaler.unscale(grads)[0]``) and take the
+    flag from a call outside (``scaler.unscale(grads)[1]``): XLA drops each call's unused
+    half, and the product fuses into the optimizer's update instead of being a pass
+    of its own. This is the fastest form on XLA's CPU, where :func:`where_finite` over
+    the optimizer state copies every moment first (``docs/backends/jax.md``, Performance).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> step_if_finite(jnp.array(False), lambda w: w - 1.0, jnp.ones(2))
+        Array([1., 1.], dtype=float32)
+    """
+    return lax.cond(finite, step, lambda s: s, state)
+
+
+def where_finite(finite: jax.Array, new: Any, old: Any) -> Any:
+    """``new`` where ``finite``, else ``old``, leaf by leaf: keeps parameters and optimizer
+    state of a skipped step without a host sync.
+
+    Prefer :func:`step_if_finite` for a whole optimizer step under ``jax.jit`` on a CPU:
+    XLA's CPU fuses the optimizer's new moments into both the select and the parameter
+    update, so it copies every moment first (``docs/backends/jax.md``, Performance); a
+    select on a few leaves, or outside ``jit``, is cheap.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> where_finite(jnp.array(False), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})["w"]
+        Array([0., 0.], dtype=float32)
+    """
+    return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class JaxGradScaler(FunctionalGradScaler):
+    """A dynamic loss scaler for JAX, as an immutable value.
+
+    Args:
+        *args: ``init_scale, growth_factor, backoff_factor, growth_interval, enabled``.
+        **kwargs: The other config parameters, by canonical name or alias.
+
+    Attributes:
+        loss_scale: The scale, a float32 0-d array (a pytree leaf).
+        growth_tracker: An int32 0-d array (a leaf).
+        hysteresis_tracker: An int32 0-d array (a leaf).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> import unifiedamp as ua
+        >>> scaler = ua.GradScaler(1024.0, growth_interval=2, backend="jax")
+        >>> def loss(w):
+        ...     return (w ** 2).sum()
+        >>> @jax.jit
+        ... def step(w, scaler):
+        ...     grads = jax.grad(lambda w: scaler.scale(loss(w)))(w)
+        ...     grads, finite = scaler.unscale(grads)
+        ...     w = jax.tree.map(lambda w, g: jnp.where(finite, w - 0.1 * g, w), w, grads)
+        ...     return w, scaler.update(finite)
+        >>> w, scaler = step(jnp.ones(3), scaler)
+        >>> w, scaler = step(w, scaler)
+        >>> scaler.get_scale(), w
+        (2048.0, Array([0.64, 0.64, 0.64], dtype=float32))
+    """
+
+    backend = "jax"
+    xp: ClassVar[Any] = jnp
+
+    @classmethod
+    def _array(cls, value: Any, dtype: Any) -> jax.Array:
+        return jnp.asarray(value, dtype)
+
+    # Pytree: arrays are leaves, the (hashable) config is static aux data, so no
+    # jit, scan or flatten/unflatten round trip can drop an option.
+    def tree_flatten_with_keys(self) -> tuple[Any, ScalerConfig]:
+        key = jax.tree_util.GetAttrKey
+        return tuple((key(name), getattr(self, name)) for name in LEAVES), self._config
+
+    @classmethod
+    def tree_unflatten(cls, config: ScalerConfig, children: Any) -> JaxGradScaler:
+        return cls._make(config, *children)
+
+    # The update works on the scale's bit pattern (an int32): XLA flushes float32
+    # subnormals, but integer ops and selects keep every bit, and positive
+    # floats order like their bit patterns (so maximum/minimum clamp correctly).
+    def _encode(self, scale: jax.Array) -> jax.Array:
+        return F32.bits(scale)
+
+    def _decode(self, bits: jax.Array) -> jax.Array:
+        return F32.from_bits(bits)
+
+    def _constant(self, value: float) -> int:
+        return f32_bits(value)
+
+    def _multiply(self, scale: jax.Array, factor: float) -> jax.Array:
+        return F32.mul_bits_by(F32.bits(scale), factor)
+
+    def _is_finite(self, bits: jax.Array) -> jax.Array:
+        return F32.is_finite(bits)
+
+    @classmethod
+    def _overflow_reductions(cls, grad: jax.Array) -> tuple[jax.Array, ...]:
+        # One variadic reduce: XLA fuses it with its inputs into one pass over the gradient,
+        # where three reductions each write their input to memory first (docs/diagnostics.md
+        # has the figures). float16/bfloat16 magnitudes are compared in float32 (exact);
+        # float64 ones in float64, rounded at the end.
+        magnitude = jnp.abs(grad)
+        if jnp.dtype(magnitude.dtype).itemsize < 4:
+            magnitude = magnitude.astype(jnp.float32)
+        zero = jnp.zeros((), magnitude.dtype)
+        operands = (jnp.isinf(grad).astype(jnp.int32), jnp.isnan(grad).astype(jnp.int32),
+                    jnp.where(jnp.isfinite(grad), magnitude, zero))
+
+        def combine(a: tuple[jax.Array, ...], b: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            return a[0] + b[0], a[1] + b[1], jnp.maximum(a[2], b[2])
+
+        return tuple(lax.reduce(operands, (jnp.int32(0), jnp.int32(0), zero), combine,
+                                tuple(range(grad.ndim))))
+
+    # ------------------------------------------------------------ the verbs
+
+    def scale(self, outputs: Any) -> Any:
+        """Multiplies every leaf (a loss, or a tree of outputs) by the scale; each leaf
+        keeps its dtype.
+
+        The product is NumPy's ``f32(x * scale)`` at every scale, subnormal scales
+        included, wherever that is a normal number, zero, inf or NaN; a product
+        below 2**-126 is flushed to zero, as XLA does for every float32 op.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> JaxGradScaler(2.0**-149).scale(jnp.float32(2.0**100))
+            Array(1.7763568e-15, dtype=float32)
+        """
+        if not self._config.enabled:
+            return outputs
+        # F32.bits reads the leaf with jnp.asarray: in a flax nnx optimizer state it is a
+        # Variable, not an array.
+        return _multiply(outputs, *F32.split(F32.bits(self.loss_scale)))
+
+    def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
+        """``new`` where ``finite``, else ``old``: pytrees of the same structure, selected
+        leaf by leaf (module-level :func:`where_finite`; traceable, no host sync).
+
+        Example:
+            >>> import jax.numpy as jnp, unifiedamp as ua
+            >>> s = ua.GradScaler(backend="jax")
+            >>> s.where_finite(jnp.array(False), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})["w"]
+            Array([0., 0.], dtype=float32)
+        """
+        return where_finite(finite, new, old)
+
+    def unscale(self, grads: Any, axis_name: Any = None) -> tuple[Any, jax.Array]:
+        """Divides every leaf by the scale; returns ``(grads, all finite)`` in one pass.
+
+        Each leaf is multiplied by ``f32(1 / scale)`` (the float64 reciprocal rounded
+        once, like torch, NumPy and MLX), giving their bits at every scale wherever
+        the result is a normal number, zero, inf or NaN; a result below 2**-126 is
+        flushed to zero, as XLA does for every float32 op. ``all finite`` is
+        decided on the gradients as given (scaled), like every backend, and is
+        false at a scale whose reciprocal overflows (``spec.unscale_overflows``);
+        with ``axis_name`` it is agreed across that mapped axis.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> grads, finite = JaxGradScaler(2.0**127).unscale(jnp.float32(1.7e8))
+            >>> grads, bool(finite)
+            (Array(9.991702e-31, dtype=float32), True)
+        """
+        if not self._config.enabled:
+            return grads, jnp.array(True)
+        inverse = F32.split(F32.reciprocal_bits(F32.bits(self.loss_scale)))
+        finite = all_finite(grads, axis_name) & self._reciprocal_finite()
+        return _multiply(grads, *inverse), finite
+
+    def _reciprocal_finite(self) -> jax.Array:
+        # spec.unscale_overflows: below MIN_UNSCALABLE (a subnormal) 1/scale is inf, and
+        # every check finds inf. Compared on bit patterns: XLA flushes subnormal operands.
+        return F32.bits(self.loss_scale) >= f32_bits(MIN_UNSCALABLE)
+
+    def _traced(self, array: Any) -> bool:
+        return is_tracer(jnp.asarray(array))
+
+    # ------------------------------------------------------------ tooling
+
+    @classmethod
+    def devices(cls) -> list[str]:
+        """The devices JAX sees."""
+        return [str(d) for d in jax.devices()]

@@ -1,0 +1,55 @@
+"""The ``unifiedamp`` command: ``backends``, ``spec``, ``conformance``, ``plot``, ``port``,
+``port-state`` and ``demo``, one module of this package each.
+
+Each subcommand's module adds its parser (``add_parser``) and runs it; this module holds
+:func:`main`, the console script's entry point (``python -m unifiedamp.cli`` runs it too).
+Anything that imports a framework runs in a subprocess of its own, one per backend
+(``conformance`` runs the shipped pytest suite there), so that frameworks that cannot share
+a process (tensorflow then paddle segfaults) never do, and a crash in one backend is
+reported, not fatal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from unifiedamp import __version__
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    # The subcommands are imported here, when the command runs: ``_worker`` (a backend's
+    # subprocess) and the demo's child process import this package without them.
+    from unifiedamp.cli import backends, conformance, demo, plot, port, port_state, spec
+
+    parser = argparse.ArgumentParser(
+        prog="unifiedamp", description="One dynamic loss scaler for every framework.")
+    parser.add_argument("--version", action="version", version=f"unifiedamp {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in (backends, spec, conformance, plot, port, port_state, demo):
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``unifiedamp`` console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_worker"]:
+        from unifiedamp.cli.backends import worker
+
+        print(json.dumps(worker(argv[1])))
+        return 0
+    args = _parser().parse_args(argv)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe must fail here, not in the interpreter's exit
+    except BrokenPipeError:
+        # The reader went away (`unifiedamp backends --json | head`): stop quietly,
+        # and keep Python from failing again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return code

@@ -1,0 +1,433 @@
+"""Scaler states inside checkpoint files: reading, writing and converting them in place.
+
+:func:`load_file` and :func:`save_file` read and write ``torch.save`` files and Lightning
+``.ckpt``, Paddle ``.pdparams``/``.pdopt``, JSON, flax msgpack and NumPy ``.npz`` (the type
+from the extension, :func:`file_type`); no file runs code unless ``trusted=True`` (the
+readers that keep torch and Paddle pickles from running code are in ``_safe_pickle``).
+:func:`port_state_file` finds the scaler's entry in a checkpoint and rewrites it in another
+form (:mod:`unifiedamp.porting._states`), keeping the rest. Writes are atomic (temp file +
+``os.replace``), so a process killed mid-write leaves the previous checkpoint whole.
+
+No framework is imported at module import: each file type imports its framework when it
+reads or writes one; a ``.keras`` model is loaded in a child process (Keras with its own
+``KERAS_BACKEND``), so tensorflow never shares a process with paddle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import zipfile
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from unifiedamp._files import atomic_path
+from unifiedamp.porting._safe_pickle import _load_paddle, _load_torch, _refusal, _Refused
+from unifiedamp.porting._states import _closest, convert_state, detect_form, read_state
+from unifiedamp.spec import ScalerConfig
+from unifiedamp.spec._state_dict import state_number
+
+__all__ = ["LIGHTNING_KEYS", "file_type", "load_file", "port_state_file", "save_file"]
+
+# Where Lightning 2.x keeps its precision plugin's scaler in a .ckpt:
+# checkpoint[prec_plugin.__class__.__qualname__] = prec_plugin.state_dict(), which is
+# scaler.state_dict() (lightning/pytorch/trainer/connectors/checkpoint_connector.py).
+LIGHTNING_KEYS = ("MixedPrecision", "FSDPPrecision")
+
+_TORCH_EXT = (".pt", ".pth", ".ckpt", ".bin", ".tar")
+_PADDLE_EXT = (".pdparams", ".pdopt", ".pdckpt")
+_FILE_TYPES = {**{e: "torch" for e in _TORCH_EXT}, **{e: "paddle" for e in _PADDLE_EXT},
+               ".json": "json", ".msgpack": "msgpack", ".npz": "npz", ".keras": "keras"}
+
+
+def file_type(path: str | os.PathLike) -> str:
+    """The file type of a checkpoint path, from its extension.
+
+    Example:
+        >>> file_type("epoch=3-step=100.ckpt"), file_type("opt.pdopt"), file_type("s.json")
+        ('torch', 'paddle', 'json')
+    """
+    ext = os.path.splitext(os.fspath(path))[1].lower()
+    if ext not in _FILE_TYPES:
+        raise ValueError(f"unknown checkpoint type {ext or '(no extension)'!r} of {path}: "
+                         f"known extensions are {sorted(_FILE_TYPES)} (torch.save, "
+                         "paddle.save, JSON, flax msgpack, numpy .npz, Keras model.save)")
+    return _FILE_TYPES[ext]
+
+
+def load_file(path: str | os.PathLike, trusted: bool = False) -> Any:
+    """Reads a checkpoint file (its type from the extension, see :func:`file_type`).
+
+    No file runs code unless ``trusted=True``: torch files load with
+    ``weights_only=True``, Paddle files with a pickle reader that builds only
+    containers, numbers, strings and NumPy arrays, ``.npz`` files without pickled
+    objects, ``.keras`` models in Keras's safe mode. ``trusted=True`` (CLI:
+    ``--trust``) unpickles torch and Paddle files in full and loads ``.keras`` models
+    with ``safe_mode=False``: the file's own code then runs. A file that cannot be
+    read, or whose data does not match its own checksums (the zip-based torch,
+    ``.npz`` and ``.keras`` files carry a CRC-32 per member), raises a ``ValueError``
+    naming it.
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "scaler.json")
+        >>> save_file({"scale": 8.0}, path)
+        >>> load_file(path)
+        {'scale': 8.0}
+    """
+    kind = file_type(path)
+    if not os.path.isfile(path):
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"{path} is a directory, not a checkpoint file")
+        raise FileNotFoundError(f"{path}: no such file")
+    if kind in ("torch", "npz") and zipfile.is_zipfile(path):
+        _check_zip(path)
+    elif kind == "npz":  # np.load would take any other bytes for a pickle
+        raise _unreadable(path, kind, zipfile.BadZipFile("not a zip archive"))
+    with _reading(path, kind):
+        if kind == "keras":
+            return _load_keras(path, trusted)
+        if kind == "json":
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        if kind == "npz":
+            import numpy as np
+
+            try:
+                with np.load(path, allow_pickle=trusted) as data:
+                    return {k: data[k] for k in data.files}
+            except ValueError as exc:
+                if "allow_pickle" in str(exc):
+                    raise _Refused("pickled object arrays") from None
+                raise
+        if kind == "msgpack":
+            from flax import serialization
+
+            with open(path, "rb") as f:
+                return serialization.msgpack_restore(f.read())
+        if kind == "paddle":
+            return _load_paddle(path, trusted)
+        return _load_torch(path, trusted)
+
+
+@contextlib.contextmanager
+def _reading(path: Any, kind: str) -> Iterator[None]:
+    # Readers of untrusted bytes fail in many ways (EOFError, BadZipFile, KeyError from a
+    # pickle opcode, RecursionError on deep JSON...): each becomes one error naming the file.
+    try:
+        yield
+    except _Refused as exc:
+        raise _refusal(path, str(exc)) from None
+    except (OSError, ValueError) as exc:
+        if isinstance(exc, OSError) and exc.filename is not None:
+            raise
+        if isinstance(exc, ValueError) and str(exc).startswith(os.fspath(path)):
+            raise
+        raise _unreadable(path, kind, exc) from None
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any parser failure on untrusted bytes
+        raise _unreadable(path, kind, exc) from None
+
+
+def _unreadable(path: Any, kind: str, exc: BaseException) -> ValueError:
+    detail = str(exc).splitlines()[0][:300] if str(exc) else ""
+    if isinstance(exc, RecursionError):
+        detail = "nested deeper than Python's recursion limit"
+    what = {"torch": "torch.save", "paddle": "paddle.save", "json": "JSON",
+            "msgpack": "flax msgpack", "npz": "NumPy .npz", "keras": "Keras .keras"}[kind]
+    return ValueError(f"{path} cannot be read as a {what} file ({type(exc).__name__}"
+                      f"{': ' + detail if detail else ''}): it is damaged, truncated or of "
+                      "another type; nothing was read")
+
+
+def _check_zip(path: Any) -> None:
+    # torch's zip reader does not check the CRC-32 it wrote: a flipped bit in tensor data
+    # loads silently. Checking every member costs one read of the file.
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise ValueError(f"{path} is a damaged zip archive ({exc}); nothing was read") from None
+    if bad is not None:
+        raise ValueError(f"{path}: the data of its member {bad!r} does not match the "
+                         "CRC-32 the file records for it: the file is damaged; nothing "
+                         "was read")
+
+
+def _plain(value: Any) -> Any:
+    # JSON has no arrays: a numpy scalar or array becomes its Python value(s).
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def save_file(obj: Any, path: str | os.PathLike) -> None:
+    """Writes a checkpoint file atomically: a temp file beside it, then ``os.replace``
+    (:func:`unifiedamp._files.atomic_path`): a failure or a process killed mid-write
+    leaves the old file whole, and a symlink stays a link to the rewritten file.
+
+    Example:
+        >>> import os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "scaler.json")
+        >>> save_file({"scale": 8.0, "growth_tracker": 1}, path)
+        >>> load_file(path)["growth_tracker"]
+        1
+    """
+    kind = file_type(path)
+    if kind == "keras":
+        raise ValueError(f"{path}: a .keras file is a whole Keras model: write a scaler state "
+                         "into one with port_state_file(src, dst.keras, to='keras'), which "
+                         "loads the model, assigns its optimizer's variables and saves it")
+    if kind == "npz":
+        arrays = _flat_arrays(obj, path)  # refused before anything is written
+    with atomic_path(path, suffix=os.path.splitext(path)[1]) as tmp:
+        if kind == "paddle":
+            import paddle
+
+            paddle.save(obj, tmp)
+            return
+        with open(tmp, "wb") as f:
+            if kind == "json":
+                f.write(json.dumps(obj, indent=1, default=_plain).encode())
+            elif kind == "msgpack":
+                from flax import serialization
+
+                f.write(serialization.msgpack_serialize(obj))
+            elif kind == "npz":
+                import numpy as np
+
+                np.savez(f, **arrays)
+            else:
+                import torch
+
+                torch.save(obj, f)
+
+
+def _flat_arrays(obj: Any, path: Any) -> dict[str, Any]:
+    import numpy as np
+
+    if not isinstance(obj, Mapping) or any(isinstance(v, (Mapping, str)) or v is None
+                                           for v in obj.values()):
+        raise ValueError(f"{path}: a .npz file holds flat numeric arrays; this state has "
+                         "nested or text fields (the canonical form does): write it to "
+                         ".json, .msgpack or a torch/paddle file instead")
+    # The scale in float32, as the framework's variable holds it; the factors as given.
+    scales = ("scale", "dynamic_scale", "loss_scale")
+    return {k: np.asarray(v, np.float32 if k in scales else None) for k, v in obj.items()}
+
+
+def _storable(state: dict[str, Any], kind: str) -> dict[str, Any]:
+    # torch.load(weights_only=True) refuses numpy arrays (Paddle's [scale]): store a tensor.
+    if kind != "torch":
+        return state
+    import numpy as np
+    import torch
+
+    return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in state.items()}
+
+
+def _find(container: Any, key: str | None, path: Any) -> tuple[str | None, Any]:
+    """The scaler entry: ``(key, state)``; key None when the whole file is the state."""
+    if key is not None:
+        if not isinstance(container, Mapping) or key not in container:
+            keys = sorted(map(str, container)) if isinstance(container, Mapping) else []
+            raise ValueError(f"{path} has no key {key!r}{_closest(key, tuple(keys))}; "
+                             f"its top-level keys: {keys}")
+        detect_form(container[key])  # a clear error if that entry is not a scaler state
+        return key, container[key]
+    if not isinstance(container, Mapping):
+        raise ValueError(f"{path} holds a {type(container).__name__}, not a dict with a "
+                         "scaler state")
+    try:
+        detect_form(container)
+        return None, container
+    except ValueError:
+        pass
+    for name in LIGHTNING_KEYS:
+        if name in container and isinstance(container[name], Mapping) and container[name]:
+            return name, container[name]
+    found = []
+    for name, value in container.items():
+        try:
+            detect_form(value)
+            found.append(name)
+        except (TypeError, ValueError):
+            pass
+    if len(found) != 1:
+        what = f"several: {found}" if found else "none"
+        raise ValueError(f"{path}: looked for a scaler state at the top level, in Lightning's "
+                         f"{list(LIGHTNING_KEYS)} and in each top-level entry, found {what}; "
+                         f"pass key= (CLI: --key) naming it; top-level keys: "
+                         f"{sorted(map(str, container))}")
+    return found[0], container[found[0]]
+
+
+def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None,
+                    to: str = "canonical", key: str | None = None,
+                    config: ScalerConfig | None = None, in_place: bool = False,
+                    trusted: bool = False) -> dict[str, Any]:
+    """Converts the scaler state inside a checkpoint file to the form ``to``.
+
+    The entry is found with :func:`_find`: ``key`` if given, else the whole file when
+    it is a state, else Lightning's precision-plugin entry (``"MixedPrecision"``),
+    else the one top-level entry that is a state. When ``dst`` has the same file type
+    as ``src`` (or ``in_place``), the whole checkpoint is written with only that entry
+    replaced, so a Lightning ``.ckpt`` written with unifiedamp's scaler resumes with
+    ``torch.amp.GradScaler`` (``to="torch"``) and back (``to="canonical"``); into
+    another type, ``dst`` holds the converted state alone. ``dst=None`` writes nothing.
+    A ``.keras`` ``src`` gives its loss-scale optimizer's state and config; a ``.keras``
+    ``dst`` (``to="keras"``; it must exist) gets the state in its optimizer's variables.
+
+    Returns:
+        A summary: ``src``, ``dst``, ``key``, ``from``, ``to``, ``whole`` (whether the
+        rest of the checkpoint was kept), ``config``, ``state`` and ``state_dict``.
+
+    Example:
+        >>> import os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> save_file({"step": 10, "scaler": {"scale": 512.0, "growth_factor": 2.0,
+        ...     "backoff_factor": 0.5, "growth_interval": 100, "_growth_tracker": 7}},
+        ...     os.path.join(folder, "ckpt.json"))
+        >>> r = port_state_file(os.path.join(folder, "ckpt.json"), to="keras", in_place=True)
+        >>> r["key"], r["from"], load_file(os.path.join(folder, "ckpt.json"))["scaler"]
+        ('scaler', 'torch', {'dynamic_scale': 512.0, 'step_counter': 7, 'hysteresis_counter': 0})
+    """
+    if in_place:
+        if dst is not None and os.path.abspath(dst) != os.path.abspath(src):
+            raise ValueError(f"in_place=True writes {src} itself; dst={dst!r} says another file")
+        dst = src
+    if dst is not None and file_type(dst) == "keras" and to != "keras":
+        raise ValueError(f"{dst} is a Keras model: the state goes into its optimizer's "
+                         f"variables, the keras form; pass to='keras', not {to!r}; nothing "
+                         "was written")
+    container = load_file(src, trusted=trusted)
+    if file_type(src) == "keras":
+        # The optimizer's own config, unless the caller gives one.
+        if config is None:
+            config = ScalerConfig(**container["scaler_config"])
+        container = {k: v for k, v in container.items() if k != "scaler_config"}
+    found_key, state = _find(container, key, src)
+    cfg, st, form = read_state(state, config)
+    converted = convert_state(state, to, config)
+    if dst is not None and file_type(dst) == "keras":
+        # The model and optimizer of dst (src itself in place) are the target.
+        _save_keras(converted, cfg, dst, dst, trusted)
+        return {"src": os.fspath(src), "dst": os.fspath(dst), "key": found_key,
+                "from": form, "to": to, "whole": True, "config": cfg.to_dict(),
+                "state": st._asdict(), "state_dict": converted}
+    whole = dst is not None and file_type(dst) == file_type(src) and found_key is not None
+    if dst is not None:
+        stored = _storable(converted, file_type(dst))
+        out = {**container, found_key: stored} if whole else stored
+        save_file(out, dst)
+    return {"src": os.fspath(src), "dst": None if dst is None else os.fspath(dst),
+            "key": found_key, "from": form, "to": to, "whole": whole,
+            "config": cfg.to_dict(), "state": st._asdict(), "state_dict": converted}
+
+
+# ------------------------------------------------------------------ .keras files
+
+# Runs in a child process (tensorflow and paddle in one process segfault; no framework is
+# imported here): loads a .keras model with unifiedamp's classes registered and reads, or
+# writes, its loss-scale optimizer's variables. Prints one line: _KERAS_MARK + JSON.
+_KERAS_CHILD = r'''
+import json, sys
+mode, path, trust = sys.argv[1], sys.argv[2], sys.argv[3]
+MARK = "@@unifiedamp-keras@@"
+def done(**out):
+    print(MARK + json.dumps(out), flush=True)
+    sys.exit(0)
+import keras
+import unifiedamp.backends.keras as uak  # registers SpecLossScaleOptimizer
+from unifiedamp.spec._state_dict import native_defaults
+# safe_mode (Keras's default) refuses Lambda layers' bytecode and unsafe deserialisation.
+model = keras.models.load_model(path, safe_mode=trust != "trusted")
+opt = getattr(model, "optimizer", None)
+if not isinstance(opt, keras.optimizers.LossScaleOptimizer):
+    done(error=f"{path}: the model's optimizer is {type(opt).__name__}, not a "
+               "keras.optimizers.LossScaleOptimizer (nor unifiedamp's SpecLossScaleOptimizer, "
+               "ua.GradScaler(..., backend='keras').wrap(opt)): there is no loss-scale state "
+               "in it; nothing was written")
+ours = isinstance(opt, uak.SpecLossScaleOptimizer)
+if ours:
+    config = opt.scaler_config.to_dict()
+else:  # Keras's own: growth 2, backoff 0.5, hysteresis 1 hard-coded
+    config = native_defaults("keras").to_dict() | {
+        "init_scale": float(opt.initial_scale), "growth_interval": int(opt.dynamic_growth_steps)}
+if not opt.built:
+    opt.build(model.trainable_variables)
+cls = type(opt).__name__
+if mode == "read":
+    out = {"dynamic_scale": float(keras.ops.convert_to_numpy(opt.dynamic_scale)),
+           "step_counter": int(keras.ops.convert_to_numpy(opt.step_counter))}
+    if ours:
+        out["hysteresis_counter"] = int(keras.ops.convert_to_numpy(opt.hysteresis_counter))
+    done(state=out, scaler_config=config, optimizer=cls)
+state, source, tmp = json.loads(sys.argv[4]), json.loads(sys.argv[5]), sys.argv[6]
+rule = ("growth_factor", "backoff_factor", "growth_interval", "hysteresis", "min_scale",
+        "max_scale", "dynamic", "enabled")
+differ = [f"{k}={source[k]!r} (the optimizer's: {config[k]!r})" for k in rule
+          if source[k] != config[k]]
+if differ:
+    done(error=f"the state follows {', '.join(differ)}, but {path}'s {cls} was built with "
+               "another rule: pass config= (CLI: --config) with the optimizer's parameters "
+               "if that is meant; nothing was written")
+if state.get("hysteresis_counter", 0) and not ours:
+    done(error=f"hysteresis_counter={state['hysteresis_counter']}: Keras's own "
+               f"LossScaleOptimizer in {path} has no hysteresis; nothing was written")
+opt.dynamic_scale.assign(keras.ops.convert_to_tensor(state["dynamic_scale"], "float32"))
+opt.step_counter.assign(keras.ops.cast(state["step_counter"], opt.step_counter.dtype))
+if ours:
+    opt.hysteresis_counter.assign(keras.ops.cast(state.get("hysteresis_counter", 0),
+                                                 opt.hysteresis_counter.dtype))
+model.save(tmp)
+done(optimizer=cls)
+'''
+_KERAS_MARK = "@@unifiedamp-keras@@"
+
+
+def _keras_child(mode: str, path: Any, trusted: bool, *args: str) -> dict[str, Any]:
+    import subprocess
+    import sys
+
+    if not zipfile.is_zipfile(path):
+        raise ValueError(f"{path} is not a Keras .keras archive (model.save writes a zip "
+                         "file): it is damaged or of another type; nothing was read")
+    _check_zip(path)
+    proc = subprocess.run([sys.executable, "-c", _KERAS_CHILD, mode, os.fspath(path),
+                           "trusted" if trusted else "safe", *args],
+                          capture_output=True, text=True, env=dict(os.environ))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_KERAS_MARK)]
+    if proc.returncode != 0 or not lines:
+        # The exception's own line says why; the child's traceback says nothing more to a user.
+        last = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:] or [""]
+        raise ValueError(f"{path}: keras.models.load_model could not load it (exit "
+                         f"{proc.returncode}): {last[0].strip()[:500]}")
+    out = json.loads(lines[-1][len(_KERAS_MARK):])
+    if "error" in out:
+        raise ValueError(out["error"])
+    return out
+
+
+def _load_keras(path: Any, trusted: bool) -> dict[str, Any]:
+    # The keras form of the model's loss-scale optimizer, and its canonical config.
+    out = _keras_child("read", path, trusted)
+    return {**out["state"], "scaler_config": out["scaler_config"]}
+
+
+def _save_keras(state: dict[str, Any], config: ScalerConfig, path: Any,
+                model_from: Any, trusted: bool = False) -> None:
+    """Assigns the keras-form ``state`` to the optimizer of the model in ``model_from`` and
+    saves the model to ``path`` atomically (:func:`unifiedamp._files.atomic_path`)."""
+    if not os.path.exists(model_from):
+        raise ValueError(f"{model_from} does not exist: writing a scaler state into a .keras "
+                         "file needs that file to exist already, its model and loss-scale "
+                         "optimizer are the target (save it with model.save first); nothing "
+                         "was written")
+    plain = {k: state_number(state, k) for k in ("dynamic_scale", "step_counter",
+                                            "hysteresis_counter") if k in state}
+    with atomic_path(path, suffix=".keras") as tmp:
+        _keras_child("write", model_from, trusted, json.dumps(plain, default=_plain),
+                     json.dumps(config.to_dict()), tmp)
