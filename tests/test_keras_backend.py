@@ -1100,10 +1100,10 @@ def test_reciprocal_is_exact_inside_a_tf_graph(keras):
     range (200k random bit patterns, subnormal results included)."""
     import tensorflow as tf
 
-    from unifiedamp.backends.keras._float32 import _reciprocal_bits
+    from unifiedamp.backends.keras._paths import F32
 
     bits = np.random.default_rng(0).integers(1, 0x7F7FFFFF, 200_000).astype(np.int32)
-    got = tf.function(_reciprocal_bits)(tf.constant(bits)).numpy()
+    got = tf.function(F32.reciprocal_bits)(tf.constant(bits)).numpy()
     with np.errstate(over="ignore"):
         want = (np.float32(1) / bits.view(np.float32)).view(np.int32)
     wrong = np.nonzero(got != want)[0]

@@ -20,32 +20,21 @@ Importing this module registers :class:`SpecLossScaleOptimizer` with Keras, whic
 
 The package: ``_scaler.py`` (:class:`KerasGradScaler`), ``_optimizer.py`` (the wrapper every
 Keras backend shares), ``_tensorflow.py``, ``_jax.py`` and ``_torch.py`` (what differs on each,
-behind ``_paths.py``'s interface), ``_diagnostics.py`` (``diagnose`` and ``history``),
-``_float32.py`` (float32 arithmetic on bit patterns), ``_compat.py`` (the one module that
-touches Keras's private API) and ``_facade.py`` (the facade's helpers, imported once).
+behind ``_paths.py``'s interface, with the device ops they share), ``_diagnostics.py``
+(``diagnose`` and ``history``) and ``_compat.py`` (the one module that touches Keras's private
+API). Float32 arithmetic on bit patterns is ``unifiedamp.backends._float32``'s, shared with
+the JAX backend.
 """
 
 from __future__ import annotations
 
-import inspect
+from unifiedamp.backends import show_as_public
 
 from ._optimizer import SpecLossScaleOptimizer
 from ._scaler import KerasGradScaler
 
 __all__ = ["KerasGradScaler", "SpecLossScaleOptimizer"]
 
-
-def _shown_here(cls: type) -> None:
-    """Gives ``cls`` and the functions it defines this package's path as their module: the
-    path repr, pickle, Keras's saved configs and the docs show, and where doctest finds
-    their examples."""
-    cls.__module__ = __name__
-    for member in vars(cls).values():
-        function = getattr(member, "__func__", member)  # a classmethod's function
-        if inspect.isfunction(function):
-            function.__module__ = __name__
-
-
-for _cls in (KerasGradScaler, SpecLossScaleOptimizer):
-    _shown_here(_cls)
-del _cls
+# The public path in repr, pickle, Keras's saved configs ('module') and the docs.
+show_as_public(KerasGradScaler, __name__)
+show_as_public(SpecLossScaleOptimizer, __name__)

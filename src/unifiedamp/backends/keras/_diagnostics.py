@@ -18,7 +18,7 @@ from keras import ops
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
 
 from ._compat import LossScaleOptimizerHooks
-from ._float32 import _int
+from ._paths import F32
 
 _NO_DIAGNOSE = ("The gradients stay inside the compiled train step on the TensorFlow and JAX "
                 "Keras backends: build the scaler with diagnose=True "
@@ -32,7 +32,7 @@ def _gradient_stats(g: Any) -> tuple[Any, Any, Any]:
     if keras.backend.standardize_dtype(g.dtype) in ("float16", "bfloat16"):
         g = ops.cast(g, "float32")
     if any(n == 0 for n in g.shape):  # ops.max of nothing fails; unknown sizes are None
-        return _int(0), _int(0), ops.convert_to_tensor(0.0, "float32")
+        return F32.int32(0), F32.int32(0), ops.convert_to_tensor(0.0, "float32")
     inf = ops.sum(ops.cast(ops.isinf(g), "int32"))
     nan = ops.sum(ops.cast(ops.isnan(g), "int32"))
     largest = ops.max(ops.where(ops.isfinite(g), ops.abs(g), ops.zeros_like(g)))
@@ -100,7 +100,7 @@ class OptimizerDiagnostics(LossScaleOptimizerHooks):
         the scale it used (before the update), skipped. ``skipped`` is a Python bool in
         each branch of the compiled step (and on torch's host path), else a tensor."""
         count = ops.convert_to_tensor(self.update_count)
-        flag = _int(int(skipped)) if isinstance(skipped, bool) else ops.cast(skipped, "int32")
+        flag = F32.int32(int(skipped)) if isinstance(skipped, bool) else ops.cast(skipped, "int32")
         if self._history_size:
             hot = ops.equal(ops.arange(self._history_size, dtype="int32"),
                             ops.mod(count, self._history_size))
@@ -124,10 +124,10 @@ class OptimizerDiagnostics(LossScaleOptimizerHooks):
         self.overflow_step.assign(count + 1)
         self.overflow_scale.assign(ops.convert_to_tensor(self.dynamic_scale))
         if replicas is None:
-            self.overflow_checked.assign(_int(-1))
+            self.overflow_checked.assign(F32.int32(-1))
             return
         k = len(self._optimized_variables)
-        inf, nan = [_int(0)] * k, [_int(0)] * k
+        inf, nan = [F32.int32(0)] * k, [F32.int32(0)] * k
         largest = [ops.convert_to_tensor(0.0, "float32")] * k
         checked = set()
         for grads in replicas:
@@ -138,7 +138,7 @@ class OptimizerDiagnostics(LossScaleOptimizerHooks):
                 n_inf, n_nan, big = _gradient_stats(g)
                 inf[i], nan[i] = inf[i] + n_inf, nan[i] + n_nan
                 largest[i] = ops.maximum(largest[i], big)
-        self.overflow_checked.assign(_int(len(checked)))
+        self.overflow_checked.assign(F32.int32(len(checked)))
         if k:
             self.overflow_counts.assign(ops.stack([ops.stack(inf), ops.stack(nan)], axis=1))
             self.overflow_max.assign(ops.stack(largest))

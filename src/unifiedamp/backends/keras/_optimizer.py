@@ -21,15 +21,15 @@ import keras
 import numpy as np
 from keras import ops
 
+from unifiedamp.backends._float32 import EXP_MASK
+from unifiedamp.backends._imperative import diagnostics_options
 from unifiedamp.diagnostics import OverflowReport
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32, f32_bits
 
 from ._compat import no_automatic_dependency_tracking
 from ._diagnostics import OptimizerDiagnostics
-from ._facade import diagnostics_options
-from ._float32 import _EXP_MASK, _f32, _i32, _int, _mul_bits, _multiply, _reciprocal_bits, _split
 from ._jax import JaxPaths
-from ._paths import BackendPaths, select
+from ._paths import F32, BackendPaths, multiply, select
 from ._tensorflow import TensorFlowPaths
 from ._torch import TorchPaths
 
@@ -68,7 +68,7 @@ def _rule_values(config: ScalerConfig) -> list[int]:
         factors += [f32_bits(mantissa * 2), exponent - 1]
     return [*factors, c.growth_interval, c.hysteresis,
             0 if c.min_scale is None else f32_bits(c.min_scale),
-            _EXP_MASK if c.max_scale is None else f32_bits(c.max_scale), int(c.dynamic)]
+            EXP_MASK if c.max_scale is None else f32_bits(c.max_scale), int(c.dynamic)]
 
 
 # ------------------------------------------------------------ the optimizer
@@ -271,23 +271,22 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         grow_n, grow_e, back_n, back_e, interval, hysteresis, min_bits, max_bits, dynamic = (
             ops.unstack(ops.convert_to_tensor(self.scaler_rule)))
         zero_g, zero_h = ops.zeros_like(growth), ops.zeros_like(hyst)
-        bits = _i32(scale)
+        bits = F32.bits(scale)
         if finite:
             growth = growth + 1
             grow = growth >= ops.cast(interval, growth.dtype)
             # max_bits is inf's without a max_scale: an overflow stays inf and keeps the scale.
-            grown = ops.minimum(_mul_bits(bits, _f32(grow_n), grow_e), max_bits)
-            grown = ops.where(ops.equal(ops.bitwise_and(grown, _int(_EXP_MASK)), _EXP_MASK),
-                              bits, grown)
+            grown = ops.minimum(F32.mul_bits(bits, F32.from_bits(grow_n), grow_e), max_bits)
+            grown = ops.where(F32.is_finite(grown), grown, bits)
             new = (ops.where(grow, grown, bits), ops.where(grow, zero_g, growth), zero_h)
         else:
             hyst = hyst + 1
             back_off = hyst >= ops.cast(hysteresis, hyst.dtype)
-            backed = ops.maximum(_mul_bits(bits, _f32(back_n), back_e), min_bits)
+            backed = ops.maximum(F32.mul_bits(bits, F32.from_bits(back_n), back_e), min_bits)
             new = (ops.where(back_off, backed, bits), zero_g, ops.where(back_off, zero_h, hyst))
         # dynamic=False: the scale stays, the trackers are reset.
         dynamic = ops.not_equal(dynamic, 0)
-        return (_f32(ops.where(dynamic, new[0], bits)), ops.where(dynamic, new[1], zero_g),
+        return (F32.from_bits(ops.where(dynamic, new[0], bits)), ops.where(dynamic, new[1], zero_g),
                 ops.where(dynamic, new[2], zero_h))
 
     def _assign_next(self, finite: bool) -> None:
@@ -299,7 +298,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
 
     def unscale_gradients(self, grads: list[Any]) -> list[Any]:
         """The gradients of the scaled loss times ``f32(1 / scale)`` (each keeps its dtype)."""
-        hi, lo = _split(_reciprocal_bits(_i32(self.dynamic_scale)))
+        hi, lo = F32.split(F32.reciprocal_bits(F32.bits(self.dynamic_scale)))
         return self._backend_paths.unscale(grads, hi, lo)
 
     def get_unscaled_gradients(self, grads: list[Any]) -> list[Any]:
@@ -310,8 +309,8 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         """The loss times the scale, in the loss's dtype (what ``model.fit`` calls)."""
         self._note_loss(loss)
         if not self.built:
-            return _multiply(loss, *_split(_int(f32_bits(self._config.init_scale))))
-        return _multiply(loss, *_split(_i32(self.dynamic_scale)))
+            return multiply(loss, *F32.split(F32.int32(f32_bits(self._config.init_scale))))
+        return multiply(loss, *F32.split(F32.bits(self.dynamic_scale)))
 
     def get_scaled_loss(self, loss: Any) -> Any:
         """Keras 2's name for :meth:`scale_loss` (removed from Keras 3's class)."""
@@ -325,7 +324,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
     def check_finite(self, grads: list[Any]) -> Any:
         # spec.unscale_overflows: below MIN_UNSCALABLE 1/scale is inf and every
         # unscaled gradient inf or NaN. Compared on bits: subnormals are flushed.
-        unscalable = _i32(self.dynamic_scale) >= f32_bits(MIN_UNSCALABLE)
+        unscalable = F32.bits(self.dynamic_scale) >= f32_bits(MIN_UNSCALABLE)
         return ops.logical_and(
             self._backend_paths.all_finite([g for g in grads if g is not None]), unscalable)
 

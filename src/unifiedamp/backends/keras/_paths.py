@@ -13,14 +13,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import keras
 from keras import ops
 
-from ._float32 import _multiply
+from unifiedamp.backends._float32 import Float32Bits
 
 if TYPE_CHECKING:
     from unifiedamp.diagnostics import OverflowReport
 
     from ._optimizer import SpecLossScaleOptimizer
+
+
+#: Float32 arithmetic on int32 bit patterns in ``keras.ops``: the scale's update, its
+#: reciprocal and its split into two normal factors, exact where a backend flushes subnormals.
+F32 = Float32Bits.for_keras()
+
+
+def multiply(x: Any, hi: Any, lo: Any | None) -> Any:
+    """``x`` times ``hi``, then times ``lo`` unless None (a value split by
+    :meth:`Float32Bits.split`), in ``x``'s dtype; a float16 or bfloat16 ``x`` is multiplied
+    in float32."""
+    dtype = keras.backend.standardize_dtype(x.dtype)
+    wide = ops.cast(x, "float32") if dtype in ("float16", "bfloat16") else x
+    product = wide * ops.cast(hi, wide.dtype)
+    if lo is not None:
+        product = product * ops.cast(lo, wide.dtype)
+    return ops.cast(product, dtype)
 
 
 def every(grads: list[Any], test: Callable[[Any], Any]) -> Any:
@@ -63,7 +81,7 @@ class BackendPaths:
     def unscale(grads: list[Any], hi: Any, lo: Any) -> list[Any]:
         """Each gradient times ``hi`` then ``lo`` (``f32(1 / scale)`` as two normal factors),
         in its dtype; ``None`` stays None."""
-        return [None if g is None else _multiply(g, hi, lo) for g in grads]
+        return [None if g is None else multiply(g, hi, lo) for g in grads]
 
     def apply(self, opt: SpecLossScaleOptimizer, grads: list[Any],
               trainable_variables: Any) -> None:

@@ -13,14 +13,19 @@ import numpy as np
 from keras import ops
 
 from unifiedamp import spec
+from unifiedamp._scaler import GradScaler, NoInfChecksError, is_flag, new_scale_value
 from unifiedamp._tree import leaves, tree_map
+from unifiedamp.backends._imperative import (
+    HostCounters,
+    diagnostics_options,
+    update_arguments,
+    watched_pairs,
+)
 from unifiedamp.diagnostics import OverflowReport, ScaleHistory
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32_bits
 
-from . import _facade
-from ._float32 import _i32, _int, _multiply, _reciprocal_bits, _split
 from ._optimizer import SpecLossScaleOptimizer, paths_for
-from ._paths import select
+from ._paths import F32, multiply, select
 
 # ------------------------------------------------------------ the protocol's flag
 
@@ -53,7 +58,7 @@ def _host_flag(finite: Any) -> bool:
 # ------------------------------------------------------------ the scaler
 
 
-class KerasGradScaler(_facade.HostCounters, _facade.GradScaler):
+class KerasGradScaler(HostCounters, GradScaler):
     """A dynamic loss scaler for Keras 3 on any Keras backend; ``wrap(optimizer)`` applies it.
 
     The scaler and the optimizer it wraps are two objects: ``wrap`` returns the Keras
@@ -102,7 +107,7 @@ class KerasGradScaler(_facade.HostCounters, _facade.GradScaler):
     capabilities = frozenset({"wrap", "watch", "overflow_report", "history"})
 
     def __init__(self, *args: Any, diagnose: bool = False, history: int = 0, **kwargs: Any):
-        self._history_size = _facade.diagnostics_options(diagnose, history)
+        self._history_size = diagnostics_options(diagnose, history)
         self._diagnose = diagnose
         self._config = spec.config_from_args(args, kwargs,
                                              extra_names=("backend", "diagnose", "history"))
@@ -264,8 +269,8 @@ class KerasGradScaler(_facade.HostCounters, _facade.GradScaler):
     def _scale_bits(self) -> Any:
         # The optimizer's variable once it exists (no host read), else the held state.
         if self._optimizer is not None and self._optimizer.built:
-            return _i32(self._optimizer.dynamic_scale)
-        return _int(f32_bits(self.state.scale))
+            return F32.bits(self._optimizer.dynamic_scale)
+        return F32.int32(f32_bits(self.state.scale))
 
     def scale(self, outputs: Any) -> Any:
         """Multiplies a tensor (or a list/tuple/dict of them) by the scale, dtypes kept."""
@@ -274,7 +279,7 @@ class KerasGradScaler(_facade.HostCounters, _facade.GradScaler):
         if self._optimizer is not None:
             self._optimizer._note_loss(outputs)  # torch: for the report's loss_finite
         bits = self._scale_bits()
-        return tree_map(lambda x: _multiply(ops.convert_to_tensor(x), *_split(bits)), outputs)
+        return tree_map(lambda x: multiply(ops.convert_to_tensor(x), *F32.split(bits)), outputs)
 
     def unscale(self, grads: Any) -> tuple[Any, Any]:
         """``(grads times f32(1 / scale), all finite)``; the check decides nothing by itself:
@@ -285,8 +290,8 @@ class KerasGradScaler(_facade.HostCounters, _facade.GradScaler):
         tensors = tree_map(ops.convert_to_tensor, grads)
         finite = ops.logical_and(self._backend_paths.all_finite(leaves(tensors)),
                                  bits >= f32_bits(MIN_UNSCALABLE))
-        hi, lo = _split(_reciprocal_bits(bits))
-        return tree_map(lambda g: _multiply(g, hi, lo), tensors), finite
+        hi, lo = F32.split(F32.reciprocal_bits(bits))
+        return tree_map(lambda g: multiply(g, hi, lo), tensors), finite
 
     def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
         """``new`` where ``finite``, else ``old``, leaf by leaf with ``keras.ops.where`` (no
@@ -306,7 +311,7 @@ class KerasGradScaler(_facade.HostCounters, _facade.GradScaler):
             >>> ops.convert_to_numpy(s.where_finite(True, new, old)[1]).tolist()
             [1.0, 1.0]
         """
-        if not _facade.is_flag(finite) or tuple(getattr(finite, "shape", ())) != ():
+        if not is_flag(finite) or tuple(getattr(finite, "shape", ())) != ():
             raise TypeError(f"where_finite(finite, new, old) takes the one flag unscale() "
                             f"returns (a bool or a 0-d bool tensor), got {finite!r:.80}")
 
@@ -340,13 +345,13 @@ class KerasGradScaler(_facade.HostCounters, _facade.GradScaler):
             >>> s.update(np.bool_(False)) is s, s.get_scale(), s.update(2.0).get_scale()
             (True, 4.0, 2.0)
         """
-        finite, new_scale = _facade.update_arguments(finite, new_scale)
+        finite, new_scale = update_arguments(finite, new_scale)
         if not self._config.enabled:
             return self
         if new_scale is not None:
             if ops.is_tensor(new_scale):
                 new_scale = ops.convert_to_numpy(new_scale)
-            state = self.state._replace(scale=_facade.new_scale_value(new_scale))
+            state = self.state._replace(scale=new_scale_value(new_scale))
             self._write(self.config, state)
             return self
         if self._optimizer is not None:
@@ -358,7 +363,7 @@ class KerasGradScaler(_facade.HostCounters, _facade.GradScaler):
                 "apply() decided), or drive a scaler that wraps nothing: scale(loss), "
                 "unscale(grads), update(finite)")
         if finite is None:
-            raise _facade.NoInfChecksError(
+            raise NoInfChecksError(
                 "No inf checks were recorded prior to update(): the keras backend records "
                 "none. Pass the flag unscale() returned: grads, finite = scaler.unscale(grads); "
                 "scaler.update(finite) (or let a wrapped optimizer's apply() update)")
@@ -394,7 +399,7 @@ class KerasGradScaler(_facade.HostCounters, _facade.GradScaler):
         if isinstance(model, keras.layers.Layer):
             pairs = [(v.path, v) for v in model.variables]
         else:
-            pairs = _facade.watched_pairs(model, lambda v: True, "variable")
+            pairs = watched_pairs(model, lambda v: True, "variable")
         for name, variable in pairs:
             self._watched[id(variable)] = (name, variable)
 

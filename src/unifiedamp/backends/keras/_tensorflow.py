@@ -14,8 +14,7 @@ import keras
 from keras import ops
 
 from ._compat import replicas_update_themselves
-from ._float32 import _multiply
-from ._paths import BackendPaths, all_finite_exact
+from ._paths import BackendPaths, all_finite_exact, multiply
 
 if TYPE_CHECKING:
     from ._optimizer import SpecLossScaleOptimizer
@@ -57,8 +56,8 @@ class TensorFlowPaths(BackendPaths):
         if not present:
             return list(grads)
         unscaled = iter(ops.cond(ops.equal(lo, 1.0),
-                                 lambda: [_multiply(g, hi, None) for g in present],
-                                 lambda: [_multiply(g, hi, lo) for g in present]))
+                                 lambda: [multiply(g, hi, None) for g in present],
+                                 lambda: [multiply(g, hi, lo) for g in present]))
         return [None if g is None else next(unscaled) for g in grads]
 
     def apply_across_replicas(self, opt: SpecLossScaleOptimizer, grads: list[Any],

@@ -17,10 +17,10 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from unifiedamp import spec
+from unifiedamp.backends._imperative import LastUpdate
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport
 from unifiedamp.spec import ScalerState
 
-from ._facade import LastUpdate
 from ._paths import BackendPaths
 
 if TYPE_CHECKING:
