@@ -13,7 +13,8 @@ in one process, interleaved in a rotating order, medians of per-round ratios:
   c_isf   the wrapper with all(isfinite(g)) per gradient as the test
   c_sum0  the wrapper with isfinite(sum(g * 0)) per gradient as the test
   c_none  the wrapper with no test at all (not a valid scaler: a lower bound)
-The variants replace the module's private _all_finite while their step is traced;
+The variants replace the Keras backend's all_finite (unifiedamp/backends/keras/_jax.py,
+_tensorflow.py) while their step is traced;
 the step is traced once, so each keeps its own. JAX: Keras's own train_step under
 jax.jit with the state donated (what fit runs); TensorFlow: tf.GradientTape and
 opt.apply in a tf.function (the custom loop). The gap between c_none and a is the
@@ -64,10 +65,11 @@ def child(args: argparse.Namespace) -> None:
     from keras import ops
 
     import unifiedamp as ua
-    import unifiedamp.backends.keras as wrapper
+    from unifiedamp.backends.keras._optimizer import paths_for
 
     backend = keras.backend.backend()
-    shipped = wrapper._all_finite
+    paths = paths_for(backend)
+    shipped = paths.all_finite
     replaced = variants(ops)
 
     def model() -> Any:
@@ -92,12 +94,12 @@ def child(args: argparse.Namespace) -> None:
     y = rng.standard_normal((BATCH, SIZES[-1]), dtype=np.float32)
     runs: dict[str, Any] = {}
     for name in ["a", "b", "c", *replaced]:
-        wrapper._all_finite = replaced.get(name, shipped)
+        paths.all_finite = staticmethod(replaced.get(name, shipped))
         try:
             runs[name] = (jax_run if backend == "jax" else tf_run)(model(), optimizer(name),
                                                                    x, y, name != "a")
         finally:
-            wrapper._all_finite = shipped
+            paths.all_finite = staticmethod(shipped)
     per = interleaved_rounds({name: lambda run=run: run(args.steps) for name, run in runs.items()},
                              args.rounds)
     print(f"keras {keras.__version__} on {backend}, policy {args.policy}, {args.rounds} rounds "

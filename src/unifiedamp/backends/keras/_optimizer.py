@@ -1,0 +1,469 @@
+"""The wrapper every Keras backend shares: :class:`SpecLossScaleOptimizer`, a
+``keras.optimizers.LossScaleOptimizer`` whose variables hold the scale and both trackers and
+whose update is the spec's rule written in ``keras.ops``.
+
+What differs per Keras backend is in ``_tensorflow.py``, ``_jax.py`` and ``_torch.py``; the
+wrapper picks its backend's paths once, when it is made (:func:`paths_for`). Keras's private
+API is reached through ``_compat.py`` only; the diagnostics' variables and reports are
+``_diagnostics.py``'s.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import warnings
+import weakref
+from functools import partial
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from unifiedamp.backends._float32 import EXP_MASK
+from unifiedamp.backends._imperative import diagnostics_options
+from unifiedamp.diagnostics import OverflowReport
+from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32, f32_bits
+
+from ._compat import no_automatic_dependency_tracking
+from ._diagnostics import OptimizerDiagnostics
+from ._jax import JaxPaths
+from ._paths import F32, BackendPaths, multiply, select
+from ._tensorflow import TensorFlowPaths
+from ._torch import TorchPaths
+
+#: The paths of each Keras backend that has its own; any other takes Keras's generic ones.
+PATHS: dict[str, type[BackendPaths]] = {
+    "tensorflow": TensorFlowPaths, "jax": JaxPaths, "torch": TorchPaths}
+
+
+def paths_for(backend: str) -> type[BackendPaths]:
+    """The paths of the Keras backend ``backend`` (``keras.backend.backend()``)."""
+    return PATHS.get(backend, BackendPaths)
+
+
+# ------------------------------------------------------------ the rule, as data
+
+
+def _exactly(value: Any) -> Any:
+    """An initializer that gives ``value`` bit for bit (Keras's ``Constant`` multiplies by
+    ones, which flushes a subnormal scale to 0 on TensorFlow)."""
+
+    def initializer(shape: Any, dtype: Any = None) -> Any:
+        return ops.convert_to_tensor(np.asarray(value, dtype=dtype).reshape(shape))
+
+    return initializer
+
+
+def _rule_values(config: ScalerConfig) -> list[int]:
+    """The rule's parameters as the int32 vector ``scaler_rule`` holds: f32(growth_factor)
+    and f32(backoff_factor) each as the bits of its significand (in [1, 2)) and its exponent
+    (split here, not in every step), growth_interval, hysteresis, the bits of min_scale (0
+    for none: every scale is above), of max_scale (inf for none), dynamic."""
+    c = config
+    factors = []
+    for factor in (c.growth_factor, c.backoff_factor):
+        mantissa, exponent = math.frexp(f32(factor))  # exact, subnormals included
+        factors += [f32_bits(mantissa * 2), exponent - 1]
+    return [*factors, c.growth_interval, c.hysteresis,
+            0 if c.min_scale is None else f32_bits(c.min_scale),
+            EXP_MASK if c.max_scale is None else f32_bits(c.max_scale), int(c.dynamic)]
+
+
+# ------------------------------------------------------------ the optimizer
+
+#: The live SpecLossScaleOptimizer of each inner optimizer, by the inner one's id (the
+#: wrapper holds its inner optimizer, so the id stays its own while the entry lives).
+_WRAPPERS: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def _wrapper_of(inner: Any) -> Any:
+    """The live SpecLossScaleOptimizer around ``inner``, or None."""
+    if _WRAPPERS.get(id(inner)) is not None:
+        # A dropped wrapper of a built optimizer lives on in reference cycles until the
+        # collector runs: it trains nothing, so it does not count.
+        gc.collect()
+    return _WRAPPERS.get(id(inner))
+
+
+@keras.saving.register_keras_serializable(package="unifiedamp")
+class SpecLossScaleOptimizer(OptimizerDiagnostics):
+    """``keras.optimizers.LossScaleOptimizer`` with the unifiedamp spec.
+
+    Built by :meth:`KerasGradScaler.wrap`. Variables: ``dynamic_scale`` (the
+    scale), ``step_counter`` (the growth tracker, as in Keras) and
+    ``hysteresis_counter``. Works in ``model.fit`` and in custom loops on every
+    Keras backend: ``apply(scaled_grads)`` (TensorFlow, torch, and JAX too) and
+    ``stateless_apply`` (JAX).
+
+    The rule's parameters are in the variable ``scaler_rule`` (see
+    :meth:`set_scaler_config`), so every compiled step follows a change of the config;
+    it is not state: ``model.save`` leaves it out (``get_config`` holds the config).
+    Nor are the int32 counters every update writes on the device (no host read):
+    ``update_count`` (the updates since the optimizer was built or loaded),
+    ``skipped_count`` (those that skipped) and ``last_skipped`` (1 if the last one
+    did), which ``KerasGradScaler``'s ``num_steps``, ``num_skipped_steps`` and
+    ``last_step_skipped`` read.
+
+    Diagnostics (``diagnose``, ``history``) add variables of their own, only when
+    on: the history ring ``history_iteration``, ``history_scale``,
+    ``history_skipped`` (``history`` slots each), and with ``diagnose`` on
+    TensorFlow and JAX ``overflow_step``,
+    ``overflow_scale``, ``overflow_checked``, ``overflow_counts`` (inf and NaN count
+    per trainable variable) and ``overflow_max`` (largest finite magnitude per
+    trainable variable), written in the skipped branch only. They are not state:
+    ``model.save`` leaves them out (the file holds the variables an optimizer
+    without diagnostics holds, so either kind loads it), and a loaded optimizer
+    starts them afresh. ``get_config`` keeps ``diagnose`` and ``history`` when they
+    are set, so ``keras.models.load_model`` rebuilds an optimizer that diagnoses
+    as the saved one did.
+
+    Args:
+        inner_optimizer: The Keras optimizer to wrap.
+        scaler_config: The canonical config, a dict (``ScalerConfig.to_dict()``).
+        name: The optimizer's name.
+        diagnose: Record, in each skipped step, which gradients held inf/NaN
+            (:meth:`overflow_report`).
+        history: Keep the last ``history`` updates' scale and skip flag on the
+            device (:meth:`history`); 0 keeps none.
+    """
+
+    # Made by build: the growth tracker and the scale (Keras's names), the hysteresis
+    # tracker, the rule, and the counters behind KerasGradScaler's num_steps,
+    # num_skipped_steps and last_step_skipped.
+    step_counter: Any
+    dynamic_scale: Any
+    hysteresis_counter: Any
+    scaler_rule: Any
+    update_count: Any
+    skipped_count: Any
+    last_skipped: Any
+
+    def __init__(self, inner_optimizer: Any, scaler_config: dict[str, Any] | None = None,
+                 name: str | None = None, diagnose: bool = False, history: int = 0,
+                 **kwargs: Any):
+        history = diagnostics_options(diagnose, history)
+        config = ScalerConfig(**(scaler_config or {}))
+        if _wrapper_of(inner_optimizer) is not None:
+            # Each wrapper would step it with its own scale and skips: one optimizer's
+            # moments and iterations, two rules.
+            raise RuntimeError(
+                f"{type(inner_optimizer).__name__} optimizer {inner_optimizer.name!r} is "
+                "wrapped already, by another scaler: one optimizer takes one scaler. Train "
+                "with the optimizer that scaler's wrap() returned (KerasGradScaler.of(it) "
+                "gives that scaler back), or give this scaler an optimizer of its own, e.g. "
+                "type(opt).from_config(opt.get_config())")
+        # Keras's own arguments, for code that reads them; the rule uses the config.
+        kwargs.pop("initial_scale", None)
+        kwargs.pop("dynamic_growth_steps", None)
+        super().__init__(inner_optimizer, initial_scale=f32(config.init_scale),
+                         dynamic_growth_steps=config.growth_interval, name=name, **kwargs)
+        _WRAPPERS[id(inner_optimizer)] = self
+        self._config = config
+        # A state given before the build: the variables' start values.
+        self._pending_state: ScalerState | None = None
+        self._diagnose = diagnose
+        self._history_size = history
+        # What differs on the Keras backend this process runs.
+        self._backend_paths = paths_for(keras.backend.backend())()
+        # The variables model.save leaves out: the rule (the config is saved), the
+        # counters and the diagnostics.
+        self._unsaved_ids: frozenset[int] = frozenset()
+
+    @property
+    def scaler_config(self) -> ScalerConfig:
+        """The canonical config this optimizer follows."""
+        return self._config
+
+    @property
+    def diagnose(self) -> bool:
+        """Whether skipped steps record which gradients held inf/NaN."""
+        return self._diagnose
+
+    @property
+    def history_size(self) -> int:
+        """How many updates the history ring keeps (0: none)."""
+        return self._history_size
+
+    # Keras's LossScaleOptimizer.build, its variables made with their start values (a
+    # state loaded before the build, and the rule) as initializers: model.fit on
+    # TensorFlow builds the optimizer inside the train step it traces, a trace
+    # tf.function discards once it has made the variables, so an assignment after the
+    # build would be lost; initializers run outside it. As Keras's own build, the
+    # optimizer tracks its variables itself.
+    @no_automatic_dependency_tracking
+    def build(self, var_list: Any) -> None:
+        if self.built:
+            return
+        start = self._pending_state or ScalerState.initial(self._config)
+        self._pending_state = None
+
+        def add(name: str, dtype: str, value: Any) -> Any:
+            return self.add_variable(shape=np.shape(value), dtype=dtype, aggregation="none",
+                                     name=name, initializer=_exactly(value))
+
+        self.step_counter = add("step_counter", "int", start.growth_tracker)
+        self.dynamic_scale = add("dynamic_scale", "float32", start.scale)
+        self.inner_optimizer.build(var_list)
+        self._build_optimizer(var_list)
+        self.hysteresis_counter = add("hysteresis_counter", "int", start.hysteresis_tracker)
+        self.scaler_rule = add("scaler_rule", "int32", _rule_values(self._config))
+        # Not state, so model.save leaves them out, like the rule.
+        self.update_count = add("update_count", "int32", 0)
+        self.skipped_count = add("skipped_count", "int32", 0)
+        self.last_skipped = add("last_skipped", "int32", 0)
+        self._unsaved_ids = frozenset([
+            id(self.scaler_rule), id(self.update_count), id(self.skipped_count),
+            id(self.last_skipped),
+            *self._build_diagnostics(len(var_list), self._backend_paths.counts_on_device)])
+
+    # ------------------------------------------------------------ state
+
+    def read_state(self) -> ScalerState:
+        """Scale and trackers as Python numbers (reads the variables)."""
+        if not self.built:
+            return self._pending_state or ScalerState.initial(self._config)
+        return ScalerState(float(ops.convert_to_numpy(self.dynamic_scale)),
+                           int(ops.convert_to_numpy(self.step_counter)),
+                           int(ops.convert_to_numpy(self.hysteresis_counter)))
+
+    def write_state(self, config: ScalerConfig, state: ScalerState) -> None:
+        """Sets the config and the state (on the variables once they exist)."""
+        self.set_scaler_config(config)
+        if self.built:
+            self._assign_state(state)
+        else:
+            self._pending_state = state
+
+    def set_scaler_config(self, config: ScalerConfig) -> None:
+        """Changes the config; the state stays. Steps traced before follow at their next
+        run: ``model.fit``'s, and a loop's own ``tf.function`` or ``jax.jit``.
+
+        The rule is data, not code: its parameters are in the variable ``scaler_rule``,
+        which the step reads at run time like the scale. Retracing instead would need
+        every function that traced the step (``model.train_function`` of each model the
+        optimizer trains, a loop's own ``tf.function`` or ``jax.jit``), which the
+        optimizer cannot reach, and could not reach a ``fit`` already running; the
+        variable costs a few scalar ops a step. A stateless step (``stateless_apply``
+        under ``jax.jit``) reads the values it is given: pass it ``opt.variables``'
+        values again after a change, as after any assignment to them.
+        """
+        self._config = config
+        self.initial_scale = f32(config.init_scale)
+        self.dynamic_growth_steps = config.growth_interval
+        if self.built:
+            self.scaler_rule.assign(ops.convert_to_tensor(_rule_values(config), "int32"))
+
+    def _assign_state(self, state: ScalerState) -> None:
+        self.dynamic_scale.assign(ops.convert_to_tensor(state.scale, "float32"))
+        self.step_counter.assign(ops.cast(state.growth_tracker, self.step_counter.dtype))
+        self.hysteresis_counter.assign(ops.cast(state.hysteresis_tracker,
+                                                self.hysteresis_counter.dtype))
+
+    # ------------------------------------------------------------ the rule
+
+    def _next(self, finite: bool) -> tuple[Any, Any, Any]:
+        """(scale, growth_tracker, hysteresis_tracker) after an update with ``finite``, by
+        the rule in ``scaler_rule``."""
+        scale, growth, hyst = (ops.convert_to_tensor(v) for v in (
+            self.dynamic_scale, self.step_counter, self.hysteresis_counter))
+        grow_n, grow_e, back_n, back_e, interval, hysteresis, min_bits, max_bits, dynamic = (
+            ops.unstack(ops.convert_to_tensor(self.scaler_rule)))
+        zero_g, zero_h = ops.zeros_like(growth), ops.zeros_like(hyst)
+        bits = F32.bits(scale)
+        if finite:
+            growth = growth + 1
+            grow = growth >= ops.cast(interval, growth.dtype)
+            # max_bits is inf's without a max_scale: an overflow stays inf and keeps the scale.
+            grown = ops.minimum(F32.mul_bits(bits, F32.from_bits(grow_n), grow_e), max_bits)
+            grown = ops.where(F32.is_finite(grown), grown, bits)
+            new = (ops.where(grow, grown, bits), ops.where(grow, zero_g, growth), zero_h)
+        else:
+            hyst = hyst + 1
+            back_off = hyst >= ops.cast(hysteresis, hyst.dtype)
+            backed = ops.maximum(F32.mul_bits(bits, F32.from_bits(back_n), back_e), min_bits)
+            new = (ops.where(back_off, backed, bits), zero_g, ops.where(back_off, zero_h, hyst))
+        # dynamic=False: the scale stays, the trackers are reset.
+        dynamic = ops.not_equal(dynamic, 0)
+        return (F32.from_bits(ops.where(dynamic, new[0], bits)), ops.where(dynamic, new[1], zero_g),
+                ops.where(dynamic, new[2], zero_h))
+
+    def _assign_next(self, finite: bool) -> None:
+        self._record(not finite)
+        scale, growth, hyst = self._next(finite)
+        self.dynamic_scale.assign(scale)
+        self.step_counter.assign(ops.cast(growth, self.step_counter.dtype))
+        self.hysteresis_counter.assign(ops.cast(hyst, self.hysteresis_counter.dtype))
+
+    def unscale_gradients(self, grads: list[Any]) -> list[Any]:
+        """The gradients of the scaled loss times ``f32(1 / scale)`` (each keeps its dtype)."""
+        hi, lo = F32.split(F32.reciprocal_bits(F32.bits(self.dynamic_scale)))
+        return self._backend_paths.unscale(grads, hi, lo)
+
+    def get_unscaled_gradients(self, grads: list[Any]) -> list[Any]:
+        """Keras 2's name for :meth:`unscale_gradients` (removed from Keras 3's class)."""
+        return self.unscale_gradients(grads)
+
+    def scale_loss(self, loss: Any) -> Any:
+        """The loss times the scale, in the loss's dtype (what ``model.fit`` calls)."""
+        self._note_loss(loss)
+        if not self.built:
+            return multiply(loss, *F32.split(F32.int32(f32_bits(self._config.init_scale))))
+        return multiply(loss, *F32.split(F32.bits(self.dynamic_scale)))
+
+    def get_scaled_loss(self, loss: Any) -> Any:
+        """Keras 2's name for :meth:`scale_loss` (removed from Keras 3's class)."""
+        return self.scale_loss(loss)
+
+    def _note_loss(self, loss: Any) -> None:
+        self._backend_paths.note_loss(loss)
+
+    # ------------------------------------------------------------ applying
+
+    def check_finite(self, grads: list[Any]) -> Any:
+        # spec.unscale_overflows: below MIN_UNSCALABLE 1/scale is inf and every
+        # unscaled gradient inf or NaN. Compared on bits: subnormals are flushed.
+        unscalable = F32.bits(self.dynamic_scale) >= f32_bits(MIN_UNSCALABLE)
+        return ops.logical_and(
+            self._backend_paths.all_finite([g for g in grads if g is not None]), unscalable)
+
+    def _apply_checked(self, grads: list[Any], trainable_variables: Any) -> None:
+        self._backend_paths.apply(self, grads, trainable_variables)
+
+    def _apply_across_replicas(self, grads: list[Any], trainable_variables: Any) -> None:
+        self._backend_paths.apply_across_replicas(self, grads, trainable_variables)
+
+    def _apply_finite(self, grads: list[Any], trainable_variables: Any) -> None:
+        """The finite branch: the inner optimizer steps with the unscaled gradients."""
+        tvs = trainable_variables or self._optimized_variables
+        unscaled = [g if g is None or self._overwritten_by_gradient(v) else u
+                    for g, u, v in zip(grads, self.unscale_gradients(grads), tvs, strict=True)]
+        self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
+        self._assign_next(True)
+
+    def _apply_skipped(self, grads: list[Any] | None, trainable_variables: Any,
+                       replicas: list[list[Any]] | None) -> None:
+        """The skipped branch: with ``diagnose``, the gradients' counts first (of ``grads``,
+        or summed over the local replicas' gradient lists ``replicas``)."""
+        if self._diagnose and self._backend_paths.counts_on_device:
+            tvs = trainable_variables or self._optimized_variables
+            if replicas is None and grads is not None:
+                replicas = [list(grads)]
+            self._record_overflow(replicas, self._indices(tvs))
+        self._assign_next(False)
+
+    def stateless_apply(self, optimizer_variables: Any, grads: Any,
+                        trainable_variables: Any) -> Any:
+        if not self.built:
+            raise ValueError(f"To call `stateless_apply`, {type(self).__name__} must be built: "
+                             "call optimizer.build(trainable_variables) first")
+        # The scale is read from optimizer_variables: under JAX's jitted fit the
+        # variables themselves hold no value.
+        mapping = list(zip(self.variables, optimizer_variables, strict=True))
+        with keras.StatelessScope(state_mapping=mapping):
+            finite = self.check_finite(grads)
+        if not self._diagnose and all(len(v.shape) == 0 for v in self.inner_optimizer.variables):
+            # An inner optimizer without per-variable state (plain SGD: iterations and
+            # learning rate): both outcomes computed and selected, which XLA fuses into
+            # the update's own pass; a cond's branches write fresh buffers, which glibc's
+            # default allocator maps and unmaps at every step. With moments (Adam) the
+            # select would copy them, so the cond stays there. diagnose takes the cond
+            # too: its counts are computed in the skipped branch only.
+            new_tvs, new_ovs = self._stateless_finite(
+                optimizer_variables, grads, trainable_variables)
+            old_tvs, old_ovs = self._stateless_skipped(
+                optimizer_variables, trainable_variables, None)
+            pick = partial(select, finite)
+            return (list(map(pick, new_tvs, old_tvs)), list(map(pick, new_ovs, old_ovs)))
+        return ops.cond(
+            finite,
+            lambda: self._stateless_finite(optimizer_variables, grads, trainable_variables),
+            lambda: self._stateless_skipped(optimizer_variables, trainable_variables, grads))
+
+    def _stateless_finite(self, optimizer_variables: Any, grads: Any,
+                          trainable_variables: Any) -> Any:
+        mapping = list(zip(self.variables, optimizer_variables, strict=True))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            unscaled = [g if g is None or self._overwritten_by_gradient(v) else u
+                        for g, u, v in zip(grads, self.unscale_gradients(grads),
+                                           self._optimized_variables, strict=True)]
+            new_tvs, new_inner = self.inner_optimizer.stateless_apply(
+                self.inner_optimizer.variables, unscaled, trainable_variables)
+            self._assign_next(True)
+            own = self._own_values(scope)
+        return new_tvs, own + list(new_inner)
+
+    def _stateless_skipped(self, optimizer_variables: Any, trainable_variables: Any,
+                           grads: Any) -> Any:
+        mapping = list(zip(self.variables, optimizer_variables, strict=True))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            if self._diagnose and grads is not None:
+                # The gradients are in the order of the optimizer's variables.
+                self._record_overflow([list(grads)], list(range(len(grads))))
+            self._assign_next(False)
+            new = [scope.get_current_value(v) for v in self.variables]
+        return trainable_variables, new
+
+    # ------------------------------------------------------------ diagnostics
+
+    def overflow_report(self, names: dict[int, tuple[str, Any]] | None = None
+                        ) -> OverflowReport | None:
+        """Which gradients held inf/NaN at the last update, if it skipped; else None.
+
+        Each gradient is named by its variable's ``.path`` (``names``, from
+        :meth:`KerasGradScaler.watch`, renames). ``step`` counts this optimizer's
+        updates since it was built (or loaded); ``max_finite`` is of the unscaled
+        gradient (the scaled one's largest finite magnitude times ``f32(1 / scale)``).
+
+        - TensorFlow and JAX: with ``diagnose=True``, from the record the skipped branch
+          of the compiled step wrote; ``loss_finite`` is None (the loss stays in the
+          step). With ``diagnose=False`` and ``history=N``, the last update's step and
+          scale from the history, no gradient listed, and a note to use diagnose=True.
+          With neither, nothing is recorded: RuntimeError.
+        - torch: with ``diagnose=True`` computed during the skipped ``apply`` (from the
+          gradients, unscaled in place by then); without, computed on the first call
+          from the gradients as they are now (``model.fit`` keeps them until the next
+          step; once freed the report lists none and says so). ``loss_finite``: whether
+          the last loss given to ``scale_loss`` was finite.
+        - Under ``tf.distribute``, the counts are summed over the worker's replicas
+          (replicas that each run the update, XLA on GPUs, record no counts: a note says so).
+
+        Raises:
+            RuntimeError: TensorFlow or JAX, built with neither ``diagnose`` nor ``history``.
+        """
+        return self._backend_paths.overflow_report(self, names)
+
+    # ------------------------------------------------------------ serialisation
+
+    def _saved_variables(self) -> list[Any]:
+        return [v for v in self.variables if id(v) not in self._unsaved_ids]
+
+    def save_own_variables(self, store: Any) -> None:
+        """As Keras's, without the rule's and the diagnostics' variables."""
+        for i, variable in enumerate(self._saved_variables()):
+            store[str(i)] = variable.numpy()
+
+    def load_own_variables(self, store: Any) -> None:
+        """As Keras's, into the variables :meth:`save_own_variables` writes: a file saved
+        with or without diagnostics loads into an optimizer with or without them."""
+        variables = self._saved_variables()
+        if len(store.keys()) != len(variables):
+            # What Keras's own does: a warning, and nothing loaded.
+            warnings.warn(f"Skipping variable loading for optimizer '{self.name}', because it "
+                          f"has {len(variables)} variables whereas the saved optimizer has "
+                          f"{len(store.keys())} variables. ", stacklevel=2)
+            return
+        for i, variable in enumerate(variables):
+            variable.assign(store[str(i)])
+
+    def get_config(self) -> dict[str, Any]:
+        """Keras's config and ``scaler_config``; ``diagnose`` and ``history`` when set (so a
+        loaded model diagnoses as the saved one did; its records start afresh)."""
+        config = super().get_config()
+        config["scaler_config"] = self._config.to_dict()
+        if self._diagnose:
+            config["diagnose"] = True
+        if self._history_size:
+            config["history"] = self._history_size
+        return config
