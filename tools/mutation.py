@@ -372,10 +372,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "tests/test_keras_backend.py::"
            "test_an_optimizer_wrapped_by_one_scaler_cannot_be_wrapped_by_another"),
     # ---------------------------------------------------------------- port-state, diagnostics
-    Mutant("port-state-paddle-decr-count-zero", f"{PORTING}/_states.py",
+    Mutant("port-state-paddle-decr-count-zero", f"{SPEC}/_state_dict.py",
            '"decr_count": s.hysteresis_tracker,', '"decr_count": 0,',
            "tests/test_port_state.py::"
-           "test_forms_with_a_hysteresis_counter_keep_a_nonzero_tracker"),
+           "test_forms_with_a_hysteresis_counter_keep_a_nonzero_tracker "
+           "tests/test_spec_natives.py"),
     Mutant("port-state-paddle-unpickles-anything", f"{PORTING}/_safe_pickle.py",
            "            if (module, name) in _PADDLE_GLOBALS:",
            "            if True:",
