@@ -1,5 +1,5 @@
 """Collection imports every module of the package for its doctests, in path order:
-``backends/keras.py`` (which imports tensorflow) comes before ``backends/paddle.py``, and
+``backends/keras/`` (which imports tensorflow) comes before ``backends/paddle/``, and
 importing paddle 3.3.1 after tensorflow 2.21 segfaults. Importing paddle first, when both
 are installed and tensorflow is not imported yet, makes every later order safe. (A run that
 has imported tensorflow already, e.g. the conformance plugin driving the keras backend,

@@ -135,8 +135,8 @@ def test_framework_base_classes_combine_with_the_facade_metaclass(case, run_pyth
 
 
 def test_paddle_members_the_paddle_backend_relies_on(run_python):
-    # backends/paddle.py uses these private parts of paddle 3.3.1; a release that changes
-    # one fails here, naming it, instead of deep inside a training step.
+    # The paddle backend (backends/paddle/_compat.py) uses these private parts of paddle; a
+    # release that changes one fails here, naming it, instead of deep inside a training step.
     require("paddle")
     code = textwrap.dedent("""
         import inspect, warnings
@@ -184,8 +184,9 @@ def test_paddle_members_the_paddle_backend_relies_on(run_python):
 
 
 def test_keras_members_the_keras_backend_relies_on(run_python):
-    # backends/keras.py overrides these members of keras 3.15's LossScaleOptimizer and
-    # relies on how Keras calls them; a release that changes one fails here, naming it.
+    # The keras backend (backends/keras/_compat.py) overrides these members of Keras's
+    # LossScaleOptimizer and relies on how Keras calls them; a release that changes one
+    # fails here, naming it.
     require("keras")
     code = textwrap.dedent("""
         import inspect
