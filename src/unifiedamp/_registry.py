@@ -19,9 +19,8 @@ from collections import namedtuple
 
 from unifiedamp._isolation import ensure_importable
 
-# typing.TYPE_CHECKING without importing typing, which (with re and enum) would cost
-# about a third of ``import unifiedamp`` (tests/test_import.py); type checkers know
-# this idiom.
+# typing.TYPE_CHECKING without importing typing, which (with re and enum) a bare ``import
+# unifiedamp`` must not load (tests/test_import.py); type checkers know this idiom.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

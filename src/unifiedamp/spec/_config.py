@@ -10,9 +10,8 @@ from unifiedamp.spec._float32 import f32
 from unifiedamp.spec._names import CANONICAL, POSITIONAL
 from unifiedamp.spec._natives import ALIASES
 
-# typing.TYPE_CHECKING without importing typing, which (with re and enum) would cost
-# about a third of ``import unifiedamp`` (tests/test_import.py); type checkers know
-# this idiom.
+# typing.TYPE_CHECKING without importing typing, which (with re and enum) a bare ``import
+# unifiedamp`` must not load (tests/test_import.py); type checkers know this idiom.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -143,8 +142,8 @@ class ScalerConfig:
 
     # A plain class that behaves like the frozen dataclass it used to be (same
     # signature, repr, equality, hash, FrozenInstanceError, pickles): ``import
-    # dataclasses`` pulls in ``inspect`` and ``re`` and cost over a third of
-    # ``import unifiedamp``. What no longer applies is dataclasses.fields(),
+    # dataclasses`` pulls in ``inspect`` and ``re``, which a bare ``import unifiedamp``
+    # must not load (tests/test_import.py). What no longer applies is dataclasses.fields(),
     # asdict() and replace() on it: ``to_dict()`` and ``replace()`` do that.
     # The class attributes are the defaults, readable on the class as before.
     init_scale: float = 65536.0

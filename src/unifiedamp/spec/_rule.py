@@ -11,8 +11,8 @@ from unifiedamp.spec._float32 import f32, f32_from_bits
 __all__ = ["MIN_UNSCALABLE", "ScalerState", "unscale_overflows", "update"]
 
 
-# collections.namedtuple, not typing.NamedTuple: ``import typing`` (with re and enum)
-# would cost about a third of ``import unifiedamp`` (tests/test_import.py).
+# collections.namedtuple, not typing.NamedTuple: ``import typing`` (with re and enum) is
+# among what a bare ``import unifiedamp`` must not load (tests/test_import.py).
 class ScalerState(namedtuple("ScalerState", ["scale", "growth_tracker", "hysteresis_tracker"],
                              defaults=[0, 0])):
     """The dynamic part of a scaler: what a checkpoint must carry.
