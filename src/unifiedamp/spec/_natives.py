@@ -147,6 +147,9 @@ _TF_KERAS2: dict[str, Any] = {
 }
 _TF_KERAS2_QUIRKS = ("backoff floors the scale at 1 (tf.maximum(scale / 2, 1))",)
 _TF_KERAS2_CARRIES = {**_KERAS_CARRIES, "min_scale": "1.0 only", "dynamic": "any"}
+# What every Keras loss-scale optimizer shares: all but its package, call and defaults.
+_KERAS: dict[str, Any] = {"framework": "keras", "backend": "keras", "state": "keras",
+                          "ignored": _KERAS_IGNORED, "fix": _KERAS_FIX}
 _JMP_FIX = "unifiedamp's jax backend can: ua.GradScaler(..., backend='jax')"
 
 #: Each native scaler, keyed by its class's qualified name (see the module docstring).
@@ -207,32 +210,29 @@ NATIVE_SCALERS: dict[str, dict[str, Any]] = {
                      "3": _paddle(">=3.0", 32768.0, 1000, 1)},
     },
     "keras.optimizers.LossScaleOptimizer": {
-        "framework": "keras", "backend": "keras", "package": "keras", "state": "keras",
+        **_KERAS, "package": "keras",
         "aliases": ("keras", "keras.mixed_precision.LossScaleOptimizer"),
         **{k: v for k, v in _KERAS3.items() if k not in ("releases", "defaults", "fixed")},
-        "ignored": _KERAS_IGNORED,
         "versions": {"3": {k: _KERAS3[k] for k in ("releases", "defaults", "fixed")}},
-        "carries": _KERAS_CARRIES, "fix": _KERAS_FIX, "quirks": _KERAS3_QUIRKS,
+        "carries": _KERAS_CARRIES, "quirks": _KERAS3_QUIRKS,
     },
     # tf.keras is tf-keras 2 up to tensorflow 2.15 (and with TF_USE_LEGACY_KERAS=1), Keras 3
     # from tensorflow 2.16: the version picks the row.
     "tf.keras.mixed_precision.LossScaleOptimizer": {
-        "framework": "keras", "backend": "keras", "package": "tf.keras", "state": "keras",
+        **_KERAS, "package": "tf.keras",
         "aliases": ("tensorflow.keras.mixed_precision.LossScaleOptimizer",),
-        "params": _TF_KERAS2["params"], "ignored": _KERAS_IGNORED,
-        "versions": {"2": _TF_KERAS2, "3": _KERAS3},
-        "carries": _TF_KERAS2_CARRIES, "fix": _KERAS_FIX,
+        "params": _TF_KERAS2["params"], "versions": {"2": _TF_KERAS2, "3": _KERAS3},
+        # What both versions carry: tf-keras 2's floor of 1 and Keras 3's dynamic only.
+        "carries": {**_TF_KERAS2_CARRIES, "dynamic": "True only"},
         "quirks": _TF_KERAS2_QUIRKS + _KERAS3_QUIRKS,
     },
     # The tf-keras package (import tf_keras): Keras 2 for tensorflow >= 2.16, where tf.keras is
     # Keras 3 (tf-models-official uses it). Always tf-keras 2's class.
     "tf_keras.mixed_precision.LossScaleOptimizer": {
-        "framework": "keras", "backend": "keras", "package": "tf-keras", "state": "keras",
-        "aliases": (),
+        **_KERAS, "package": "tf-keras", "aliases": (),
         "params": _TF_KERAS2["params"], "names": _TF_KERAS2["names"], "keyword_only": ("name",),
-        "ignored": _KERAS_IGNORED,
         "versions": {"2": {k: _TF_KERAS2[k] for k in ("releases", "defaults", "fixed")}},
-        "carries": _TF_KERAS2_CARRIES, "fix": _KERAS_FIX, "quirks": _TF_KERAS2_QUIRKS,
+        "carries": _TF_KERAS2_CARRIES, "quirks": _TF_KERAS2_QUIRKS,
     },
     "jmp.DynamicLossScale": {
         "framework": "jmp", "backend": "jax", "package": "jmp", "state": "jmp",
