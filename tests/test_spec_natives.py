@@ -30,6 +30,7 @@ def test_each_entry_is_whole(name):
     assert row["state"] is None or row["state"] in STATE_FORMS, name
     for version, entry in row["versions"].items():
         assert {"releases", "defaults", "fixed"} <= set(entry), f"{name} {version}"
+        assert set(entry.get("carries", row["carries"])) == set(CANONICAL), f"{name} {version}"
         params = (*entry.get("params", row["params"]),
                   *entry.get("keyword_only", row.get("keyword_only", ())))
         # Every parameter has a default (or is marked required), and every one without a

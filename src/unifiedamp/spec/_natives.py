@@ -14,8 +14,9 @@ Each entry of :data:`NATIVE_SCALERS`, keyed by the class's qualified name:
   canonical one; a parameter not there has no canonical meaning, ``ignored`` says why);
 - ``versions``: major version -> ``releases`` (the releases with these names and
   defaults), ``defaults`` by native name and ``fixed`` (the canonical values the class
-  hard-codes), and anything else that changed in that version;
-- ``carries``: for each canonical parameter, which values the class can hold:
+  hard-codes), and anything else that changed in that version (``carries`` included);
+- ``carries``: for each canonical parameter, which values the class (its latest version)
+  can hold:
   ``"any"``, ``"> 1.0"``, ``"< 1.0"``, ``"<value> only"``, ``"no"`` (it has no such
   parameter: only the canonical default), or jmp's one ``"factor"`` and
   ``"1 / growth_factor only"``;
@@ -221,9 +222,9 @@ NATIVE_SCALERS: dict[str, dict[str, Any]] = {
     "tf.keras.mixed_precision.LossScaleOptimizer": {
         **_KERAS, "package": "tf.keras",
         "aliases": ("tensorflow.keras.mixed_precision.LossScaleOptimizer",),
-        "params": _TF_KERAS2["params"], "versions": {"2": _TF_KERAS2, "3": _KERAS3},
-        # What both versions carry: tf-keras 2's floor of 1 and Keras 3's dynamic only.
-        "carries": {**_TF_KERAS2_CARRIES, "dynamic": "True only"},
+        "params": _TF_KERAS2["params"],
+        "versions": {"2": {**_TF_KERAS2, "carries": _TF_KERAS2_CARRIES}, "3": _KERAS3},
+        "carries": _KERAS_CARRIES,
         "quirks": _TF_KERAS2_QUIRKS + _KERAS3_QUIRKS,
     },
     # The tf-keras package (import tf_keras): Keras 2 for tensorflow >= 2.16, where tf.keras is
@@ -290,19 +291,26 @@ def _allows(rule: str, name: str, config: ScalerConfig) -> bool:
     return value > float(bound) if op == ">" else value < float(bound)
 
 
-def cannot_carry(config: ScalerConfig, native: str) -> list[str]:
+def cannot_carry(config: ScalerConfig, native: str, version: str | None = None) -> list[str]:
     """What of ``config`` the native scaler ``native`` cannot hold, as ``name=value`` strings.
 
-    ``native`` is a key of :data:`NATIVE_SCALERS` (or an alias). Empty: it holds all of it.
+    ``native`` is a key of :data:`NATIVE_SCALERS` (or an alias); ``version`` one of its
+    major versions (default: the entry's ``carries``, its latest version's). Empty: it
+    holds all of it.
 
     Example:
         >>> from unifiedamp.spec import ScalerConfig
         >>> cannot_carry(ScalerConfig(growth_factor=3.0, min_scale=1.0), "paddle")
         ['min_scale=1.0']
-        >>> cannot_carry(ScalerConfig(), "keras")
+        >>> tf_keras = "tf.keras.mixed_precision.LossScaleOptimizer"
+        >>> cannot_carry(ScalerConfig(min_scale=1.0), tf_keras, version="2")
         []
+        >>> cannot_carry(ScalerConfig(min_scale=1.0), tf_keras)
+        ['min_scale=1.0']
     """
-    carries = NATIVE_SCALERS[QUALNAMES.get(native, native)]["carries"]
+    row = NATIVE_SCALERS[QUALNAMES.get(native, native)]
+    carries = row["versions"][version].get("carries", row["carries"]) if version else \
+        row["carries"]
     return [f"{name}={getattr(config, name)!r}" for name in CANONICAL
             if not _allows(carries[name], name, config)]
 
