@@ -35,7 +35,6 @@ __all__ = ["FORMS", "convert_state", "detect_form", "read_state"]
 FORMS = tuple(STATE_FORMS)
 
 
-
 def _closest(value: Any, choices: tuple[str, ...]) -> str:
     close = difflib.get_close_matches(str(value), choices, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

@@ -284,9 +284,10 @@ def _allows(rule: str, name: str, config: ScalerConfig) -> bool:
     if rule == "1 / growth_factor only":  # jmp backs off by its one factor
         return f32(value) == f32(1.0 / config.growth_factor)
     if rule.endswith(" only"):
-        wanted = rule[: -len(" only")]
-        return value == {"True": True, "False": False}.get(wanted, None) if wanted in (
-            "True", "False") else value == float(wanted)
+        wanted = rule.removesuffix(" only")
+        if wanted in ("True", "False"):
+            return value is (wanted == "True")
+        return value == float(wanted)
     op, bound = rule.split(" ")
     return value > float(bound) if op == ">" else value < float(bound)
 

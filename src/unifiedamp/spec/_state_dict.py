@@ -101,7 +101,7 @@ def _parse_native(d: Mapping[str, Any], base: ScalerConfig) -> tuple[ScalerConfi
     # incr_ratio, decr_ratio, incr_every_n_steps, decr_every_n_nan_or_inf,
     # incr_count, decr_count, use_dynamic_loss_scaling. Parameters a native dict
     # does not carry keep the loading scaler's values.
-    framework = "torch" if "_growth_tracker" in d else "paddle"
+    framework = detect_form(d)
     names = FRAMEWORKS[framework]["names"]
     if framework == "torch":
         trackers = {"growth_tracker": "_growth_tracker"}
