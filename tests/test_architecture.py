@@ -281,3 +281,14 @@ def hidden_state(root: pathlib.Path) -> list[str]:
 def test_every_attribute_is_assigned_by_name():
     assert not hidden_state(SRC), ("assign attributes by name, not through __dict__.update: "
                                    + ", ".join(hidden_state(SRC)))
+
+
+def test_the_hidden_state_check_sees_dict_update_but_not_in_setstate(tmp_path):
+    (tmp_path / "unifiedamp").mkdir()
+    (tmp_path / "unifiedamp" / "__init__.py").write_text(
+        "class A:\n"
+        "    def __init__(self):\n"
+        "        self.__dict__.update({'x': 1})\n"
+        "    def __setstate__(self, d):\n"
+        "        self.__dict__.update(d)\n")
+    assert hidden_state(tmp_path) == ["unifiedamp:3"]
