@@ -65,6 +65,28 @@ class Adapter:
     name: str = "?"
     capabilities: frozenset[str] = frozenset()
     dtypes: tuple[str, ...] = ("float16", "float32", "float64")
+    #: Config fields the scaler cannot set, with the one value it behaves as: a value,
+    #: or a function of the rest of the config (jmp backs off by ``1 / factor``:
+    #: ``{"backoff_factor": lambda c: 1 / c.growth_factor}``). Generated configs and
+    #: vectors come only from that space; a vector outside it is skipped, with the field.
+    fixed: dict[str, Any] = {}
+    #: ``"full"``: the scale and both trackers after every step. ``"scale_and_skip"``:
+    #: the scale and whether the step was skipped; a tracker is compared only where
+    #: :meth:`read` returns it (``None``: the scaler has no such counter).
+    compare: str = "full"
+
+    def expresses(self, config: ScalerConfig) -> str | None:
+        """``None`` when the scaler can run ``config``; otherwise why not (a skip reason).
+
+        The default checks :attr:`fixed`; override it (calling ``super()``) for other
+        limits, such as factors that must be powers of two.
+        """
+        for field, value in self.fixed.items():
+            wanted = value(config) if callable(value) else value
+            if getattr(config, field) != wanted:
+                return (f"{self.name} has no {field}={getattr(config, field)!r} "
+                        f"(it behaves as {field}={wanted!r})")
+        return None
 
     def info(self) -> dict[str, Any]:
         """``framework``, ``version`` and ``device`` for the report header."""
