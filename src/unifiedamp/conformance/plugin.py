@@ -9,6 +9,7 @@ suite is asked for.
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import json
 import os
 import pathlib
@@ -109,15 +110,61 @@ def _adapter(config: pytest.Config) -> Any:
     name = _option(config, "backend")
     if name is None:
         raise pytest.UsageError("pass --unifiedamp-backend NAME_OR_module:Class")
-    from unifiedamp import _registry
+    from unifiedamp._registry import MissingBackendError, UnknownBackendError
 
-    cls = _registry.load(name)  # a unifiedamp.GradScaler subclass: it has the hook
     try:
-        adapter = cls.conformance_adapter()
-    except NotImplementedError as exc:
+        adapter = load_adapter(name)
+    except MissingBackendError:
+        raise
+    except (UnknownBackendError, NotImplementedError, TypeError) as exc:
         raise pytest.UsageError(f"{name}: {exc}") from None
     config.stash[_ADAPTER] = adapter
     return adapter
+
+
+#: What the suite calls on every adapter; the rest depends on its capabilities.
+ADAPTER_METHODS = ("new", "iterate", "read", "snapshot")
+
+
+def load_adapter(name: str) -> Any:
+    """The adapter of a backend name or ``"module:Class"``.
+
+    The target may be a ``unifiedamp.GradScaler`` subclass (its
+    ``conformance_adapter()``), an adapter class (built with no arguments) or an
+    adapter object: anything with :data:`ADAPTER_METHODS`.
+
+    Raises:
+        ImportError: The target's module cannot be imported.
+        TypeError: The target is neither a scaler nor an adapter (the message says
+            what it lacks).
+
+    Example:
+        >>> load_adapter("numpy").name
+        'numpy'
+        >>> load_adapter("unifiedamp.conformance.zoo:ZooEntry")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: unifiedamp.conformance.zoo:ZooEntry is neither ... it has no new, iterate, ...
+    """
+    from unifiedamp import _registry
+    from unifiedamp._isolation import ensure_importable
+
+    row = _registry.resolve(name)
+    if ":" not in name or name in _registry.available():
+        return _registry.load(name).conformance_adapter()
+    ensure_importable(row.modules[0])
+    module_name, _, attr = name.partition(":")
+    target = getattr(importlib.import_module(module_name), attr, None)
+    if target is None:
+        raise TypeError(f"{module_name} has no attribute {attr!r}")
+    if callable(getattr(target, "conformance_adapter", None)):
+        return target.conformance_adapter()
+    missing = [m for m in ADAPTER_METHODS if not callable(getattr(target, m, None))]
+    if missing:
+        raise TypeError(
+            f"{name} is neither a unifiedamp.GradScaler subclass nor a conformance adapter: it "
+            f"has no {', '.join(missing)} (docs/conformance.md, 'Adapters and capabilities')")
+    return target() if isinstance(target, type) else target
 
 
 _ADAPTER = pytest.StashKey[Any]()
