@@ -1,0 +1,293 @@
+"""The zoo's adapter of Megatron-core's ``DynamicGradScaler``
+(``megatron.core.optimizer.grad_scaler``).
+
+The scaler has no step logic of its own; the adapter runs the loop of
+``megatron/core/optimizer/optimizer.py`` (``MixedPrecisionOptimizer.step``):
+
+1. the loss is scaled by ``optimizer.scale_loss(loss)``: ``grad_scaler.scale * loss``;
+2. ``prepare_grads`` -> ``_unscale_main_grads_and_check_for_nan``:
+   ``torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf,
+   grad_scaler.inv_scale)`` (its all-reduce over the model-parallel group is a no-op
+   with one process), then ``grad_scaler.update(found_inf_flag)``;
+3. on ``found_inf_flag`` the step returns without ``optimizer.step()``; otherwise the
+   inner optimizer steps.
+
+The model's float32 parameters stand for Megatron's main parameters (its fp16 copies
+only change where the gradients come from).
+
+Megatron's scaler takes ``initial_scale``, ``min_scale``, ``growth_factor``,
+``backoff_factor``, ``growth_interval`` and ``hysteresis``; it asserts
+``growth_factor > 1``, ``backoff_factor < 1`` and ``min_scale > 0``, and has no
+``max_scale`` and no static mode (that is ``ConstantGradScaler``). A config without
+``min_scale`` runs with the smallest one it takes, ``2**-149`` (the smallest float32
+above 0). Its ``_growth_tracker`` is the spec's growth tracker; its
+``_hysteresis_tracker`` counts down from ``hysteresis`` and only a growth refills it,
+which is not the spec's count of consecutive non-finite steps: the suite compares the
+scale, the growth tracker and which steps are skipped.
+
+Megatron allocates its tensors with ``device='cuda'`` and its ``load_state_dict`` calls
+``.cuda(torch.cuda.current_device())``. On another device (``UNIFIEDAMP_DEVICE``,
+default ``cpu``) the adapter runs those two methods under a ``TorchFunctionMode`` that
+sends ``cuda`` to that device (and ``torch.cuda.current_device`` to 0); every line of
+Megatron's code runs as written.
+
+``save``/``load`` convert Megatron's ``state_dict()`` (``scale``, ``growth_tracker``,
+``hysteresis_tracker``) to the canonical dict and back, the hysteresis tracker as
+``hysteresis - _hysteresis_tracker`` (overflows since the last growth), which loads
+back to the same state. Megatron's dict carries no config: a Megatron run takes it
+from its arguments, so ``load`` builds the scaler from the dict's config, then calls
+``load_state_dict``.
+
+Example (``unifiedamp conformance --zoo`` runs it; building one imports nothing):
+    >>> from unifiedamp.conformance.zoo.megatron_grad_scaler import MegatronDynamicGradScaler
+    >>> from unifiedamp.spec import ScalerConfig
+    >>> adapter = MegatronDynamicGradScaler()
+    >>> adapter.expresses(ScalerConfig(backoff_factor=1.0))
+    'megatron.core DynamicGradScaler asserts backoff_factor < 1.0, got backoff_factor=1.0'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from unifiedamp.conformance.adapters import Adapter
+from unifiedamp.conformance.zoo import Difference
+from unifiedamp.conformance.zoo.torch_grad_scaler import Run, device, snapshot, torch_problems
+from unifiedamp.spec import ScalerConfig, ScalerState, parse_state_dict, read_form, to_state_dict
+
+__all__ = ["DIFFERENCES", "MegatronDynamicGradScaler"]
+
+#: What a config without min_scale runs with: Megatron asserts min_scale > 0.
+NO_FLOOR = 2.0**-149
+
+
+def _scaler_class() -> Any:
+    with warnings.catch_warnings():
+        # "Transformer Engine and Apex are not installed. Falling back to local
+        # implementations": the optimizer package's fused kernels, not the scaler's.
+        warnings.simplefilter("ignore", UserWarning)
+        from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+    return DynamicGradScaler
+
+
+@contextlib.contextmanager
+def _cuda_as(dev: str) -> Iterator[None]:
+    """Runs Megatron's ``device='cuda'`` allocations and ``.cuda(...)`` moves on ``dev``."""
+    if dev.startswith("cuda"):
+        yield
+        return
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class CudaAs(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            kwargs = dict(kwargs or {})
+            if func is torch.Tensor.cuda:
+                return args[0].to(dev)
+            if str(kwargs.get("device", "")).startswith("cuda"):
+                kwargs["device"] = dev
+            return func(*args, **kwargs)
+
+    current_device = torch.cuda.current_device
+    torch.cuda.current_device = lambda: 0
+    try:
+        with CudaAs():
+            yield
+    finally:
+        torch.cuda.current_device = current_device
+
+
+class _ScaleLoss:
+    # The problems' set_grads calls scaler.scale(loss).backward(); Megatron's
+    # MegatronOptimizer.scale_loss is get_loss_scale() * loss, the scaler's scale.
+    def __init__(self, grad_scaler: Any):
+        self.grad_scaler = grad_scaler
+
+    def scale(self, loss: Any) -> Any:
+        return self.grad_scaler.scale * loss
+
+
+class MegatronDynamicGradScaler(Adapter):
+    """``megatron.core.optimizer.grad_scaler.DynamicGradScaler`` driven by
+    ``MixedPrecisionOptimizer.step`` (see the module's docstring)."""
+
+    name = "megatron.core DynamicGradScaler"
+    capabilities = frozenset({"state_dict"})
+    fixed: dict[str, Any] = {"max_scale": None, "dynamic": True}
+    compare = "scale_and_skip"
+
+    def __init__(self) -> None:
+        self.device = device()
+
+    def expresses(self, config: ScalerConfig) -> str | None:
+        reason = super().expresses(config)
+        if reason is None and not config.growth_factor > 1.0:
+            reason = (f"{self.name} asserts growth_factor > 1.0, got "
+                      f"growth_factor={config.growth_factor!r}")
+        if reason is None and not config.backoff_factor < 1.0:
+            reason = (f"{self.name} asserts backoff_factor < 1.0, got "
+                      f"backoff_factor={config.backoff_factor!r}")
+        if reason is None and not config.enabled:
+            reason = f"{self.name} has no enabled=False (bf16 runs without a scaler)"
+        return reason
+
+    def info(self) -> dict[str, Any]:
+        from importlib.metadata import version
+
+        return {"framework": "megatron-core", "version": version("megatron-core"),
+                "device": self.device}
+
+    def _scaler(self, config: ScalerConfig) -> Any:
+        cls = _scaler_class()
+        with _cuda_as(self.device):
+            return cls(initial_scale=config.init_scale,
+                       min_scale=NO_FLOOR if config.min_scale is None else config.min_scale,
+                       growth_factor=config.growth_factor,
+                       backoff_factor=config.backoff_factor,
+                       growth_interval=config.growth_interval, hysteresis=config.hysteresis)
+
+    def new(self, config: ScalerConfig, optimizers: int = 1) -> Run:
+        reason = self.expresses(config)
+        if reason is not None:
+            raise ValueError(f"cannot build {self.name} for {config}: {reason}")
+        if optimizers != 1:
+            raise ValueError(f"{self.name} runs one optimizer (Megatron's ChainedOptimizer "
+                             "gives each of its optimizers its own scaler)")
+        return Run(self._scaler(config), torch_problems(1, self.device), config)
+
+    def iterate(self, handle: Run, kinds: str) -> Run:
+        import torch
+
+        (kind,) = kinds
+        scaler, (problem,) = handle.scaler, handle.problems
+        opt = problem.optimizer
+        problem.set_grads(kind, _ScaleLoss(scaler))
+        grads = [p.grad for group in opt.param_groups for p in group["params"]
+                 if p.grad is not None]
+        found_inf = torch.zeros(1, dtype=torch.float, device=self.device)
+        with torch.no_grad():
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf,
+                                                             scaler.inv_scale)
+        found_inf_flag = found_inf.item() > 0
+        scaler.update(found_inf_flag)
+        if not found_inf_flag:
+            opt.step()
+        return handle
+
+    def read(self, handle: Run) -> ScalerState:
+        scaler = handle.scaler
+        return ScalerState(scaler.scale.item(), scaler._growth_tracker,
+                           None)  # type: ignore[arg-type]
+
+    def snapshot(self, handle: Run) -> list[np.ndarray]:
+        return snapshot(handle)
+
+    def save(self, handle: Run) -> dict[str, Any]:
+        native = handle.scaler.state_dict()
+        config = handle.config
+        state = ScalerState(native["scale"].item(), native["growth_tracker"],
+                            config.hysteresis - native["hysteresis_tracker"])
+        # Validates as a loader would: the scale a float32 value >= 0, trackers >= 0.
+        return to_state_dict(*parse_state_dict(to_state_dict(config, state, self.name)),
+                             self.name)
+
+    def load(self, handle: Run, state_dict: dict[str, Any]) -> Run:
+        import torch
+
+        config, state, _ = read_form(state_dict, handle.config)
+        config = config.replace(enabled=handle.config.enabled)
+        reason = self.expresses(config)
+        if reason is not None:
+            raise ValueError(f"{self.name} cannot load {config}: {reason}")
+        scaler = self._scaler(config)
+        with _cuda_as(self.device):
+            scaler.load_state_dict({
+                "scale": torch.tensor([state.scale], dtype=torch.float),
+                "growth_tracker": state.growth_tracker,
+                "hysteresis_tracker": config.hysteresis - state.hysteresis_tracker})
+        handle.scaler, handle.config = scaler, config
+        return handle
+
+
+_HYSTERESIS_SINCE_GROWTH = Difference(
+    sentence="Megatron's hysteresis counts overflows since the last growth, not consecutive "
+             "ones: _hysteresis_tracker is refilled only by a growth, so finite steps do not "
+             "reset it, and once it runs out every overflow backs off until the next growth.",
+    matters="Yes with hysteresis > 1 (Megatron's default is 2): overflows separated by "
+            "finite steps add up, so the scale backs off more often than under the spec's "
+            "rule.",
+    checked="megatron/core/optimizer/grad_scaler.py DynamicGradScaler.update: on found_inf "
+            "_growth_tracker = 0, _hysteresis_tracker -= 1, back off if it is <= 0 (it is "
+            "not refilled); on a finite step _growth_tracker += 1, and only when it reaches "
+            "growth_interval is _hysteresis_tracker set back to hysteresis. By hand, "
+            "hysteresis 2, interval 3, 'IIFIFII': I -> 1; I -> 0, back off to 512; F; "
+            "I -> -1, back off to 256 (spec 512). Random, interval 2, hysteresis 2, 'IFI': "
+            "I -> 1; F; I -> 0, back off to 0.5 (spec keeps 1.0). The state-dict tests fail "
+            "for this reason after the load (their configs have hysteresis 2): the loaded "
+            "state reads back exactly.")
+
+_NO_GROWTH_GUARD = Difference(
+    sentence="Megatron grows with self._scale * self.growth_factor without checking that the "
+             "product is finite: from 2**127 the scale becomes inf and stays inf (every "
+             "scaled loss overflows, and inf * backoff_factor = inf), so every later step is "
+             "skipped.",
+    matters="Only if the scale reaches 2**127 (~1.7e38): training then stops for good. "
+            "Megatron starts at 2**32 and fp16 gradients overflow long before, so rare.",
+    checked="DynamicGradScaler.update: self._scale = self._scale * self.growth_factor "
+            "(float32 tensors), backoff torch.max(self._scale * self.backoff_factor, "
+            "self.min_scale). By hand, init 2**127, interval 1, 'F': 2**128 is inf in "
+            "float32 (spec keeps 2**127); confirmed, 'FFFFF' from 2**127 reads inf five "
+            "times.")
+
+_RECIPROCAL = Difference(
+    sentence="Megatron checks the scaled gradients (torch's "
+             "_amp_foreach_non_finite_check_and_unscale_ tests them before multiplying), so "
+             "where 1/scale overflows float32 (a scale below about 2.9e-39) the finite "
+             "gradients pass, are multiplied by inv_scale = inf, and the optimizer steps with "
+             "inf gradients, where the spec backs off and skips.",
+    matters="Only after the scale has collapsed below ~2.9e-39, which Megatron's default "
+            "min_loss_scale of 1 prevents.",
+    checked="megatron/core/optimizer/optimizer.py "
+            "MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan calls "
+            "torch._amp_foreach_non_finite_check_and_unscale_(main_grads, found_inf, "
+            "grad_scaler.inv_scale), inv_scale = scale.double().reciprocal().float() = inf "
+            "for 2**-130. By hand, init 2**-130, interval 1, 'F': found_inf 0, the scale "
+            "grows to 2**-129 (spec backs off to 2**-131) and Adam gets inf gradients.")
+
+_FLOOR = Difference(
+    sentence="Megatron has no 'no floor': it asserts min_scale > 0, so a config without "
+             "min_scale runs with the smallest positive float32, 2**-149, and the scale stops "
+             "there instead of reaching 0.",
+    matters="No: only scales below 2**-126 (after some 150 consecutive overflows) differ.",
+    checked="DynamicGradScaler.__init__: `assert min_scale > 0.0`; update backs off to "
+            "torch.max(scale * backoff_factor, min_scale). By hand, init 2**-148, 'II': "
+            "2**-149, then max(0, 2**-149) = 2**-149 (spec 0).")
+
+_EQUAL_INTERVAL = Difference(
+    sentence="Megatron grows only when _growth_tracker == growth_interval, so a loaded "
+             "tracker already past the interval never equals it and the scale never grows "
+             "again.",
+    matters="When a run resumes with a smaller loss_scale_window than its checkpoint's "
+            "tracker: the scale never grows again.",
+    checked="DynamicGradScaler.update: `if self._growth_tracker == self.growth_interval`. "
+            "By hand, a loaded tracker 7 with interval 5: 'F' -> 8, no growth (spec: "
+            "8 >= 5, grows to 2048).")
+
+#: Test id -> how Megatron-core's scaler differs there, checked by hand.
+DIFFERENCES: dict[str, Difference] = {
+    "test_vector[hysteresis_two]": _HYSTERESIS_SINCE_GROWTH,
+    "test_vector[growth_overflow_keeps_scale]": _NO_GROWTH_GUARD,
+    "test_vector[growth_overflow_keeps_scale_with_hysteresis]": _NO_GROWTH_GUARD,
+    "test_vector[reciprocal_overflow_skips_finite_steps]": _RECIPROCAL,
+    "test_vector[backoff_reaches_zero_and_stays]": _FLOOR,
+    "test_random_configs_and_steps_match_reference": _HYSTERESIS_SINCE_GROWTH,
+    "test_state_dict_round_trip_mid_interval": _HYSTERESIS_SINCE_GROWTH,
+    "test_state_dict_moves_between_backends": _HYSTERESIS_SINCE_GROWTH,
+    "test_a_loaded_tracker_past_the_interval_grows_on_the_next_finite_step": _EQUAL_INTERVAL,
+}
