@@ -232,11 +232,31 @@ class ShardedGradScaler(TorchAmpGradScaler):
 
     It all-reduces its inf flag over a process group in ``unscale_``: the adapter starts
     a one-process gloo group (a ``FileStore`` in a temporary directory) when none exists.
-    On CPU its ``update`` runs its own Python ``_amp_update_scale_cpu_`` instead of
-    torch's kernel.
+    ``distributed_iterate`` runs one iteration on that many gloo processes, each with its
+    own scaler and gradients, as FSDP's ranks hold their own shards. On CPU its
+    ``update`` runs its own Python ``_amp_update_scale_cpu_`` instead of torch's kernel.
     """
 
     name = "torch.distributed.fsdp.ShardedGradScaler"
+    capabilities = TorchAmpGradScaler.capabilities | {"distributed"}
+
+    def distributed_iterate(self, handle: Run, kinds_per_rank: list[str]) -> list[ScalerState]:
+        import json
+
+        import torch.multiprocessing as mp
+
+        from unifiedamp.conformance.backends.torch import _free_port
+
+        world = len(kinds_per_rank)
+        with tempfile.TemporaryDirectory() as out:
+            mp.spawn(_sharded_rank, args=(world, _free_port(), handle.config.to_dict(),
+                                          kinds_per_rank, self.device, out),
+                     nprocs=world, join=True)
+            states = []
+            for rank in range(world):
+                with open(os.path.join(out, f"{rank}.json")) as f:
+                    states.append(ScalerState(*json.load(f)))
+        return states
 
     def _scaler(self, config: ScalerConfig) -> Any:
         import torch.distributed as dist
@@ -346,6 +366,30 @@ _SHARDED_GROWTH = Difference(
             "torch._amp_update_scale_, whose kernel has one). By hand, init 2**127, interval "
             "1, 'F': 2**128 is inf in float32 (spec keeps 2**127); 'FFFF' reads inf, inf, "
             "inf, inf.")
+
+def _sharded_rank(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
+                  dev: str, out: str) -> None:
+    import json
+    import sys
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        adapter = ShardedGradScaler()
+        adapter.device = dev
+        handle = adapter.iterate(adapter.new(ScalerConfig(**config)), kinds[rank])
+        with open(os.path.join(out, f"{rank}.json"), "w") as f:
+            json.dump(list(adapter.read(handle)), f)
+    finally:
+        dist.destroy_process_group()
+    # Gloo may abort a process at interpreter exit after the work is done (see
+    # unifiedamp.conformance.backends.torch._rank_main): leave without exit-time destructors.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
 
 #: Test id -> how torch's scalers differ there, checked by hand. Where the two adapters
 #: of this module fail a test for different reasons, the entry names which does what.
