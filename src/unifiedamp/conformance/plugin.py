@@ -22,7 +22,8 @@ _HERE = pathlib.Path(__file__).resolve().parent
 _SHIPPED_TESTS = _HERE / "test_conformance.py"
 _BUILTIN_XFAILS = _HERE / "xfails.txt"
 _ENV = {"backend": "UNIFIEDAMP_BACKEND", "max_examples": "UNIFIEDAMP_MAX_EXAMPLES",
-        "xfails": "UNIFIEDAMP_XFAILS", "json": "UNIFIEDAMP_JSON"}
+        "xfails": "UNIFIEDAMP_XFAILS", "json": "UNIFIEDAMP_JSON",
+        "progress": "UNIFIEDAMP_PROGRESS"}
 
 
 class XfailEntry(NamedTuple):
@@ -64,6 +65,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          f"xfails.txt (env {_ENV['xfails']})")
     group.addoption("--unifiedamp-json", default=None, metavar="FILE",
                     help=f"write a JSON report of every test's outcome (env {_ENV['json']})")
+    group.addoption("--unifiedamp-progress", default=None, metavar="FILE",
+                    help="keep '<tests done> <tests collected>' in FILE while the suite runs "
+                         f"(env {_ENV['progress']})")
 
 
 def _option(config: pytest.Config, name: str) -> Any:
@@ -79,6 +83,9 @@ def pytest_configure(config: pytest.Config) -> None:
     path = _option(config, "json")
     if path is not None:
         config.pluginmanager.register(_JsonReport(config, path), "unifiedamp-json-report")
+    if _option(config, "progress") is not None:
+        config.pluginmanager.register(_Progress(_option(config, "progress")),
+                                      "unifiedamp-progress")
     name = _option(config, "backend")
     if name is not None:
         try:
@@ -178,7 +185,10 @@ def header_fields(config: pytest.Config) -> dict[str, Any]:
 
     adapter = _adapter(config)
     info = adapter.info()
+    fixed = getattr(adapter, "fixed", {})
     return {"backend": _option(config, "backend"), "adapter": adapter.name,
+            "compare": getattr(adapter, "compare", "full"),
+            "fixed": {k: "derived" if callable(v) else v for k, v in fixed.items()},
             "framework": info.get("framework"), "framework_version": info.get("version"),
             "device": info.get("device"), "unifiedamp": __version__,
             "spec_version": spec.SPEC_VERSION,
@@ -231,6 +241,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.stash[_UNMATCHED] = [e for e in entries if e.backend in backends and e not in matched]
 
 
+class _Progress:
+    """Writes how many tests have run, of how many, after each one (for a parent process
+    that shows progress)."""
+
+    def __init__(self, path: str):
+        self.path, self.done, self.total = pathlib.Path(path), 0, 0
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.total = len(session.items)
+        self.path.write_text(f"0 {self.total}\n")
+
+    def pytest_runtest_logfinish(self) -> None:
+        self.done += 1
+        self.path.write_text(f"{self.done} {self.total}\n")
+
+
 class _JsonReport:
     """Collects every test's outcome and writes them, with the header, as JSON."""
 
@@ -257,7 +283,9 @@ class _JsonReport:
             outcome, detail = "passed", ""
         if self.tests.get(name, {}).get("outcome") in ("failed", "error"):
             return  # a teardown report must not hide the call's failure
-        self.tests[name] = {"outcome": outcome, "detail": detail}
+        from unifiedamp.conformance._rules import rule_of
+
+        self.tests[name] = {"outcome": outcome, "detail": detail, "rule": rule_of(name)}
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         header = header_fields(self.config) if _option(self.config, "backend") else {}
