@@ -61,4 +61,7 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
     ZooEntry("jmp", "jmp.DynamicLossScale",
              "unifiedamp.conformance.zoo.jmp_loss_scale:JmpDynamicLossScale",
              ("jmp", "jax"), _ZOO),
+    ZooEntry("colossalai", "Colossal-AI DynamicGradScaler (MixedPrecisionOptimizer, fp16)",
+             "unifiedamp.conformance.zoo.colossalai_grad_scaler:ColossalAIDynamicGradScaler",
+             ("colossalai", "torch"), _ZOO),
 )}
