@@ -6,10 +6,9 @@ import json
 import pathlib
 
 import pytest
+from zoo_copies import PLANTED
 
 from unifiedamp.conformance._pytest_process import run_pytest
-from unifiedamp.conformance.zoo import ZOO, ZooEntry
-from zoo_copies import PLANTED
 
 HERE = pathlib.Path(__file__).resolve().parent
 

@@ -77,4 +77,7 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
     ZooEntry("megatron", "Megatron-core DynamicGradScaler, driven by MixedPrecisionOptimizer",
              "unifiedamp.conformance.zoo.megatron_grad_scaler:MegatronDynamicGradScaler",
              ("megatron.core", "torch"), _ZOO),
+    ZooEntry("colossalai", "Colossal-AI DynamicGradScaler (MixedPrecisionOptimizer, fp16)",
+             "unifiedamp.conformance.zoo.colossalai_grad_scaler:ColossalAIDynamicGradScaler",
+             ("colossalai", "torch"), _ZOO),
 )}
