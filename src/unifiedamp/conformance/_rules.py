@@ -24,6 +24,7 @@ VECTOR_RULES = {
     "interval_one": "growth timing",
     "defaults_first_steps": "growth timing",
     "hysteresis_two": "hysteresis",
+    "hysteresis_rearmed_after_backoff": "hysteresis",
     "min_scale_clamp": "clamps",
     "max_scale_clamp": "clamps",
     "growth_overflow_keeps_scale": "growth overflow",

@@ -183,8 +183,8 @@ class ImperativeAdapter(Adapter):
     ):
         self.scaler_cls = scaler_cls
         self.make_problem = make_problem
-        self.name = name or getattr(scaler_cls, "backend", None) or getattr(
-            scaler_cls, "__name__", type(scaler_cls).__name__)
+        self.name = str(name or getattr(scaler_cls, "backend", None) or getattr(
+            scaler_cls, "__name__", type(scaler_cls).__name__))
         self.to_native = to_native
         self.to_numpy = to_numpy
         self._parameters = _parameters(scaler_cls)

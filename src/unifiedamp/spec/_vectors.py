@@ -63,6 +63,9 @@ VECTORS: tuple[Vector, ...] = (
     Vector("defaults_first_steps", {}, "IIF", (32768, 16384, 16384)),
     Vector("hysteresis_two", {"init_scale": 1024.0, "growth_interval": 3, "hysteresis": 2},
            "IIFIFII", (1024, 512, 512, 512, 512, 512, 256)),
+    # A backoff re-arms the hysteresis: the next backoff needs two more overflows.
+    Vector("hysteresis_rearmed_after_backoff", {"init_scale": 1024.0, "hysteresis": 2},
+           "IIII", (1024, 512, 512, 256)),
     Vector("min_scale_clamp", {"init_scale": 4.0, "min_scale": 1.5}, "IIIF",
            (2, 1.5, 1.5, 1.5)),
     Vector("max_scale_clamp", {"init_scale": 4.0, "growth_interval": 1, "max_scale": 10.0},
