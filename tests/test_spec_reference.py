@@ -203,3 +203,38 @@ def test_bounds_are_compared_as_float32_values():
     assert trace(ScalerConfig(0.125, min_scale=0.1), "I")[0].scale == 0.10000000149011612
     assert trace(ScalerConfig(8.0, growth_interval=1, max_scale=10.1), "F")[0].scale == (
         10.100000381469727)
+
+
+def multiply_trace(vector: spec.Vector, growth_double: bool, backoff_double: bool) -> list:
+    """The vector's scales with each factor kept as float64 (torch's kernel) or rounded to
+    float32 (the spec) before the float32 product; hysteresis 1, no clamps."""
+    c = ScalerConfig(**vector.config)
+    grow = c.growth_factor if growth_double else spec.f32(c.growth_factor)
+    back = c.backoff_factor if backoff_double else spec.f32(c.backoff_factor)
+    scale, growth, out = spec.f32(c.init_scale), 0, []
+    for kind in vector.steps:
+        if kind == "F":
+            growth += 1
+            if growth >= c.growth_interval:
+                scale, growth = spec.f32(scale * grow), 0
+        else:
+            scale, growth = spec.f32(scale * back), 0
+        out.append(scale)
+    return out
+
+
+def test_a_vector_separates_a_float32_factor_from_a_float64_one_on_each_multiply():
+    vector = next(v for v in spec.VECTORS
+                  if v.name == "factors_rounded_to_float32_before_multiplying")
+    assert multiply_trace(vector, False, False) == list(vector.scales)
+    # A float64 growth factor differs at the first step, a float64 backoff at the second.
+    assert multiply_trace(vector, True, False)[0] != vector.scales[0]
+    assert multiply_trace(vector, False, True)[:2] == [vector.scales[0], 59.29000473022461]
+    assert multiply_trace(vector, True, True)[0] != vector.scales[0]
+
+
+def test_the_older_float32_vectors_do_not_separate_the_two_multiplies():
+    # Why the vector above exists: a float64 factor passes these.
+    for name in ("non_power_of_two_factors_float32", "full_mantissa_operands"):
+        vector = next(v for v in spec.VECTORS if v.name == name)
+        assert multiply_trace(vector, True, True) == list(vector.scales), name
