@@ -27,8 +27,9 @@ PLANTED = {
     "float64_scale": "float32 multiply",
     "hysteresis_not_rearmed": "hysteresis",
     "state_not_reloaded": "state round trip",
-    # The scale and trackers stay right; only the parameters show it.
+    # The scale and trackers stay right; only the parameters show these.
     "skips_growth_step": "growth timing",
+    "unscales_with_the_new_scale": "growth step",
 }
 
 
@@ -46,7 +47,11 @@ class PaddleRule:
 
     def step(self, optimizer: Any) -> None:
         # check_finite_and_unscale: unscale by the float32 reciprocal, flag any inf/NaN.
-        inv = np.float32(1) / self.scale
+        scale = self.scale
+        if self.bug == "unscales_with_the_new_scale" and \
+                self.good + 1 == self.config.growth_interval:
+            scale = np.float32(scale * np.float32(self.config.growth_factor))
+        inv = np.float32(1) / scale
         grads = [g * inv.astype(g.dtype) for g in optimizer.grads]
         bad = np.isinf if self.bug == "nan_not_inf" else (lambda g: ~np.isfinite(g))
         found = any(bool(bad(g).any()) for g in grads)

@@ -13,9 +13,9 @@ from __future__ import annotations
 __all__ = ["RULES", "TEST_RULES", "VECTOR_RULES", "rule_of"]
 
 RULES = ("growth timing", "backoff", "hysteresis", "clamps", "static mode", "inf/NaN detection",
-         "float32 multiply", "reciprocal overflow", "growth overflow", "skipped step",
-         "two optimizers", "scale/unscale", "state round trip", "disabled", "ranks",
-         "random sequences")
+         "float32 multiply", "reciprocal overflow", "growth overflow", "growth step",
+         "skipped step", "two optimizers", "scale/unscale", "state round trip", "disabled",
+         "ranks", "random sequences")
 
 VECTOR_RULES = {
     "growth_on_nth_finite": "growth timing",
@@ -50,6 +50,7 @@ TEST_RULES = {
     "test_random_configs_and_steps_match_reference": "random sequences",
     "test_inf_in_any_of_two_optimizers_backs_off_once": "two optimizers",
     "test_skipped_step_leaves_params_and_optimizer_state_untouched": "skipped step",
+    "test_the_growth_step_is_unscaled_with_the_old_scale": "growth step",
     "test_scale_then_unscale_is_identity_and_keeps_dtype": "scale/unscale",
     "test_found_inf_for_any_inf_or_nan_leaf": "inf/NaN detection",
     "test_large_finite_gradients_are_finite": "inf/NaN detection",

@@ -205,6 +205,22 @@ class ScalerContract:
         assert _hex_tree(adapter.snapshot(handle)) != _hex_tree(before), (
             "a finite step changed nothing: the snapshot does not see the optimizer")
 
+    def test_the_growth_step_is_unscaled_with_the_old_scale(self, adapter: Any) -> None:
+        """The step whose update grows the scale was scaled by the old scale and must be
+        unscaled by it: with power-of-two scales the parameters then move exactly as in a
+        run whose scale never grows. A scaler that updates the scale before it unscales
+        steps with gradients ``growth_factor`` times too small."""
+        growing = _fitted(adapter, ScalerConfig(1024.0, growth_interval=2), strict=True)
+        steady = _fitted(adapter, ScalerConfig(1024.0, growth_interval=1000), strict=True)
+        a, b = adapter.new(growing), adapter.new(steady)
+        for step in range(1, 5):
+            a, b = adapter.iterate(a, "F"), adapter.iterate(b, "F")
+            scale = normalise(adapter.read(a)).scale
+            assert _hex_tree(adapter.snapshot(a)) == _hex_tree(adapter.snapshot(b)), (
+                f"after finite step {step} (scale now {scale}, growth_interval 2) the "
+                "parameters differ from a run at a steady scale of 1024: a step that grew "
+                "the scale was unscaled with the new scale, not the old one")
+
     # ------------------------------------------------------------ scale / unscale
 
     def test_scale_then_unscale_is_identity_and_keeps_dtype(self, adapter: Any,
