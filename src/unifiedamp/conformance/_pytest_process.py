@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-__all__ = ["run_pytest"]
+__all__ = ["absolute_pythonpath", "run_pytest"]
 
 
 def run_pytest(args: list[str], *, rootdir: str | os.PathLike[str] | None = None,
@@ -41,4 +41,19 @@ def run_pytest(args: list[str], *, rootdir: str | os.PathLike[str] | None = None
         cmd = [sys.executable, "-m", "pytest", "-c", ini, "--rootdir", where, "-q",
                "-p", "no:cacheprovider", *args]
         return subprocess.run(cmd, cwd=where, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **(env or {})})
+                              env=absolute_pythonpath({**os.environ, **(env or {})}))
+
+
+def absolute_pythonpath(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with its ``PYTHONPATH`` entries made absolute, from this process's working
+    directory: the suite runs in another one, where a relative entry would find nothing.
+
+    Example:
+        >>> import os
+        >>> absolute_pythonpath({"PYTHONPATH": "src"})["PYTHONPATH"] == os.path.abspath("src")
+        True
+    """
+    if not env.get("PYTHONPATH"):
+        return env
+    entries = env["PYTHONPATH"].split(os.pathsep)
+    return {**env, "PYTHONPATH": os.pathsep.join(os.path.abspath(e) for e in entries)}

@@ -1,44 +1,94 @@
-"""Runs step sequences through an adapter and compares them with the reference."""
+"""Runs step sequences through an adapter and compares them with the reference, step by step.
+
+After every step the scale (as a float32 value) and the trackers are compared
+with the reference, and, where the adapter can show its parameters and optimizer
+state, whether the step was skipped and whether they are all still finite.
+"""
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from unifiedamp import spec
+from unifiedamp.conformance._rules import VECTOR_RULES
 from unifiedamp.spec import ScalerConfig, ScalerState, Vector
+
+__all__ = ["Divergence", "describe_scale", "normalise", "run_steps", "run_vector", "same"]
 
 
 class Divergence(NamedTuple):
-    """Where a backend's trajectory left the reference: the first differing step (from 1)."""
+    """Where a scaler left the reference: the first differing step (from 1) of ``steps``.
+
+    ``what`` says what differed: ``"state"`` (the scale or a tracker), ``"skip"``
+    (the step was skipped where the reference steps, or the reverse) or
+    ``"finite"`` (a parameter or optimizer-state value became inf or NaN).
+    """
 
     vector: str
     step: int
     expected: ScalerState
     got: ScalerState
     config: dict[str, Any]
+    steps: str = ""
+    what: str = "state"
+    rule: str = ""
+    detail: str = ""
 
     def __str__(self) -> str:
         e, g = self.expected, self.got
-        return (
-            f"{self.vector}: diverged at step {self.step}: expected scale {e.scale!r} "
-            f"({spec.f32_hex(e.scale)}), growth_tracker {e.growth_tracker}, hysteresis_tracker "
-            f"{e.hysteresis_tracker}; got scale {g.scale!r} ({spec.f32_hex(g.scale)}), "
-            f"growth_tracker {g.growth_tracker}, hysteresis_tracker {g.hysteresis_tracker}; "
-            f"config {self.config}"
-        )
+        where = (f"{f'[{self.rule}] ' if self.rule else ''}{self.vector}: diverged at step "
+                 f"{self.step}" + (f" of {self.steps!r}" if self.steps else ""))
+        if self.what != "state":
+            return f"{where}: {self.detail}; scale {describe_scale(g.scale)}; config {self.config}"
+        return (f"{where}: expected scale {describe_scale(e.scale)}, growth_tracker "
+                f"{e.growth_tracker}, hysteresis_tracker {e.hysteresis_tracker}; got scale "
+                f"{describe_scale(g.scale)}, growth_tracker {_tracker(g.growth_tracker)}, "
+                f"hysteresis_tracker {_tracker(g.hysteresis_tracker)}; config {self.config}")
+
+
+def _tracker(value: int | None) -> str:
+    return "(not compared)" if value is None else str(value)
+
+
+def describe_scale(scale: float) -> str:
+    """A scale with its float32 bits, or why it has none.
+
+    Example:
+        >>> describe_scale(1024.0)
+        '1024.0 (float32 0x44800000)'
+        >>> describe_scale(7.006e-46)
+        '7.006e-46 (not a float32 value: rounds to 0.0, 0x00000000)'
+    """
+    if scale != scale or spec.f32(scale) == scale:
+        return f"{scale!r} (float32 {spec.f32_hex(scale)})"
+    return f"{scale!r} (not a float32 value: rounds to {spec.f32(scale)!r}, {spec.f32_hex(scale)})"
 
 
 def normalise(state: Any) -> ScalerState:
-    """A backend's state as Python numbers (its scale may be a 0-d array or a tensor)."""
+    """A scaler's state as Python numbers (its scale may be a 0-d array or a tensor); a
+    tracker the adapter does not map stays ``None``."""
     scale, growth, hyst = state
-    return ScalerState(float(scale), int(growth), int(hyst))
+    return ScalerState(float(scale), None if growth is None else int(growth),
+                       None if hyst is None else int(hyst))
 
 
-def same(a: ScalerState, b: ScalerState) -> bool:
-    """Scales equal as float32 values (a scale that is no float32 value never matches)."""
-    return (a.scale == b.scale and spec.f32(b.scale) == b.scale
-            and a.growth_tracker == b.growth_tracker
-            and a.hysteresis_tracker == b.hysteresis_tracker)
+def same(a: ScalerState, b: ScalerState, compare: str = "full") -> bool:
+    """Scales equal as float32 values (a scale that is no float32 value never matches),
+    trackers equal as ints; under ``"scale_and_skip"`` a tracker that either side
+    does not have (``None``) is not compared.
+
+    Example:
+        >>> same(ScalerState(2.0, 1, 0), ScalerState(2.0, None, None), "scale_and_skip")
+        True
+        >>> same(ScalerState(2.0, 1, 0), ScalerState(2.0, None, None))
+        False
+    """
+    if not (a.scale == b.scale and spec.f32(b.scale) == b.scale):
+        return False
+    return all(x == y or (compare == "scale_and_skip" and None in (x, y))
+               for x, y in zip(a[1:], b[1:], strict=True))
 
 
 def run_vector(adapter: Any, vector: Vector, *, compiled: bool = False) -> Divergence | None:
@@ -49,30 +99,64 @@ def run_vector(adapter: Any, vector: Vector, *, compiled: bool = False) -> Diver
         >>> print(run_vector(NumpyGradScaler.conformance_adapter(), spec.VECTORS[0]))
         None
     """
-    expected = spec.run_reference(vector)
-    config = ScalerConfig(**vector.config)
-    handle = adapter.new(config)
-    iterate = adapter.compiled_iterate if compiled else adapter.iterate
-    for i, kind in enumerate(vector.steps):
-        if i in vector.changes:
-            config = config.replace(**vector.changes[i])
-            handle = adapter.reconfigure(handle, vector.changes[i])
-        handle = iterate(handle, kind)
-        got = normalise(adapter.read(handle))
-        if not same(expected[i], got):
-            return Divergence(vector.name, i + 1, expected[i], got, config.to_dict())
-    return None
+    return _run(adapter, ScalerConfig(**vector.config), vector.steps, vector.name,
+                changes=vector.changes, compiled=compiled,
+                rule=VECTOR_RULES.get(vector.name, ""))
 
 
 def run_steps(adapter: Any, config: ScalerConfig, steps: str, name: str = "steps",
               handle: Any = None, start: ScalerState | None = None) -> Divergence | None:
     """Runs ``steps`` (``F``/``I``/``N``, one optimizer) against the reference from ``start``."""
+    return _run(adapter, config, steps, name, handle=handle, start=start)
+
+
+def _run(adapter: Any, config: ScalerConfig, steps: str, name: str, *,
+         changes: dict[int, dict[str, Any]] | None = None, compiled: bool = False,
+         handle: Any = None, start: ScalerState | None = None,
+         rule: str = "") -> Divergence | None:
+    compare = getattr(adapter, "compare", "full")
     handle = adapter.new(config) if handle is None else handle
+    iterate = adapter.compiled_iterate if compiled else adapter.iterate
+    watch = callable(getattr(adapter, "snapshot", None))
     state = start or ScalerState.initial(config)
     for i, kind in enumerate(steps):
-        state = spec.update(config, state, kind != "F" or spec.unscale_overflows(state.scale))
-        handle = adapter.iterate(handle, kind)
+        if changes and i in changes:
+            config = config.replace(**changes[i])
+            handle = adapter.reconfigure(handle, changes[i])
+        found_inf = kind != "F" or spec.unscale_overflows(state.scale)
+        state = spec.update(config, state, found_inf)
+        before = _bits(adapter.snapshot(handle)) if watch else None
+        handle = iterate(handle, kind)
         got = normalise(adapter.read(handle))
-        if not same(state, got):
-            return Divergence(name, i + 1, state, got, config.to_dict())
+
+        if not same(state, got, compare):
+            return Divergence(name, i + 1, state, got, config.to_dict(), steps, "state", rule)
+        if watch:
+            problem = _step_problem(adapter.snapshot(handle), before, kind, found_inf)
+            if problem is not None:
+                return Divergence(name, i + 1, state, got, config.to_dict(), steps, problem[0],
+                                  rule, problem[1])
     return None
+
+
+_GRADIENTS = {"F": "finite gradients", "I": "an inf", "N": "a NaN"}
+
+
+def _step_problem(after: list[Any], before: Any, kind: str,
+                  found_inf: bool) -> tuple[str, str] | None:
+    """What is wrong with a step seen through the parameters and optimizer state:
+    ``("finite", why)``, ``("skip", why)`` or ``None``."""
+    if not all(np.isfinite(a).all() for a in map(np.asarray, after)
+               if np.issubdtype(a.dtype, np.inexact)):
+        return "finite", (f"a step with {_GRADIENTS[kind]} left a parameter or optimizer-state "
+                          "value inf or NaN")
+    skipped = _bits(after) == before
+    if skipped == found_inf:
+        return None
+    why = ", and 1/scale overflows float32" if found_inf and kind == "F" else ""
+    return "skip", (f"the step was {'skipped' if skipped else 'taken'}; the reference "
+                    f"{'skips' if found_inf else 'takes'} it ({_GRADIENTS[kind]}{why})")
+
+
+def _bits(arrays: list[Any]) -> list[tuple[str, tuple[int, ...], bytes]]:
+    return [(str(a.dtype), a.shape, a.tobytes()) for a in map(np.asarray, arrays)]

@@ -8,12 +8,14 @@ capability is not declared; the tests that need it are skipped with a reason.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from unifiedamp import spec
 from unifiedamp._tree import tree_map
 from unifiedamp.spec import ScalerConfig, ScalerState
 
@@ -134,16 +136,37 @@ class FunctionalAdapter(Adapter):
 
 
 class ImperativeAdapter(Adapter):
-    """The adapter of any scaler with torch's verbs (``step``, ``update``, ``set_*``...).
+    """The adapter of any scaler with torch's verbs (``scale``, ``step``, ``update``,
+    ``state_dict``...): ``torch.amp.GradScaler`` itself, this project's imperative
+    backends, or a scaler of your own.
+
+    The constructor's signature says what the scaler can express: a canonical
+    parameter it does not take is fixed at the spec's default (native torch has no
+    ``hysteresis``, ``min_scale``, ``max_scale`` or ``dynamic``). Capabilities are
+    those of the scaler's methods unless given. The state is read from
+    ``state_dict()`` in the canonical form or in any native one the spec knows
+    (torch's, Paddle's...), and saved as the canonical dict.
 
     Args:
-        scaler_cls: Builds the scaler from canonical keyword arguments.
+        scaler_cls: Builds the scaler from canonical keyword arguments (bind a
+            positional device first: ``functools.partial(torch.amp.GradScaler, "cpu")``).
         make_problem: Returns a fresh :class:`Problem`.
         to_native: Converts a NumPy array to the framework's array type.
         to_numpy: Converts back.
-        capabilities: What the scaler supports (default: everything but jit
-            and distributed).
+        capabilities: What the scaler supports (default: found from its methods).
         info: Report header fields.
+
+    Example:
+        >>> import functools, torch
+        >>> from unifiedamp.conformance.backends.torch import make_problem
+        >>> native = ImperativeAdapter(functools.partial(torch.amp.GradScaler, "cpu"),
+        ...                            lambda: make_problem("adam", "cpu")[0], name="torch")
+        >>> sorted(native.fixed), sorted(native.capabilities)
+        (['dynamic', 'hysteresis', 'max_scale', 'min_scale'], ['disable', 'inplace_unscale', \
+'multi_optimizer', 'set_config', 'state_dict'])
+        >>> handle = native.iterate(native.new(ScalerConfig(1024.0)), "I")
+        >>> native.read(handle)
+        ScalerState(scale=512.0, growth_tracker=0, hysteresis_tracker=0)
     """
 
     def __init__(
@@ -160,20 +183,29 @@ class ImperativeAdapter(Adapter):
     ):
         self.scaler_cls = scaler_cls
         self.make_problem = make_problem
-        self.name = name or getattr(scaler_cls, "backend", None) or scaler_cls.__name__
+        self.name = name or getattr(scaler_cls, "backend", None) or getattr(
+            scaler_cls, "__name__", type(scaler_cls).__name__)
         self.to_native = to_native
         self.to_numpy = to_numpy
-        self.capabilities = capabilities if capabilities is not None else frozenset(
-            {"multi_optimizer", "inplace_unscale", "functional_unscale", "scale_tree",
-             "set_config", "disable", "state_dict"})
+        self._parameters = _parameters(scaler_cls)
+        self.fixed = {k: v for k, v in _DEFAULTS.items()
+                      if self._parameters is not None and k not in self._parameters}
+        self.capabilities = capabilities if capabilities is not None else _capabilities(
+            scaler_cls, self._parameters)
         self.dtypes = dtypes
         self._info = info or {}
+        self._configs: dict[int, ScalerConfig] = {}
 
     def info(self) -> dict[str, Any]:
         return dict(self._info)
 
     def new(self, config: ScalerConfig, optimizers: int = 1) -> Any:
-        return self.scaler_cls(**config.to_dict()), [self.make_problem() for _ in range(optimizers)]
+        kwargs = config.to_dict()
+        if self._parameters is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in self._parameters}
+        scaler = self.scaler_cls(**kwargs)
+        self._configs[id(scaler)] = config
+        return scaler, [self.make_problem() for _ in range(optimizers)]
 
     def iterate(self, handle: Any, kinds: str) -> Any:
         scaler, problems = handle
@@ -185,16 +217,41 @@ class ImperativeAdapter(Adapter):
         scaler.update()
         return handle
 
+    def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
+        scaler = handle[0]
+        if id(scaler) in self._configs:
+            self._configs[id(scaler)] = self._configs[id(scaler)].replace(**changes)
+        return super().reconfigure(handle, changes)
+
     def read(self, handle: Any) -> ScalerState:
-        d = handle[0].state_dict()
-        return ScalerState(d["scale"], d["growth_tracker"], d["hysteresis_tracker"])
+        return self._canonical(handle[0])[1]
 
     def save(self, handle: Any) -> dict[str, Any]:
-        return handle[0].state_dict()
+        config, state = self._canonical(handle[0])
+        return spec.to_state_dict(config, state, self.name)
 
     def load(self, handle: Any, state_dict: dict[str, Any]) -> Any:
-        handle[0].load_state_dict(state_dict)
+        scaler = handle[0]
+        own = scaler.state_dict()
+        if state_dict.get("format") == spec.STATE_FORMAT and own and \
+                own.get("format") != spec.STATE_FORMAT:
+            config, state = spec.parse_state_dict(state_dict)
+            form = spec.detect_form(own)
+            self._configs[id(scaler)] = config.replace(
+                enabled=self._configs.get(id(scaler), config).enabled)
+            state_dict = spec.native_dict(config, state, form)
+        scaler.load_state_dict(state_dict)
         return handle
+
+    def _canonical(self, scaler: Any) -> tuple[ScalerConfig, ScalerState]:
+        d = scaler.state_dict()
+        config = self._configs.get(id(scaler), ScalerConfig())
+        if d.get("format") == spec.STATE_FORMAT:
+            return spec.parse_state_dict(d)
+        if not d:  # torch and Paddle save nothing for a disabled scaler
+            return config, ScalerState(float(scaler.get_scale()), 0, 0)
+        read_config, state, _ = spec.read_form(d, config)
+        return read_config.replace(enabled=config.enabled), state
 
     def snapshot(self, handle: Any) -> list[np.ndarray]:
         return [a.copy() for problem in handle[1] for a in problem.snapshot()]
@@ -205,3 +262,36 @@ class ImperativeAdapter(Adapter):
     def unscale_tree(self, handle: Any, tree: Any) -> tuple[Any, bool]:
         out, finite = handle[0].unscale(tree_map(self.to_native, tree))
         return tree_map(self.to_numpy, out), bool(finite)
+
+
+#: The canonical parameters a scaler may lack, and the value it then behaves as.
+_DEFAULTS = {"hysteresis": 1, "min_scale": None, "max_scale": None, "dynamic": True}
+
+
+def _parameters(scaler_cls: Callable[..., Any]) -> frozenset[str] | None:
+    """The keyword parameters ``scaler_cls`` takes; ``None`` when it takes ``**kwargs``."""
+    try:
+        parameters = inspect.signature(scaler_cls).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(p.name for p in parameters)
+
+
+def _capabilities(scaler_cls: Any, parameters: frozenset[str] | None) -> frozenset[str]:
+    cls = getattr(scaler_cls, "func", scaler_cls)  # a functools.partial
+    has = {name for name in dir(cls) if callable(getattr(cls, name, None))}
+    found = {"multi_optimizer"}
+    if "unscale_" in has:
+        found.add("inplace_unscale")
+    if {"unscale", "scale"} <= has:  # this project's tree verbs
+        found |= {"functional_unscale", "scale_tree"}
+    if {"set_growth_factor", "set_backoff_factor", "set_growth_interval"} <= has:
+        found.add("set_config")
+    if {"state_dict", "load_state_dict"} <= has:
+        found.add("state_dict")
+    if parameters is None or "enabled" in parameters:
+        found.add("disable")
+    return frozenset(found)
+

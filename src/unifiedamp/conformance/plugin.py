@@ -9,6 +9,7 @@ suite is asked for.
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import json
 import os
 import pathlib
@@ -21,7 +22,8 @@ _HERE = pathlib.Path(__file__).resolve().parent
 _SHIPPED_TESTS = _HERE / "test_conformance.py"
 _BUILTIN_XFAILS = _HERE / "xfails.txt"
 _ENV = {"backend": "UNIFIEDAMP_BACKEND", "max_examples": "UNIFIEDAMP_MAX_EXAMPLES",
-        "xfails": "UNIFIEDAMP_XFAILS", "json": "UNIFIEDAMP_JSON"}
+        "xfails": "UNIFIEDAMP_XFAILS", "json": "UNIFIEDAMP_JSON",
+        "progress": "UNIFIEDAMP_PROGRESS"}
 
 
 class XfailEntry(NamedTuple):
@@ -63,6 +65,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          f"xfails.txt (env {_ENV['xfails']})")
     group.addoption("--unifiedamp-json", default=None, metavar="FILE",
                     help=f"write a JSON report of every test's outcome (env {_ENV['json']})")
+    group.addoption("--unifiedamp-progress", default=None, metavar="FILE",
+                    help="keep '<tests done> <tests collected>' in FILE while the suite runs "
+                         f"(env {_ENV['progress']})")
 
 
 def _option(config: pytest.Config, name: str) -> Any:
@@ -78,6 +83,9 @@ def pytest_configure(config: pytest.Config) -> None:
     path = _option(config, "json")
     if path is not None:
         config.pluginmanager.register(_JsonReport(config, path), "unifiedamp-json-report")
+    if _option(config, "progress") is not None:
+        config.pluginmanager.register(_Progress(_option(config, "progress")),
+                                      "unifiedamp-progress")
     name = _option(config, "backend")
     if name is not None:
         try:
@@ -109,15 +117,61 @@ def _adapter(config: pytest.Config) -> Any:
     name = _option(config, "backend")
     if name is None:
         raise pytest.UsageError("pass --unifiedamp-backend NAME_OR_module:Class")
-    from unifiedamp import _registry
+    from unifiedamp._registry import MissingBackendError, UnknownBackendError
 
-    cls = _registry.load(name)  # a unifiedamp.GradScaler subclass: it has the hook
     try:
-        adapter = cls.conformance_adapter()
-    except NotImplementedError as exc:
+        adapter = load_adapter(name)
+    except MissingBackendError:
+        raise
+    except (UnknownBackendError, NotImplementedError, TypeError) as exc:
         raise pytest.UsageError(f"{name}: {exc}") from None
     config.stash[_ADAPTER] = adapter
     return adapter
+
+
+#: What the suite calls on every adapter; the rest depends on its capabilities.
+ADAPTER_METHODS = ("new", "iterate", "read", "snapshot")
+
+
+def load_adapter(name: str) -> Any:
+    """The adapter of a backend name or ``"module:Class"``.
+
+    The target may be a ``unifiedamp.GradScaler`` subclass (its
+    ``conformance_adapter()``), an adapter class (built with no arguments) or an
+    adapter object: anything with :data:`ADAPTER_METHODS`.
+
+    Raises:
+        ImportError: The target's module cannot be imported.
+        TypeError: The target is neither a scaler nor an adapter (the message says
+            what it lacks).
+
+    Example:
+        >>> load_adapter("numpy").name
+        'numpy'
+        >>> load_adapter("unifiedamp.conformance.zoo:ZooEntry")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: unifiedamp.conformance.zoo:ZooEntry is neither ... it has no new, iterate, ...
+    """
+    from unifiedamp import _registry
+    from unifiedamp._isolation import ensure_importable
+
+    row = _registry.resolve(name)
+    if ":" not in name or name in _registry.available():
+        return _registry.load(name).conformance_adapter()
+    ensure_importable(row.modules[0])
+    module_name, _, attr = name.partition(":")
+    target = getattr(importlib.import_module(module_name), attr, None)
+    if target is None:
+        raise TypeError(f"{module_name} has no attribute {attr!r}")
+    if callable(getattr(target, "conformance_adapter", None)):
+        return target.conformance_adapter()
+    missing = [m for m in ADAPTER_METHODS if not callable(getattr(target, m, None))]
+    if missing:
+        raise TypeError(
+            f"{name} is neither a unifiedamp.GradScaler subclass nor a conformance adapter: it "
+            f"has no {', '.join(missing)} (docs/conformance.md, 'Adapters and capabilities')")
+    return target() if isinstance(target, type) else target
 
 
 _ADAPTER = pytest.StashKey[Any]()
@@ -131,7 +185,10 @@ def header_fields(config: pytest.Config) -> dict[str, Any]:
 
     adapter = _adapter(config)
     info = adapter.info()
+    fixed = getattr(adapter, "fixed", {})
     return {"backend": _option(config, "backend"), "adapter": adapter.name,
+            "compare": getattr(adapter, "compare", "full"),
+            "fixed": {k: "derived" if callable(v) else v for k, v in fixed.items()},
             "framework": info.get("framework"), "framework_version": info.get("version"),
             "device": info.get("device"), "unifiedamp": __version__,
             "spec_version": spec.SPEC_VERSION,
@@ -184,6 +241,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.stash[_UNMATCHED] = [e for e in entries if e.backend in backends and e not in matched]
 
 
+class _Progress:
+    """Writes how many tests have run, of how many, after each one (for a parent process
+    that shows progress)."""
+
+    def __init__(self, path: str):
+        self.path, self.done, self.total = pathlib.Path(path), 0, 0
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.total = len(session.items)
+        self.path.write_text(f"0 {self.total}\n")
+
+    def pytest_runtest_logfinish(self) -> None:
+        self.done += 1
+        self.path.write_text(f"{self.done} {self.total}\n")
+
+
 class _JsonReport:
     """Collects every test's outcome and writes them, with the header, as JSON."""
 
@@ -210,7 +283,9 @@ class _JsonReport:
             outcome, detail = "passed", ""
         if self.tests.get(name, {}).get("outcome") in ("failed", "error"):
             return  # a teardown report must not hide the call's failure
-        self.tests[name] = {"outcome": outcome, "detail": detail}
+        from unifiedamp.conformance._rules import rule_of
+
+        self.tests[name] = {"outcome": outcome, "detail": detail, "rule": rule_of(name)}
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         header = header_fields(self.config) if _option(self.config, "backend") else {}

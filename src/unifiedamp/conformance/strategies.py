@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from unifiedamp._tree import leaves, tree_map
 from unifiedamp.spec import ScalerConfig
 
-__all__ = ["configs", "finite_trees", "nonfinite_trees", "powers_of_two", "step_sequences"]
+__all__ = ["configs", "configs_for", "finite_trees", "nonfinite_trees", "powers_of_two",
+           "step_sequences"]
 
 
 def powers_of_two(lo: int = -20, hi: int = 40) -> st.SearchStrategy[float]:
@@ -44,6 +45,14 @@ def configs(draw: Any) -> ScalerConfig:
         hysteresis=draw(st.integers(1, 3)), min_scale=min_scale, max_scale=max_scale,
         dynamic=draw(st.sampled_from([True, True, True, False])),
     )
+
+
+def configs_for(adapter: Any, fit: Any) -> st.SearchStrategy[ScalerConfig]:
+    """:func:`configs` within an adapter's config space: ``fit(adapter, config)`` sets the
+    fields the scaler cannot change and returns ``None`` for a config it cannot run,
+    which is then drawn again."""
+    return configs().map(lambda config: fit(adapter, config)).filter(
+        lambda config: config is not None)
 
 
 def step_sequences(max_size: int = 30) -> st.SearchStrategy[str]:

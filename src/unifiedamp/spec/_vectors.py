@@ -76,6 +76,13 @@ VECTORS: tuple[Vector, ...] = (
            # float32 after every multiply. Carrying the scale in float64 and rounding
            # once at the end gives 0.9316999912261963 at the last step instead.
            (_G, 1.2100000381469727, 1.3310000896453857, 0.9317000508308411)),
+    # The factors are rounded to float32 before they multiply: 77 * f32(1.1) = 84.7000046
+    # rounds to 84.70000457763672, while 77 * 1.1 in float64 rounds to 84.69999694824219;
+    # then f32(0.7) against 0.7 again gives different float32 products.
+    Vector("factors_rounded_to_float32_before_multiplying",
+           {"init_scale": 77.0, "growth_factor": 1.1, "backoff_factor": 0.7,
+            "growth_interval": 1},
+           "FI", (84.70000457763672, 59.290000915527344)),
     Vector("backoff_below_one", {"init_scale": 2.0}, "IIIF", (1, 0.5, 0.25, 0.25)),
     Vector("growth_factor_one", {"init_scale": 8.0, "growth_factor": 1.0,
                                  "growth_interval": 1}, "FFI", (8, 8, 4)),

@@ -57,8 +57,12 @@ class MlxAdapter(FunctionalAdapter):
                 "device": str(mx.default_device())}
 
     def new(self, config: ScalerConfig, optimizers: int = 1) -> Any:
-        return self.scaler_cls(**config.to_dict()), [(make_model(), optim.Adam(1e-3))
-                                                      for _ in range(optimizers)]
+        groups = [(make_model(), optim.Adam(1e-3)) for _ in range(optimizers)]
+        for model, optimizer in groups:
+            # MLX builds optimizer state on the first update, skipped or not: built here,
+            # a skipped first step shows as one that changed nothing.
+            optimizer.init(model.trainable_parameters())
+        return self.scaler_cls(**config.to_dict()), groups
 
     def iterate(self, handle: Any, kinds: str) -> Any:
         scaler, groups = handle

@@ -58,7 +58,7 @@ class Difference(NamedTuple):
 _ZOO = "pip install 'unifiedamp[zoo]'"
 
 ZOO: dict[str, ZooEntry] = {e.name: e for e in (
-    ZooEntry("jmp", "jmp.DynamicLossScale", 
+    ZooEntry("jmp", "jmp.DynamicLossScale",
              "unifiedamp.conformance.zoo.jmp_loss_scale:JmpDynamicLossScale",
              ("jmp", "jax"), _ZOO),
 )}
