@@ -61,4 +61,11 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
     ZooEntry("jmp", "jmp.DynamicLossScale",
              "unifiedamp.conformance.zoo.jmp_loss_scale:JmpDynamicLossScale",
              ("jmp", "jax"), _ZOO),
+    *(ZooEntry(f"keras-{backend}", f"keras.optimizers.LossScaleOptimizer on {backend}",
+               "unifiedamp.conformance.zoo.keras_loss_scale_optimizer:KerasLossScaleOptimizer",
+               ("keras", backend), _ZOO, {"KERAS_BACKEND": backend})
+      for backend in ("tensorflow", "jax", "torch")),
+    ZooEntry("paddle", "paddle.amp.GradScaler (native)",
+             "unifiedamp.conformance.zoo.paddle_grad_scaler:PaddleGradScaler",
+             ("paddle",), _ZOO),
 )}

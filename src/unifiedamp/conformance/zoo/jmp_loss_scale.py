@@ -14,8 +14,12 @@ reciprocal (the spec's rule); with any other factor the two round differently.
 
 Example:
     >>> from unifiedamp.spec import ScalerConfig
-    >>> JmpDynamicLossScale().expresses(ScalerConfig(growth_factor=3.0, backoff_factor=1 / 3))
-    'jmp divides by factor=3.0 on a backoff: that equals multiplying by f32(1 / factor) only for a power of two'
+    >>> jmp = JmpDynamicLossScale()
+    >>> jmp.expresses(ScalerConfig(growth_factor=4.0, backoff_factor=0.25)) is None
+    True
+    >>> print(jmp.expresses(ScalerConfig(growth_factor=3.0, backoff_factor=1 / 3)))
+    jmp divides by factor=3.0 on a backoff: that equals multiplying by f32(1 / factor) only for \
+a power of two
 """
 
 from __future__ import annotations
@@ -187,4 +191,67 @@ class JmpDynamicLossScale(Adapter):
         return jax.tree.map(np.asarray, out), bool(jmp.all_finite(out))
 
 
-DIFFERENCES: dict[str, Difference] = {}
+_FTZ = Difference(
+    sentence="Its backoff, loss_scale / factor, runs as an XLA op, and XLA flushes subnormal "
+             "float32 values to zero: a scale below 2**-126 becomes 0 at its next backoff "
+             "instead of halving.",
+    matters="No: a scale below 1.2e-38 takes 141 non-finite steps in a row from 2**15, "
+            "after which the spec's scale also reaches 0 within 24 more.",
+    checked="jmp/_src/loss_scale.py, DynamicLossScale.adjust: jnp.maximum(min_loss_scale, "
+            "loss_scale / factor). reciprocal_overflow_skips_finite_steps: scale 2**-130 "
+            "(0x00040000); a finite step unscales by 1 / 2**-130 = inf, all_finite is False, "
+            "2**-130 / 2 gives 0.0 where IEEE float32 gives 2**-131 (0x00020000). "
+            "backoff_reaches_zero_and_stays: 2**-148 / 2 gives 0.0, not 2**-149. Seen directly: "
+            "jnp.asarray(2.0**-130, jnp.float32) / 2 and jnp.asarray(2.0**-126, jnp.float32) / 2 "
+            "are 0.0 on CPU, eager and under jax.jit (jax 0.10.2).")
+
+_MIN_DROPPED = Difference(
+    sentence="Under jax.jit the floor is always 1.0: DynamicLossScale.tree_flatten keeps "
+             "(loss_scale, counter) and (period, factor) only, so every scaler that crosses a "
+             "jit boundary is rebuilt with the default min_loss_scale=1.0.",
+    matters="Yes, for a model whose scale must go below 1 (large gradients) or a user who set "
+            "min_loss_scale: the jitted train step, jmp's documented use, ignores the floor "
+            "given and never backs off below 1.",
+    checked="jmp/_src/loss_scale.py: tree_flatten returns data=(loss_scale, counter), "
+            "meta=(period, factor); tree_unflatten calls cls(loss_scale, counter, period, "
+            "factor). min_scale_clamp (init 4, min 1.5, IIIF): eager 2, 1.5, 1.5, 1.5; jitted "
+            "max(1.0, 4/2)=2, then max(1.0, 2/2)=1.0 (spec 1.5). backoff_below_one (init 2, no "
+            "floor = min_loss_scale 0): jitted 1, then max(1.0, 0.5)=1.0 (spec 0.5). The two "
+            "subnormal vectors get 1.0 for the same reason.")
+
+DIFFERENCES: dict[str, Difference] = {
+    "test_vector[reciprocal_overflow_skips_finite_steps]": _FTZ,
+    "test_vector[backoff_reaches_zero_and_stays]": _FTZ,
+    "test_vector_compiled[min_scale_clamp]": _MIN_DROPPED,
+    "test_vector_compiled[backoff_below_one]": _MIN_DROPPED,
+    "test_vector_compiled[reciprocal_overflow_skips_finite_steps]": _MIN_DROPPED,
+    "test_vector_compiled[backoff_reaches_zero_and_stays]": _MIN_DROPPED,
+    "test_scale_then_unscale_is_identity_and_keeps_dtype": Difference(
+        sentence="scale() and unscale() multiply each leaf by a float32 array, so float16 "
+                 "leaves come back float32 (JAX promotes float16 * float32 to float32).",
+        matters="Little: jmp's policies compute the loss in float32; the float32 gradients "
+                "unscale() returns for float16 parameters need a cast back "
+                "(jmp.Policy.cast_to_param) or take twice the memory.",
+        checked="jmp/_src/loss_scale.py, DynamicLossScale.scale: tree_map(lambda x: x * "
+                "self.loss_scale, tree), loss_scale a float32 jnp array (not weakly typed). "
+                "The failing example: scale 1.0, tree [array([0.], float16)] -> float32."),
+    "test_large_finite_gradients_are_finite": Difference(
+        sentence="jmp's loop checks the gradients after unscaling them (all_finite(unscale("
+                 "grads))), so finite gradients that 1/scale takes past float32's maximum "
+                 "count as non-finite: the step is skipped and the scale backs off.",
+        matters="Only with a scale below 1 and gradients above 3.4e38 * scale; jmp then skips "
+                "a step whose unscaled gradients are inf anyway.",
+        checked="jmp's README and the DynamicLossScale docstring: grads = "
+                "loss_scale.unscale(grads); grads_finite = jmp.all_finite(grads). Scale "
+                "2**-10: 3e38 * 1024 = 3.07e41, inf in float32, all_finite is False."),
+    "test_a_loaded_tracker_past_the_interval_grows_on_the_next_finite_step": Difference(
+        sentence="It grows when counter == period - 1 and counts modulo period, so a counter "
+                 "at or past the period (a state saved under a longer period) wraps around "
+                 "and grows up to period steps late.",
+        matters="Rarely: only after restoring a counter with a shorter period; one growth "
+                "comes at most period steps late.",
+        checked="jmp/_src/loss_scale.py, DynamicLossScale.adjust: select(counter == period - "
+                "1, ...) and counter = ((counter + 1) % period) * grads_finite. Loaded counter "
+                "7, period 5: 7 != 4, no growth, counter (7 + 1) % 5 = 3 (seen: 1024.0, "
+                "tracker 3); then 4; the third finite step grows to 2048."),
+}

@@ -18,13 +18,13 @@ The optimizer holds its state in two variables, ``dynamic_scale`` and ``step_cou
 the optimizer from the config first, as ``from_config`` does.
 
 Example:
-    >>> from unifiedamp.spec import ScalerConfig
     >>> KerasLossScaleOptimizer.fixed["growth_factor"], KerasLossScaleOptimizer.fixed["hysteresis"]
     (2.0, 1)
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,13 @@ def _inputs(kind: str) -> np.ndarray:
 def _numpy(value: Any) -> np.ndarray:
     from keras import ops
 
+    # A variable's tensor, read by its framework's own call: NumPy 2 warns on the
+    # __array__ of TensorFlow's and torch's tensors, which ops.convert_to_numpy calls.
+    value = getattr(value, "value", value)
+    if hasattr(value, "detach"):
+        return value.detach().cpu().numpy().copy()
+    if hasattr(value, "numpy"):
+        return np.array(value.numpy())
     return np.array(ops.convert_to_numpy(value))
 
 
@@ -161,7 +168,11 @@ class KerasLossScaleOptimizer(Adapter):
 
     def _store(self, opt: Any) -> tuple[dict[str, np.ndarray], str, str]:
         store: dict[str, np.ndarray] = {}
-        opt.save_own_variables(store)
+        with warnings.catch_warnings():
+            # Keras's Variable.numpy() is np.array(self), which NumPy 2 warns about.
+            warnings.filterwarnings("ignore", "__array__ implementation doesn't accept a copy",
+                                    DeprecationWarning)
+            opt.save_own_variables(store)
         index = {id(v): str(i) for i, v in enumerate(opt.variables)}
         return store, index[id(opt.dynamic_scale)], index[id(opt.step_counter)]
 
@@ -194,4 +205,73 @@ class KerasLossScaleOptimizer(Adapter):
                         tree)
 
 
-DIFFERENCES: dict[str, Difference] = {}
+_NO_INF_GUARD = Difference(
+    sentence="A growth has no inf guard: at 2**127 the scale doubles to inf, and from then on "
+             "every loss and gradient is inf or NaN, so every later step is skipped and the "
+             "scale stays inf (inf * 0.5 = inf).",
+    matters="Yes, in long runs whose gradients never overflow (a zero loss, frozen or unused "
+            "weights): with the default 2000 steps the scale reaches 2**127 after 112 growths "
+            "from 2**15, about 224,000 steps, and training then stops for good.",
+    checked="keras/src/optimizers/loss_scale_optimizer.py, _stateful_handle_finite_grads and "
+            "_stateless_handle_finite_grads: upscale() assigns ops.multiply(dynamic_scale, 2.0) "
+            "with no finiteness check. growth_overflow_keeps_scale (init 2**127, interval 1, "
+            "FFIF): step 1 gives f32(2**128) = inf (seen on tensorflow, jax and torch, eager "
+            "and compiled); the spec keeps 2**127. Then scale_loss gives inf, check_finite is "
+            "False and _stateful_handle_non_finite_grads gives inf * 0.5 = inf; the parameters "
+            "stay as they were.")
+
+_RECIPROCAL = Difference(
+    sentence="It checks the gradients before dividing them by the scale, so a scale whose "
+             "reciprocal overflows float32 still grows on finite steps (the spec backs off); "
+             "on TensorFlow and JAX, whose CPU kernels flush subnormal float32 values to zero, "
+             "a scale below 2**-126 becomes 0 at its next update instead.",
+    matters="No: scales below 1.2e-38 need over 140 non-finite steps in a row.",
+    checked="keras/src/optimizers/loss_scale_optimizer.py: _common_apply checks "
+            "check_finite(grads) on the scaled gradients, then unscales with ops.divide(g, "
+            "scale). reciprocal_overflow_skips_finite_steps (init 2**-130, interval 1, FFF): "
+            "gradients 2**-4 * 2**-130 are finite, the step is taken and the scale doubles: "
+            "torch gives 2**-129 (0x00100000); tensorflow and jax give 0.0, as "
+            "tf.Variable(float32(2**-130)) * 2.0 is 0.0 on CPU (flushed). The spec backs off "
+            "to 2**-131 because 1 / 2**-130 overflows.")
+
+_ZERO = Difference(
+    sentence="At a scale of 0 a finite step is taken with gradients 0 / 0 = NaN, which turns "
+             "every parameter into NaN (the spec skips it: 1/0 overflows); on TensorFlow and "
+             "JAX the scale also reaches 0 one backoff early, as subnormals flush to zero.",
+    matters="Rarely: the scale reaches 0 only after about 165 non-finite steps in a row, but "
+            "the first finite step after that destroys the weights.",
+    checked="keras/src/optimizers/loss_scale_optimizer.py, _stateful_handle_finite_grads: "
+            "unscaled_grads = ops.divide(g, scale). backoff_reaches_zero_and_stays (init "
+            "2**-148, interval 1, IIFF): I gives 2**-149 on torch (0.0 on tensorflow and jax: "
+            "flushed), I gives 0; F: scale_loss gives 0, the gradients are 0, check_finite is "
+            "True, 0 / 0 = NaN goes to Adam: the weights read NaN after step 3 (seen on all "
+            "three backends).")
+
+_LOADED_COUNTER = Difference(
+    sentence="It grows only when step_counter == dynamic_growth_steps - 1 and otherwise adds "
+             "1, so a counter at or past the interval (a state saved under a longer interval) "
+             "never grows again until the counter wraps around.",
+    matters="Only after restoring optimizer variables into an optimizer with a shorter "
+            "dynamic_growth_steps: the scale then never grows in that run.",
+    checked="keras/src/optimizers/loss_scale_optimizer.py, _stateful_handle_finite_grads: "
+            "ops.cond(ops.equal(step_counter, dynamic_growth_steps - 1), upscale, increment). "
+            "Loaded counter 7, interval 5: 7 != 4, counter 8 (seen: scale 1024.0, tracker 8), "
+            "then 9, 10, ... never 4.")
+
+DIFFERENCES: dict[str, Difference] = {
+    "test_vector[growth_overflow_keeps_scale]": _NO_INF_GUARD,
+    "test_vector_compiled[growth_overflow_keeps_scale]": _NO_INF_GUARD,
+    "test_vector[reciprocal_overflow_skips_finite_steps]": _RECIPROCAL,
+    "test_vector_compiled[reciprocal_overflow_skips_finite_steps]": _RECIPROCAL,
+    "test_vector[backoff_reaches_zero_and_stays]": _ZERO,
+    "test_vector_compiled[backoff_reaches_zero_and_stays]": _ZERO,
+    "test_random_configs_and_steps_match_reference": Difference(
+        sentence="Random sequences meet the two differences above: on TensorFlow and JAX a "
+                 "backoff below 2**-126 gives 0 (subnormals flushed), on torch a growth from "
+                 "2**127 gives inf (no inf guard).",
+        matters="As for growth_overflow_keeps_scale and reciprocal_overflow_skips_finite_steps.",
+        checked="The first failing examples: tensorflow and jax, init 2**-126, steps 'I': "
+                "0x00800000 * 0.5 gives 0.0, the spec 2**-127 (0x00400000); torch, init "
+                "2**127, interval 1, steps 'F': inf, the spec 2**127."),
+    "test_a_loaded_tracker_past_the_interval_grows_on_the_next_finite_step": _LOADED_COUNTER,
+}

@@ -8,9 +8,9 @@ CUDAPlace, XPUPlace and CustomPlace ... so it makes no effect" and sets ``enable
 ``scale()`` returns the loss as it is, ``step()`` is ``optimizer.step()`` (an inf
 gradient is applied), ``update()`` does nothing, ``state_dict()`` is ``{}`` and
 ``get_init_loss_scaling()`` is 1.0. So on CPU the adapter runs the one thing that runs
-there, a disabled scaler (``fixed = {"enabled": False}``), and every enabled config is
-skipped with :data:`CPU_SKIP`. Set ``UNIFIEDAMP_DEVICE=gpu:0`` with a GPU build of
-Paddle for the dynamic rule (not run by this project's checks, which have no GPU build).
+there, a disabled scaler, and every enabled config is skipped with :data:`CPU_SKIP`.
+Set ``UNIFIEDAMP_DEVICE=gpu:0`` with a GPU build of Paddle for the dynamic rule (not run
+by this project's checks, which have no GPU build).
 
 Read in the source for the GPU path, not run: ``_update`` backs off when
 ``decr_count == decr_every_n_nan_or_inf`` and grows when ``incr_count ==
@@ -71,12 +71,16 @@ class _Problem:
         self.optimizer.clear_grad(set_to_zero=False)
         x = np.full((2, 4), 0.5, np.float32)
         x[0, 1] = STEP_KINDS[kind]
-        with paddle.amp.auto_cast(dtype="float16"):
-            # |loss| < 1 and d(loss)/d(weight) do not depend on the weights: a finite
-            # step stays finite at every float32 scale. scale() inside auto_cast: outside
-            # float16 autocast paddle's scale() disables the scaler.
-            loss = self.model(paddle.to_tensor(x)).sum() * 2.0**-4
-            scaled = scaler.scale(loss)
+        with warnings.catch_warnings():
+            # On a CPU place auto_cast warns at every step that it does nothing; the
+            # scaler's skip reason says it once instead.
+            warnings.filterwarnings("ignore", "amp_guard can only be enabled")
+            with paddle.amp.auto_cast(dtype="float16"):
+                # |loss| < 1 and d(loss)/d(weight) do not depend on the weights: a finite
+                # step stays finite at every float32 scale. scale() inside auto_cast:
+                # outside float16 autocast paddle's scale() disables the scaler.
+                loss = self.model(paddle.to_tensor(x)).sum() * 2.0**-4
+                scaled = scaler.scale(loss)
         scaled.backward()
 
     def snapshot(self) -> list[np.ndarray]:
@@ -107,8 +111,7 @@ class PaddleGradScaler(Adapter):
             warnings.simplefilter("ignore")
             #: Whether a scaler built here scales (False on a CPU place).
             self.scales = paddle.amp.GradScaler().is_enable()
-        # On CPU the only config it runs is a disabled one.
-        self.fixed = {"min_scale": None, "max_scale": None} if self.scales else {"enabled": False}
+        self.fixed = {"min_scale": None, "max_scale": None}
         self.capabilities = frozenset({"multi_optimizer", "scale_tree", "state_dict", "disable"})
 
     def expresses(self, config: ScalerConfig) -> str | None:
@@ -190,10 +193,26 @@ class PaddleGradScaler(Adapter):
         import paddle
 
         def scale(leaf: np.ndarray) -> np.ndarray:
-            with paddle.amp.auto_cast(dtype="float16"):
-                return handle[0].scale(paddle.to_tensor(leaf.copy())).numpy()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "amp_guard can only be enabled")
+                with paddle.amp.auto_cast(dtype="float16"):
+                    return handle[0].scale(paddle.to_tensor(leaf.copy())).numpy()
 
         return tree_map(scale, tree)
 
 
-DIFFERENCES: dict[str, Difference] = {}
+DIFFERENCES: dict[str, Difference] = {
+    "test_disabled_scaler_is_a_pass_through": Difference(
+        sentence="A disabled GradScaler keeps no scale: get_init_loss_scaling() reports 1.0 "
+                 "instead of init_loss_scaling, and state_dict() is {} (the steps themselves "
+                 "pass through: scale() returns the loss, step() is optimizer.step()).",
+        matters="No for training (a disabled scaler scales nothing); a script that logs or "
+                "checkpoints the scale of a disabled scaler sees 1.0 and an empty dict, and "
+                "on a CPU place every GradScaler is disabled this way.",
+        checked="python/paddle/amp/grad_scaler.py (paddle 3.3.1), AmpScaler.__init__: "
+                "self._init_loss_scaling = 1.0 first, set to init_loss_scaling only `if "
+                "self._enable`; state_dict() returns {} unless enabled; step() returns "
+                "optimizer.step() when disabled; update() returns. GradScaler(enable=False, "
+                "init_loss_scaling=1024): after an I step the weights took the inf (NaN after "
+                "Adam), get_init_loss_scaling() is 1.0, state_dict() is {}."),
+}
