@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -25,38 +26,49 @@ def test_console_script_is_installed():
     assert proc.returncode == 0 and proc.stdout.startswith("unifiedamp ")
 
 
+def cells(lines: list[str], test: str) -> list[str]:
+    """The cells of a matrix row after the test and its rule (columns are 2+ spaces apart)."""
+    row = next(line for line in lines if line.startswith(f"{test} "))
+    return re.split(r"\s{2,}", row)[2:]
+
+
 @pytest.mark.slow
 def test_conformance_prints_a_matrix_with_every_builtin_backend_passing():
     proc = cli("conformance", "--max-examples", "20")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[1].split() == ["test", "numpy", "torch", "paddle", "keras", "jax", "mlx"]
+    assert lines[1].split() == ["test", "rule", "numpy", "torch", "paddle", "keras", "jax", "mlx"]
     for vector in spec.VECTORS:
-        row = next(line for line in lines if line.startswith(f"test_vector[{vector.name}] "))
-        assert row.split()[1:] == ["pass"] * 6, row
-    row = next(line for line in lines if line.startswith("test_vectors_under_compilation "))
-    assert row.split()[1:] == ["skip", "pass", "skip", "pass", "pass", "pass"]
-    row = next(line for line in lines if line.startswith("test_inf_on_one_rank_skips_on_"))
-    assert row.split()[1:] == ["skip", "pass", "pass", "pass", "pass", "skip"]
-    assert "numpy: skipped: numpy does not declare capability 'jit'" in proc.stdout
+        assert cells(lines, f"test_vector[{vector.name}]") == ["pass"] * 6, vector.name
+        assert cells(lines, f"test_vector_compiled[{vector.name}]") == [
+            "skip", "pass", "skip", "pass", "pass", "pass"], vector.name
+    assert re.split(r"\s{2,}", next(line for line in lines if line.startswith(
+        "test_vector[hysteresis_two] ")))[1] == "hysteresis"
+    assert cells(lines, "test_inf_on_one_rank_skips_on_every_rank") == [
+        "skip", "pass", "pass", "pass", "pass", "skip"]
+    assert ("  skipped: numpy does not declare capability 'jit' (compiled_iterate(handle, "
+            "kinds) runs the step under the framework's compiler)\n    test_vector_compiled "
+            f"({len(spec.VECTORS)} vectors)") in proc.stdout
     assert lines[-1] == "result: PASS"
 
 
 BROKEN = {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
 
 
-def test_conformance_reports_the_diverging_step_and_fails():
+def test_conformance_reports_every_diverging_test_by_rule_and_fails():
     proc = cli("conformance", "--backend", "numpy", "--backend",
                "broken_scalers:NeverBacksOff", "--max-examples", "20", env=BROKEN)
     assert proc.returncode == 1
     out = proc.stdout
-    row = next(line for line in out.splitlines()
-               if line.startswith("test_vector[backoff_resets_growth] "))
-    assert row.split()[1:] == ["pass", "FAIL", "at", "step", "1"]
-    assert ("broken_scalers:NeverBacksOff: test_vector[backoff_resets_growth]: AssertionError: "
-            "backoff_resets_growth: diverged at step 1: expected scale 512.0 (0x44000000), "
-            "growth_tracker 0, hysteresis_tracker 0; got scale 1024.0 (0x44800000), "
-            "growth_tracker 1") in out
+    assert cells(out.splitlines(), "test_vector[backoff_resets_growth]") == [
+        "pass", "FAIL at step 1"]
+    assert ("    test_vector[backoff_resets_growth]: AssertionError: [backoff] "
+            "backoff_resets_growth: diverged at step 1 of 'IFFFIIFFFF': expected scale 512.0 "
+            "(float32 0x44000000), growth_tracker 0, hysteresis_tracker 0; got scale 1024.0 "
+            "(float32 0x44800000), growth_tracker 1") in out
+    # every failing test, grouped under the rule it checks
+    assert "  differs: backoff (3 tests)" in out, out
+    assert "  differs: hysteresis (1 test)" in out
     assert out.splitlines()[-1] == "result: FAIL"
 
 

@@ -2,6 +2,8 @@
 
 The suite runs with pytest in a subprocess per backend (frameworks that cannot share a
 process never do, and a crash in one is an ``error`` cell, not the end of the run).
+``--zoo`` runs it on the loss scalers of other projects instead
+(:mod:`unifiedamp.conformance.zoo`) and can write or check ``docs/scalers.md``.
 """
 
 from __future__ import annotations
@@ -10,27 +12,42 @@ import argparse
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
 from unifiedamp import __version__, _registry, spec
 from unifiedamp.cli._shared import WORKER_TIMEOUT_S, is_installed, last_line, print_table
 from unifiedamp.conformance._pytest_process import run_pytest
+from unifiedamp.conformance._report import cell, compact, tests_of
 
 
-def run_suite(name: str, max_examples: int | None = None) -> dict[str, Any]:
-    """Runs the shipped pytest suite on one backend in a subprocess; its JSON report."""
+class Job(NamedTuple):
+    """One column: what to run the suite on, and what it needs."""
+
+    name: str
+    target: str
+    requires: tuple[str, ...]
+    install: str
+    env: dict[str, str] = {}
+
+
+def run_suite(target: str, max_examples: int | None = None, env: dict[str, str] | None = None,
+              progress: str | None = None) -> dict[str, Any]:
+    """Runs the shipped pytest suite on one backend or adapter in a subprocess; its JSON
+    report (``status``, ``header``, ``tests``)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")
-        args = ["--pyargs", "unifiedamp.conformance", "--unifiedamp-backend", name,
+        args = ["--pyargs", "unifiedamp.conformance", "--unifiedamp-backend", target,
                 "--unifiedamp-json", out]
         if max_examples is not None:
             args += ["--unifiedamp-max-examples", str(max_examples)]
+        if progress is not None:
+            args += ["--unifiedamp-progress", progress]
         try:
-            proc = run_pytest(args, timeout=WORKER_TIMEOUT_S)
+            proc = run_pytest(args, timeout=WORKER_TIMEOUT_S, env=env)
         except subprocess.TimeoutExpired:
             return {"status": "error", "detail": f"timed out after {WORKER_TIMEOUT_S} s"}
         if not os.path.exists(out):
@@ -52,19 +69,37 @@ def _failed(result: dict[str, Any], requested: bool) -> bool:
         t["outcome"] in ("failed", "error", "xpassed") for t in result.get("tests", {}).values())
 
 
-def _run_backend(name: str, max_examples: int | None) -> dict[str, Any]:
-    row = _registry.resolve(name)
-    if not is_installed(row.modules[0]):
-        return {"status": "not installed", "detail": row.install}
-    result = run_suite(name, max_examples)
+def _run_job(job: Job, max_examples: int | None, progress: str | None) -> dict[str, Any]:
+    missing = [m for m in job.requires if not is_installed(m)]
+    if missing:
+        return {"status": "not installed", "detail": f"no {', '.join(missing)}: {job.install}"}
+    result = run_suite(job.target, max_examples, job.env, progress)
     if result["status"] == "not installed":
         # Found on disk, yet its import failed (a broken install): not "missing".
         result["status"] = "not importable"
     return result
 
 
-def conformance_report(names: list[str] | None = None,
-                       max_examples: int | None = None) -> dict[str, Any]:
+def backend_jobs(names: list[str] | None) -> list[Job]:
+    """The columns of a run on this project's backends (all known ones by default)."""
+    jobs = []
+    for name in list(_registry.available()) if names is None else names:
+        row = _registry.resolve(name)
+        jobs.append(Job(name, name, (row.modules[0],), row.install))
+    return jobs
+
+
+def zoo_jobs(names: list[str] | None = None) -> list[Job]:
+    """The columns of ``--zoo``: the zoo's scalers (all by default)."""
+    from unifiedamp.conformance.zoo import ZOO
+
+    entries = list(ZOO.values()) if not names else [ZOO[n] for n in names]
+    return [Job(e.name, e.target, e.requires, e.install, e.env) for e in entries]
+
+
+def conformance_report(names: list[str] | None = None, max_examples: int | None = None, *,
+                       jobs: list[Job] | None = None, show_progress: bool = False
+                       ) -> dict[str, Any]:
     """Runs the conformance suite on each backend, each in its own subprocess, as many
     at a time as there are CPUs.
 
@@ -74,16 +109,24 @@ def conformance_report(names: list[str] | None = None,
             backend, where one whose framework is not installed is listed in
             ``not_run`` without failing the report.
         max_examples: Hypothesis examples per property (default 200).
+        jobs: The columns to run instead of ``names`` (``--zoo``); one that is
+            not installed does not fail the report.
+        show_progress: Keep a line on stderr with each column's tests done.
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    requested = names is not None
-    names = list(_registry.available()) if names is None else names
+    requested = names is not None and jobs is None
+    jobs = jobs if jobs is not None else backend_jobs(names)
     # Each backend is a subprocess of its own, mostly spent importing and compiling, so
     # they run side by side, one per CPU (docs/conformance.md has the time it saves). The
-    # report keeps the order of ``names``.
-    with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1))) as pool:
-        futures = {name: pool.submit(_run_backend, name, max_examples) for name in names}
+    # report keeps the order of the columns.
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(
+            max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+        files = {job.name: os.path.join(tmp, f"{i}.progress") for i, job in enumerate(jobs)}
+        futures = {job.name: pool.submit(_run_job, job, max_examples, files[job.name])
+                   for job in jobs}
+        if show_progress:
+            _show_progress(futures, files)
         results = {name: future.result() for name, future in futures.items()}
     not_run = {n: r["status"] for n, r in results.items() if r["status"] in _NOT_RUN}
     return {"unifiedamp": __version__, "spec_version": spec.SPEC_VERSION,
@@ -91,21 +134,34 @@ def conformance_report(names: list[str] | None = None,
             "requested": requested, "not_run": not_run, "backends": results}
 
 
+def _show_progress(futures: dict[str, Any], files: dict[str, str]) -> None:
+    """``conformance: numpy 65/65 done, torch 12/71, jax waiting`` on one line of stderr,
+    rewritten until every column is done."""
+    started, width = time.monotonic(), 0
+    while True:
+        cells = []
+        for name, future in futures.items():
+            try:
+                with open(files[name]) as f:
+                    done, total = f.read().split()
+                count = f"{done}/{total}"
+            except (OSError, ValueError):
+                count = "starting" if future.running() else "waiting"
+            cells.append(f"{name} {count}{' done' if future.done() else ''}")
+        line = f"conformance ({time.monotonic() - started:.0f} s): {', '.join(cells)}"
+        sys.stderr.write("\r" + line.ljust(width))
+        sys.stderr.flush()
+        width = len(line)
+        if all(f.done() for f in futures.values()):
+            sys.stderr.write("\n")
+            return
+        time.sleep(0.5)
+
+
 _NOT_RUN = ("not installed", "not importable")
 
-_CELL = {"passed": "pass", "failed": "FAIL", "error": "ERROR", "skipped": "skip",
-         "xfailed": "xfail", "xpassed": "XPASS"}
-
-
-def _cell(result: dict[str, Any], test: str) -> str:
-    if result["status"] != "ok":
-        return result["status"]
-    t = result["tests"].get(test)
-    if t is None:
-        return "-"
-    step = re.search(r"diverged at step (\d+)", t["detail"])
-    return f"FAIL at step {step.group(1)}" if t["outcome"] == "failed" and step else _CELL[
-        t["outcome"]]
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
 
 
 def _cmd_conformance(args: argparse.Namespace) -> int:
@@ -113,40 +169,84 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
         print("unifiedamp conformance runs a pytest suite: pip install 'unifiedamp[conformance]'",
               file=sys.stderr)
         return 2
-    report = conformance_report(args.backend, args.max_examples)
+    if args.zoo is None and (args.markdown or args.check):
+        print("--markdown and --check describe the zoo: add --zoo", file=sys.stderr)
+        return 2
+    jobs = zoo_jobs(args.zoo) if args.zoo is not None else None
+    report = conformance_report(None if jobs else args.backend, args.max_examples, jobs=jobs,
+                                show_progress=not args.json and sys.stderr.isatty())
+    if args.zoo is not None:
+        report["passed"] = not any(r["status"] == "error" for r in report["backends"].values())
     if args.json:
         print(json.dumps(report, indent=2))
-        return 0 if report["passed"] else 1
+    else:
+        print_report(report, zoo=jobs is not None)
+    if jobs is not None and (args.markdown or args.check):
+        from unifiedamp.conformance.zoo._doc import zoo_markdown
+
+        text = zoo_markdown(report)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(text)
+        if args.check:
+            with open(args.check) as f:
+                if f.read() != text:
+                    import difflib
+
+                    with open(args.check) as g:
+                        diff = difflib.unified_diff(g.read().splitlines(), text.splitlines(),
+                                                    args.check, "a fresh run", lineterm="")
+                    print(f"\n{args.check} does not match a fresh run (regenerate it with "
+                          f"unifiedamp conformance --zoo --markdown {args.check}):\n"
+                          + "\n".join(diff), file=sys.stderr)
+                    return 1
+    return 0 if report["passed"] else 1
+
+
+def print_report(report: dict[str, Any], *, zoo: bool = False) -> None:
+    """The matrix (a row per test with the rule it checks, a column per backend), then
+    what differs, grouped by backend and rule, then what could not be checked and why."""
+    from unifiedamp.conformance._rules import rule_of
+
     names = list(report["backends"])
-    tests: list[str] = []
-    for r in report["backends"].values():
-        tests += [t for t in r.get("tests", {}) if t not in tests]
-    print(f"unifiedamp {__version__} conformance, spec version {spec.SPEC_VERSION}")
-    reasons: dict[str, str] = {}
-    print_table([("test", *names)]
-                + [(t, *(_cell(report["backends"][n], t) for n in names)) for t in tests])
+    tests = tests_of(report)
+    print(f"unifiedamp {__version__} conformance, spec version {spec.SPEC_VERSION}"
+          + (" (the zoo: loss scalers of other projects)" if zoo else ""))
+    print_table([("test", "rule", *names)]
+                + [(t, rule_of(t), *(cell(report["backends"][n], t) for n in names))
+                   for t in tests])
     for name in names:
         r = report["backends"][name]
         if r["status"] in _NOT_RUN:
-            print(f"\n{name}: {r['status']} ({_why_not_run(r, report['requested'])}): "
-                  f"{r.get('detail', '')}")
+            why = "listed, not a failure" if zoo else _why_not_run(r, report["requested"])
+            print(f"\n{name}: {r['status']} ({why}): {r.get('detail', '')}")
             continue
         if r["status"] != "ok":
             print(f"\n{name}: {r['status']}: {r.get('detail', '')}")
             continue
+        h = r.get("header", {})
+        fixed = ", ".join(f"{k}={v}" for k, v in h.get("fixed", {}).items()) or "none"
+        print(f"\n{name}: {h.get('adapter')} ({h.get('framework')} {h.get('framework_version')}, "
+              f"{h.get('device')}); compares {h.get('compare', 'full')}; fixed: {fixed}")
+        failing: dict[str, list[str]] = {}
+        skipped: dict[str, list[str]] = {}
         for test, t in r["tests"].items():
-            first_line = t["detail"].splitlines()[0] if t["detail"] else ""
             if t["outcome"] in ("failed", "error", "xpassed"):
-                print(f"\n{name}: {test}: {first_line}")
+                failing.setdefault(t.get("rule") or rule_of(test), []).append(
+                    f"  {test}: {_first_line(t['detail'])}")
             elif t["outcome"] in ("skipped", "xfailed"):
-                reasons.setdefault(f"{name}: {t['outcome']}: {first_line}", test)
+                skipped.setdefault(f"{t['outcome']}: {_first_line(t['detail'])}", []).append(test)
+        for rule, lines in failing.items():
+            print(f"  differs: {rule} ({len(lines)} test{'s' * (len(lines) > 1)})")
+            print("\n".join(f"  {line}" for line in lines))
+        for reason, skipped_tests in skipped.items():
+            print(f"  {reason}\n    {compact(skipped_tests)}")
         for e in r.get("unmatched_xfails", []):
-            print(f"\n{name}: xfail entry matched no test: {e['where']}: {e['pattern']}")
-    for reason in reasons:
-        print(f"\n{reason}")
+            print(f"  xfail entry matched no test: {e['where']}: {e['pattern']}")
     result = "PASS" if report["passed"] else "FAIL"
+    if zoo:
+        result = "done" if report["passed"] else "ERROR (a column did not run)"
     print(f"\nresult: {result}{_not_run_note(report['not_run'])}")
-    return 0 if report["passed"] else 1
 
 
 def _why_not_run(result: dict[str, Any], requested: bool) -> str:
@@ -176,6 +276,18 @@ def _backend_arg(value: str) -> str:
     return value
 
 
+def _zoo_arg(value: str) -> list[str]:
+    """``--zoo [NAMES]``: comma-separated columns of the zoo."""
+    from unifiedamp.conformance.zoo import ZOO
+
+    names = [n for n in value.split(",") if n]
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"no zoo scaler {', '.join(map(repr, unknown))}; the zoo has {', '.join(ZOO)}")
+    return names
+
+
 def _examples_arg(value: str) -> int:
     """``--max-examples``: hypothesis rejects 0 and below only inside each test, and reads 0
     as "the default", so both are refused here."""
@@ -190,13 +302,24 @@ def _examples_arg(value: str) -> int:
 
 
 def add_parser(sub: Any) -> None:
-    """Adds ``unifiedamp conformance [--backend NAME ...] [--max-examples N] [--json]``."""
+    """Adds ``unifiedamp conformance [--backend NAME ...] [--zoo [NAMES]] [--max-examples N]
+    [--json] [--markdown FILE] [--check FILE]``."""
     p = sub.add_parser("conformance", help="run the conformance suite on every installed backend")
     p.add_argument("--backend", action="append", type=_backend_arg,
-                   help="a backend name or module:Class (repeatable; default: all known, where "
-                        "one that is not installed does not fail the run; a backend named "
-                        "here that does not run does)")
+                   help="a backend name or module:Class (a unifiedamp.GradScaler subclass or an "
+                        "adapter class); repeatable; default: all known, where one that is not "
+                        "installed does not fail the run; a backend named here that does not "
+                        "run does")
+    p.add_argument("--zoo", nargs="?", const=[], type=_zoo_arg, default=None, metavar="NAMES",
+                   help="run the suite on other projects' loss scalers instead (all, or the "
+                        "comma-separated NAMES); differences are findings, so the exit status "
+                        "is 1 only when a column could not run")
     p.add_argument("--max-examples", type=_examples_arg, default=None, metavar="N",
                    help="hypothesis examples per property, at least 1 (default 200)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--json", action="store_true", help="print the report as JSON, no progress")
+    p.add_argument("--markdown", metavar="FILE",
+                   help="with --zoo: write the zoo's matrix and its explained differences "
+                        "(docs/scalers.md)")
+    p.add_argument("--check", metavar="FILE",
+                   help="with --zoo: exit 1, with a diff, if FILE differs from a fresh run")
     p.set_defaults(func=_cmd_conformance)

@@ -331,8 +331,8 @@ class ScalerContract:
         for built, saved in ((False, True), (True, False)):
             d = spec.to_state_dict(_fitted(adapter, ScalerConfig(64.0, enabled=saved)),
                                    ScalerState(64.0), "reference")
-            handle = adapter.load(adapter.new(_fitted(adapter, ScalerConfig(8.0, enabled=built))),
-                                  d)
+            built_config = _fitted(adapter, ScalerConfig(8.0, enabled=built), strict=True)
+            handle = adapter.load(adapter.new(built_config), d)
             assert adapter.save(handle)["config"]["enabled"] is built, (
                 f"a scaler built with enabled={built} took enabled={saved} from a state dict")
 

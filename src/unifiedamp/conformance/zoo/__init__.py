@@ -68,4 +68,7 @@ ZOO: dict[str, ZooEntry] = {e.name: e for e in (
     ZooEntry("paddle", "paddle.amp.GradScaler (native)",
              "unifiedamp.conformance.zoo.paddle_grad_scaler:PaddleGradScaler",
              ("paddle",), _ZOO),
+    ZooEntry("colossalai", "Colossal-AI DynamicGradScaler (MixedPrecisionOptimizer, fp16)",
+             "unifiedamp.conformance.zoo.colossalai_grad_scaler:ColossalAIDynamicGradScaler",
+             ("colossalai", "torch"), _ZOO),
 )}

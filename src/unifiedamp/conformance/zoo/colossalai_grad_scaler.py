@@ -1,0 +1,326 @@
+"""The zoo's adapter of Colossal-AI's ``DynamicGradScaler``, driven by its fp16 optimizer.
+
+Colossal-AI's fp16 training wraps the optimizer in ``MixedPrecisionOptimizer``
+(``colossalai/amp/naive_amp/mixed_precision_optimizer.py``; the hybrid-parallel
+plugin's ``HybridParallelAMPOptimizer`` subclasses it), which owns one
+``DynamicGradScaler`` through ``NaiveFP16MixedPrecisionMixin``. Each iteration here
+is that loop, on a real ``torch.nn.Linear`` and Adam: ``optimizer.zero_grad()``,
+``optimizer.backward(loss)`` (the loss times ``scale.item()``), ``optimizer.step()``,
+which checks every gradient for inf/NaN, all-reduces the answer (MAX), calls
+``grad_scaler.update(found_inf)`` and then skips the step or divides the gradients
+by the scale and steps Adam.
+
+What the scaler cannot run is skipped: ``enabled=False`` and static mode (another
+class), ``growth_factor=1`` and ``backoff_factor=1`` (its constructor asserts
+``growth_factor > 1`` and ``0 < backoff_factor < 1``), and an ``init_scale`` outside
+``[min_scale, max_scale]`` (asserted too). It has no setters, one scaler per
+optimizer, and no unscale of its own. Across ranks, ``step`` all-reduces the overflow
+flag (MAX) before the update, so one rank's inf backs off every rank
+(:meth:`~ColossalAIDynamicGradScaler.distributed_iterate` runs CPU gloo ranks).
+
+Its hysteresis counter is no canonical tracker: it counts the overflows since the
+last growth (a backoff and a finite step leave it as it is), so :meth:`read` returns
+``None`` for it and the suite compares the scale, the growth tracker (which is the
+canonical one) and the skips. ``save``/``load`` go through the scaler's
+``state_dict``/``load_state_dict``, as Colossal-AI's legacy fp16 optimizer
+checkpoints it (``colossalai/legacy/amp/naive_amp/_fp16_optimizer.py``): they carry
+the scale, both factors and ``hysteresis``, no counter. (``MixedPrecisionOptimizer``'s
+own ``state_dict`` is Adam's alone: a resume there starts again at ``init_scale``.)
+``load`` builds the optimizer from the saved config, as a resumed run is built from its
+arguments, before the scaler loads its dict.
+
+The suite sees whether a step ran, not by how much. Here ``should_skip_step`` updates
+the scale before ``get_grad_div_scale`` reads it, so the step that triggers a growth
+divides gradients scaled by the old scale by the new one: it steps with gradients
+``growth_factor`` times too small, where the spec unscales it with the old scale.
+
+Two things that are no part of the scale's rule: ``DynamicGradScaler.__init__``
+calls ``get_accelerator().device_count()`` and drops the answer, and Colossal-AI's
+CPU accelerator raises there, so on a machine without an accelerator the adapter
+sets a CPU accelerator that answers 1 (nothing else reads it); and ``step`` all-reduces
+``found_inf``, so the adapter opens a one-rank gloo process group where none is open.
+
+Example:
+    >>> from unifiedamp.spec import ScalerConfig
+    >>> ColossalAIDynamicGradScaler().expresses(ScalerConfig(growth_factor=1.0))
+    'Colossal-AI asserts growth_factor > 1, got 1.0'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from unifiedamp.conformance.adapters import STEP_KINDS, Adapter
+from unifiedamp.conformance.zoo import Difference
+from unifiedamp.spec import ScalerConfig, ScalerState, f32, parse_state_dict, to_state_dict
+
+__all__ = ["DIFFERENCES", "ColossalAIDynamicGradScaler"]
+
+
+def _prepare_runtime(rank: int = 0, world: int = 1, port: int | None = None) -> None:
+    """The CPU accelerator and the process group Colossal-AI's fp16 step needs (one rank,
+    unless ``port`` names the rendezvous of ``world`` ranks)."""
+    import torch.distributed as dist
+    from colossalai.accelerator import CpuAccelerator, get_accelerator, set_accelerator
+
+    if type(get_accelerator()) is CpuAccelerator:
+        class _CountingCpuAccelerator(CpuAccelerator):
+            # The only call of it is DynamicGradScaler.__init__'s, which drops the answer.
+            def device_count(self) -> int:
+                return 1
+
+        set_accelerator(_CountingCpuAccelerator())
+    if not dist.is_initialized():
+        if port is None:
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                    world_size=world)
+
+
+def _rank_main(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
+               out: str) -> None:
+    import torch.distributed as dist
+
+    _prepare_runtime(rank, world, port)
+    try:
+        adapter = ColossalAIDynamicGradScaler()
+        handle = adapter.iterate(adapter.new(ScalerConfig(**config)), kinds[rank])
+        with open(os.path.join(out, f"{rank}.json"), "w") as f:
+            json.dump(list(adapter.read(handle)), f)
+    finally:
+        dist.destroy_process_group()
+    # As in unifiedamp.conformance.backends.torch: gloo can abort a process at interpreter
+    # exit after the work is done, so leave without the exit-time destructors.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+class ColossalAIDynamicGradScaler(Adapter):
+    """``colossalai.amp.naive_amp.grad_scaler.DynamicGradScaler`` inside Colossal-AI's
+    ``MixedPrecisionOptimizer(precision="fp16")`` around ``torch.optim.Adam``.
+
+    Handles are ``(optimizer, model, config)``; the scaler is
+    ``optimizer.mixed_precision.grad_scaler``. The device is ``UNIFIEDAMP_DEVICE``
+    (default ``cpu``), where Colossal-AI's accelerator puts the scaler's tensors.
+    """
+
+    name = "colossalai"
+    capabilities = frozenset({"state_dict", "distributed"})
+    dtypes = ("float32",)
+    fixed = {"enabled": True, "dynamic": True}
+    compare = "scale_and_skip"
+
+    def __init__(self) -> None:
+        self.device = os.environ.get("UNIFIEDAMP_DEVICE", "cpu")
+
+    def expresses(self, config: ScalerConfig) -> str | None:
+        reason = super().expresses(config)
+        if reason is not None:
+            return reason
+        if not config.growth_factor > 1:
+            return f"Colossal-AI asserts growth_factor > 1, got {config.growth_factor!r}"
+        if not config.backoff_factor < 1:
+            return f"Colossal-AI asserts backoff_factor < 1, got {config.backoff_factor!r}"
+        # Its constructor compares the float32 bounds with the float32 initial scale.
+        scale = f32(config.init_scale)
+        if config.min_scale is not None and f32(config.min_scale) > scale:
+            return (f"Colossal-AI asserts min_scale <= init_scale, got min_scale="
+                    f"{config.min_scale!r} > {config.init_scale!r}")
+        if config.max_scale is not None and f32(config.max_scale) < scale:
+            return (f"Colossal-AI asserts max_scale >= init_scale, got max_scale="
+                    f"{config.max_scale!r} < {config.init_scale!r}")
+        return None
+
+    def info(self) -> dict[str, Any]:
+        import colossalai
+        import torch
+
+        return {"framework": "colossalai",
+                "version": f"{colossalai.__version__} (torch {torch.__version__})",
+                "device": self.device}
+
+    def new(self, config: ScalerConfig, optimizers: int = 1) -> Any:
+        reason = self.expresses(config)
+        if reason is not None:
+            raise ValueError(f"Colossal-AI's DynamicGradScaler cannot run {config.to_dict()}: "
+                             f"{reason}")
+        if optimizers != 1:
+            raise ValueError(f"Colossal-AI has one scaler per optimizer, got optimizers="
+                             f"{optimizers}; this adapter does not declare multi_optimizer")
+        import torch
+        from colossalai.amp.naive_amp.mixed_precision_optimizer import MixedPrecisionOptimizer
+
+        _prepare_runtime()
+        model = torch.nn.Linear(4, 1).to(self.device)
+        with torch.no_grad():
+            model.weight.fill_(0.1)
+            model.bias.fill_(0.1)
+        # min_scale/max_scale None: the scaler's ``if min_scale:`` leaves that side open.
+        optimizer = MixedPrecisionOptimizer(
+            torch.optim.Adam(model.parameters(), lr=1e-3), precision="fp16",
+            initial_scale=config.init_scale, min_scale=config.min_scale,
+            growth_factor=config.growth_factor, backoff_factor=config.backoff_factor,
+            growth_interval=config.growth_interval, hysteresis=config.hysteresis,
+            max_scale=config.max_scale)
+        return optimizer, model, config
+
+    def iterate(self, handle: Any, kinds: str) -> Any:
+        import torch
+
+        optimizer, model, _ = handle
+        if len(kinds) != 1:
+            raise ValueError(f"{len(kinds)} kinds for 1 optimizer")
+        optimizer.zero_grad()
+        x = torch.full((2, 4), 0.5, device=self.device)
+        x[0, 1] = STEP_KINDS[kinds]
+        # |loss| < 1 and d(loss)/d(weight) = x.sum(0) / 16 do not depend on the
+        # parameters, so a finite step stays finite at every float32 scale.
+        loss = model(x).sum() * 2.0**-4
+        optimizer.backward(loss)
+        optimizer.step()
+        return handle
+
+    def read(self, handle: Any) -> ScalerState:
+        scaler = handle[0].mixed_precision.grad_scaler
+        return ScalerState(float(scaler.scale.item()), int(scaler._growth_step), None)
+
+    def snapshot(self, handle: Any) -> list[np.ndarray]:
+        optimizer, model, _ = handle
+        out = [p.detach().cpu().numpy().copy() for p in model.parameters()]
+        for state in optimizer.optim.state.values():
+            out += [v.detach().cpu().numpy().copy() for _, v in sorted(state.items())
+                    if hasattr(v, "detach")]
+        return out
+
+    def distributed_iterate(self, handle: Any, kinds_per_rank: list[str]) -> list[ScalerState]:
+        """One iteration on ``len(kinds_per_rank)`` CPU gloo ranks, each with its own
+        gradients; ``step`` all-reduces the overflow flag (MAX) across them."""
+        import torch.multiprocessing as mp
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        world = len(kinds_per_rank)
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.spawn(_rank_main, args=(world, port, handle[2].to_dict(), kinds_per_rank, tmp),
+                     nprocs=world, join=True)
+            states = []
+            for rank in range(world):
+                with open(os.path.join(tmp, f"{rank}.json")) as f:
+                    states.append(ScalerState(*json.load(f)))
+        return states
+
+    def save(self, handle: Any) -> dict[str, Any]:
+        optimizer, _, config = handle
+        native = optimizer.mixed_precision.grad_scaler.state_dict()
+        config = config.replace(growth_factor=float(native["growth_factor"]),
+                                backoff_factor=float(native["backoff_factor"]),
+                                hysteresis=int(native["hysteresis"]))
+        # The native dict has no counter: a scaler that loads it keeps its own (0 when new).
+        return to_state_dict(config, ScalerState(float(native["scale"].item()), 0, 0),
+                             "colossalai")
+
+    def load(self, handle: Any, state_dict: dict[str, Any]) -> Any:
+        import torch
+
+        config, state = parse_state_dict(state_dict)
+        # The optimizer is built from the run's arguments (the saved config), then the
+        # scaler loads what its native dict holds; the canonical counters have no place there.
+        optimizer, model, config = self.new(config)
+        optimizer.mixed_precision.grad_scaler.load_state_dict({
+            "scale": torch.tensor([state.scale], dtype=torch.float32),
+            "growth_factor": config.growth_factor, "backoff_factor": config.backoff_factor,
+            "hysteresis": config.hysteresis})
+        return optimizer, model, config
+
+
+_HYSTERESIS = Difference(
+    sentence=("Its hysteresis counter counts the overflows since the last growth: neither a "
+              "backoff nor a finite step resets it, so after a first backoff every overflow "
+              "backs off again until the scale grows, and overflows separated by finite steps "
+              "add up."),
+    matters=("Yes with hysteresis > 1, MixedPrecisionOptimizer's default of 2: the second of "
+             "two isolated overflows backs off, and so does every overflow after a backoff, "
+             "where the spec waits for `hysteresis` consecutive ones each time; with "
+             "hysteresis=1 the rules agree."),
+    checked=("colossalai/amp/naive_amp/grad_scaler/dynamic_grad_scaler.py, "
+             "DynamicGradScaler.update (0.3.6; the same in 0.5.0): on overflow "
+             "`_hysteresis_step += 1` and a backoff once it is >= hysteresis; "
+             "`_hysteresis_step = 0` only in the growth branch. hysteresis_two (init 1024, "
+             "interval 3, hysteresis 2, IIFIFII): counter 1 (1024), 2 -> 512, F leaves 2 (512), "
+             "I: 3 -> 256 at step 4, where the spec's counter restarted at its backoff (1: "
+             "512). Random IFI, init 1, interval 2: counter 1, F leaves 1, I: 2 -> 0.5 where "
+             "the spec's F reset it (1.0)."),
+)
+
+_GROWTH_TO_INF = Difference(
+    sentence=("A growth past float32's largest value makes the scale inf when no max_scale is "
+              "set: that step's gradients are divided by inf (zeros), every later loss times "
+              "inf overflows, so every later step is skipped and inf * backoff stays inf."),
+    matters=("Not in real fp16 training: it needs max_scale=None (MixedPrecisionOptimizer's "
+             "default ceiling is 2**32) and a scale of 2**127."),
+    checked=("DynamicGradScaler._grow_scale: `self._scale = self._scale * "
+             "self._growth_factor`, clamped by torch.min only `if self._max_scale`, with no "
+             "finiteness check. init 2**127, interval 1, FFF: float32 2**127 * 2 = inf at step "
+             "1 where the spec keeps 2**127; the adapter saw inf, then two skipped steps."),
+)
+
+_STATE_DICT = Difference(
+    sentence=("Its state_dict holds the scale, both factors and hysteresis, but neither "
+              "counter: a scaler that loads it counts its growth interval (and its overflows) "
+              "from 0 again."),
+    matters=("Yes on a resume: the first growth comes up to growth_interval steps (1000 by "
+             "default) later than in the uninterrupted run. MixedPrecisionOptimizer's own "
+             "state_dict is Adam's alone, so a resume through it starts again at "
+             "initial_scale; only the legacy fp16 optimizer saves this dict."),
+    checked=("DynamicGradScaler.state_dict / load_state_dict: keys scale, growth_factor, "
+             "backoff_factor, hysteresis; load_state_dict leaves _growth_step and "
+             "_hysteresis_step as built (0). init 1024, interval 4, FF: growth tracker 2 "
+             "saved, 0 reloaded; a loaded growth tracker 7 with interval 5 is dropped, so the "
+             "next F leaves 1024 (tracker 1) where the spec grows to 2048. "
+             "colossalai/amp/naive_amp/mixed_precision_optimizer.py inherits state_dict from "
+             "OptimizerWrapper (the wrapped optimizer's)."),
+)
+
+DIFFERENCES: dict[str, Difference] = {
+    "test_vector[hysteresis_two]": _HYSTERESIS,
+    "test_random_configs_and_steps_match_reference": _HYSTERESIS,
+    "test_vector[growth_overflow_keeps_scale]": _GROWTH_TO_INF,
+    "test_vector[growth_overflow_keeps_scale_with_hysteresis]": _GROWTH_TO_INF,
+    "test_vector[reciprocal_overflow_skips_finite_steps]": Difference(
+        sentence=("A finite step at a scale whose float32 reciprocal is inf is not skipped: the "
+                  "scaled gradients pass the check, and unscaling them (times f32(1 / scale) = "
+                  "inf) writes inf and NaN into Adam's moments and the parameters."),
+        matters=("Only once backoffs take the scale below about 3e-39, which "
+                 "MixedPrecisionOptimizer's default min_scale=1 prevents; a run that has "
+                 "overflowed ~130 times in a row is lost anyway."),
+        checked=("MixedPrecisionOptimizer._unscale_and_clip_grads: `p.grad.data.mul_(1.0 / "
+                 "div_scale)`, the checks before it are on the scaled gradients. init 2**-130, "
+                 "interval 1, F: gradients 2**-134 and 2**-133 are finite, so the scale grows "
+                 "to 2**-129 (the spec backs off to 2**-131 and skips), 2**129 rounds to inf "
+                 "in float32, and the adapter saw NaN parameters after that step."),
+    ),
+    "test_vector[backoff_reaches_zero_and_stays]": Difference(
+        sentence=("Once backoffs take the scale to 0, a finite step raises ZeroDivisionError "
+                  "in MixedPrecisionOptimizer.step."),
+        matters=("Only with min_scale=None (MixedPrecisionOptimizer's default floor is 1): "
+                 "training stops with an error where the spec skips the step."),
+        checked=("init 2**-148, interval 1, IIF: 2**-149, then 2**-150 rounds to 0 in float32; "
+                 "the F step's gradients are 0 (finite), 0 * 2 = 0, and "
+                 "_unscale_and_clip_grads computes `1.0 / div_scale` with div_scale = 0.0 "
+                 "(get_grad_div_scale returns scale.item())."),
+    ),
+    "test_state_dict_round_trip_mid_interval": _STATE_DICT,
+    "test_every_reachable_state_reloads": _STATE_DICT,
+    "test_a_loaded_tracker_past_the_interval_grows_on_the_next_finite_step": _STATE_DICT,
+    "test_state_dict_moves_between_backends": _STATE_DICT,
+}

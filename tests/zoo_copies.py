@@ -1,0 +1,134 @@
+"""A copy of a zoo scaler's rule, with bugs to plant: the matrix must name the rule each breaks.
+
+``PaddleRuleCopy`` is Paddle's dynamic loss scaling (``paddle.amp.GradScaler``: the
+``check_finite_and_unscale`` and ``update_loss_scaling`` kernels, float32 scale, int
+good/bad step counters, ``==`` tests, a floor of 1 on backoff, no growth past inf) in
+NumPy, over the NumPy backend's SGD. ``UNIFIEDAMP_PLANTED_BUG`` names one bug to plant
+(``PLANTED``); test_conformance_zoo.py runs the suite on each.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from unifiedamp import spec
+from unifiedamp.conformance.adapters import Adapter
+from unifiedamp.conformance.backends.numpy import make_problem
+from unifiedamp.spec import ScalerConfig, ScalerState
+
+#: Bug name -> the rule the matrix must name for it.
+PLANTED = {
+    "growth_one_step_late": "growth timing",
+    "nan_not_inf": "inf/NaN detection",
+    "double_factor": "float32 multiply",
+    "hysteresis_not_rearmed": "hysteresis",
+    "state_not_reloaded": "state round trip",
+}
+
+
+class PaddleRule:
+    """Paddle's scaler rule; ``bug`` plants one of :data:`PLANTED`."""
+
+    def __init__(self, config: ScalerConfig, bug: str = ""):
+        self.config, self.bug = config, bug
+        self.scale = np.float32(config.init_scale)
+        self.good = self.bad = 0
+        self.found_inf = False
+
+    def scale_loss(self, value: np.ndarray) -> np.ndarray:
+        return value * self.scale.astype(value.dtype)
+
+    def step(self, optimizer: Any) -> None:
+        # check_finite_and_unscale: unscale by the float32 reciprocal, flag any inf/NaN.
+        inv = np.float32(1) / self.scale
+        grads = [g * inv.astype(g.dtype) for g in optimizer.grads]
+        bad = np.isinf if self.bug == "nan_not_inf" else (lambda g: ~np.isfinite(g))
+        found = any(bool(bad(g).any()) for g in grads)
+        self.found_inf = self.found_inf or found
+        if not found:
+            optimizer.grads = grads
+            optimizer.step()
+
+    def update(self) -> None:
+        # update_loss_scaling: float32 ratios, == against the step counts.
+        c = self.config
+        incr, decr = np.float32(c.growth_factor), np.float32(c.backoff_factor)
+        if self.bug == "double_factor":
+            incr, decr = np.float64(c.growth_factor), np.float64(c.backoff_factor)
+        if not c.dynamic:
+            self.found_inf = False
+            return
+        if self.found_inf:
+            self.good, self.bad = 0, self.bad + 1
+            if self.bad == c.hysteresis:
+                self.scale = max(np.float32(self.scale * decr), np.float32(1))
+                if self.bug != "hysteresis_not_rearmed":
+                    self.bad = 0
+        else:
+            self.bad, self.good = 0, self.good + 1
+            interval = c.growth_interval + (self.bug == "growth_one_step_late")
+            if self.good == interval:
+                grown = np.float32(self.scale * incr)
+                self.scale = grown if np.isfinite(grown) else self.scale
+                self.good = 0
+        self.found_inf = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return spec.to_state_dict(self.config, ScalerState(float(self.scale), self.good,
+                                                           self.bad), "paddle-copy")
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        config, state = spec.parse_state_dict(d)
+        self.config, self.scale = config.replace(enabled=self.config.enabled), np.float32(
+            state.scale)
+        if self.bug != "state_not_reloaded":
+            self.good, self.bad = state.growth_tracker, state.hysteresis_tracker
+
+
+class PaddleRuleCopy(Adapter):
+    """Drives :class:`PaddleRule` (with the bug ``UNIFIEDAMP_PLANTED_BUG`` names, if any)."""
+
+    capabilities = frozenset({"multi_optimizer", "set_config", "state_dict"})
+    fixed = {"min_scale": None, "max_scale": None}
+
+    def __init__(self) -> None:
+        self.bug = os.environ.get("UNIFIEDAMP_PLANTED_BUG", "")
+        self.name = f"paddle-copy{f'[{self.bug}]' if self.bug else ''}"
+
+    def new(self, config: ScalerConfig, optimizers: int = 1) -> Any:
+        return PaddleRule(config, self.bug), [make_problem() for _ in range(optimizers)]
+
+    def iterate(self, handle: Any, kinds: str) -> Any:
+        rule, problems = handle
+        for kind, problem in zip(kinds, problems, strict=True):
+            problem.set_grads(kind, _Scaling(rule))
+            rule.step(problem.optimizer)
+        rule.update()
+        return handle
+
+    def read(self, handle: Any) -> ScalerState:
+        return ScalerState(float(handle[0].scale), handle[0].good, handle[0].bad)
+
+    def snapshot(self, handle: Any) -> list[np.ndarray]:
+        return [a.copy() for problem in handle[1] for a in problem.snapshot()]
+
+    def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
+        handle[0].config = handle[0].config.replace(**changes)
+        return handle
+
+    def save(self, handle: Any) -> dict[str, Any]:
+        return handle[0].state_dict()
+
+    def load(self, handle: Any, state_dict: dict[str, Any]) -> Any:
+        handle[0].load_state_dict(state_dict)
+        return handle
+
+
+class _Scaling:
+    """What the NumPy problem calls to scale its gradients."""
+
+    def __init__(self, rule: PaddleRule):
+        self.scale = rule.scale_loss
