@@ -12,12 +12,15 @@ there, a disabled scaler, and every enabled config is skipped with :data:`CPU_SK
 Set ``UNIFIEDAMP_DEVICE=gpu:0`` with a GPU build of Paddle for the dynamic rule (not run
 by this project's checks, which have no GPU build).
 
-Read in the source for the GPU path, not run: ``_update`` backs off when
-``decr_count == decr_every_n_nan_or_inf`` and grows when ``incr_count ==
-incr_every_n_steps`` (equality: a loaded counter past the interval never fires), without
-an inf guard on growth; its backoff branch first prints ``float(self._scale)`` of a
-shape-[1] tensor, which raises ``TypeError`` under NumPy 2.x (seen here with NumPy 2.4
-on CPU: ``float(paddle.to_tensor(np.array([2.0], np.float32)))``).
+Read in the source for the GPU path, not run: ``GradScaler._update`` is
+``AmpScaler._update``, plain Python in dygraph mode: it backs off when ``decr_count ==
+decr_every_n_nan_or_inf`` (consecutive non-finite updates, reset by a finite one: the
+spec's hysteresis) and grows when ``incr_count == incr_every_n_steps`` (equality: a
+loaded counter past the interval never fires), with no floor and no inf guard on growth;
+``update()`` sees only the last ``step()``'s flag (each ``step`` overwrites
+``_cache_found_inf``). Its backoff branch first prints ``float(self._scale)`` of a
+shape-[1] tensor, which raises ``TypeError`` under NumPy 2.x (seen here with NumPy 2.4 on
+CPU: ``float(paddle.to_tensor(np.array([2.0], np.float32)))``).
 
 Example:
     >>> PaddleGradScaler.name
