@@ -13,10 +13,13 @@ import pytest
 
 from unifiedamp import spec
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+
+def cli(*args: str, env: dict | None = None, cwd: str | None = None
+        ) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "unifiedamp.cli", *args], capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **(env or {})})
+                          text=True, timeout=600, env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 def test_console_script_is_installed():
@@ -72,6 +75,52 @@ def test_conformance_reports_every_diverging_test_by_rule_and_fails():
     assert out.splitlines()[-1] == "result: FAIL"
 
 
+def test_native_torch_through_a_plain_adapter_and_a_relative_pythonpath():
+    """docs/examples/native_torch.py: torch.amp.GradScaler itself, through ImperativeAdapter."""
+    proc = cli("conformance", "--backend", "native_torch:NativeTorch", "--max-examples", "10",
+               env={"PYTHONPATH": os.path.join("docs", "examples")}, cwd=ROOT)
+    out, lines = proc.stdout, proc.stdout.splitlines()
+    assert proc.returncode == 1 and "not installed" not in out, out + proc.stderr
+    # torch multiplies by the float64 factor, grows on tracker + 1 == interval, steps with
+    # NaN weights at scale 0 and has no hysteresis.
+    assert cells(lines, "test_vector[factors_rounded_to_float32_before_multiplying]") == [
+        "FAIL at step 1"]
+    assert cells(lines, "test_vector[lowered_interval_grows_next_finite]") == ["FAIL at step 4"]
+    assert ("backoff_reaches_zero_and_stays: diverged at step 3 of 'IIFF': a step with finite "
+            "gradients left a parameter or optimizer-state value inf or NaN") in out
+    assert cells(lines, "test_vector[hysteresis_two]") == ["skip"]
+    assert ("skipped: torch.amp.GradScaler cannot run vector hysteresis_two: torch.amp.GradScaler "
+            "has no hysteresis=2 (it behaves as hysteresis=1)") in out
+    assert cells(lines, "test_vector[growth_on_nth_finite]") == ["pass"]
+    assert "compares full; fixed: hysteresis=1, min_scale=None, max_scale=None, dynamic=True" \
+        in out
+
+
+def test_progress_on_a_terminal_and_none_under_json():
+    import pty
+
+    primary, secondary = pty.openpty()
+    proc = subprocess.run([sys.executable, "-m", "unifiedamp.cli", "conformance", "--backend",
+                           "numpy", "--max-examples", "2"], stdout=subprocess.PIPE,
+                          stderr=secondary, text=True, timeout=600)
+    os.close(secondary)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(primary)
+    assert proc.returncode == 0
+    total = len(re.findall(r"^test_", proc.stdout, re.M))
+    assert re.search(rf"conformance \(\d+ s\): numpy {total}/{total} done", shown.decode()), shown
+    proc = cli("conformance", "--backend", "numpy", "--max-examples", "2", "--json")
+    assert proc.stderr == "" and json.loads(proc.stdout)["passed"] is True
+
+
 def test_conformance_json_report():
     proc = cli("conformance", "--json", "--max-examples", "20", "--backend", "numpy",
                "--backend", "broken_scalers:NeverBacksOff", "--backend", "nosuchmodule:Scaler",
@@ -105,8 +154,7 @@ def test_a_crashing_backend_is_reported_not_fatal(tmp_path):
                "--max-examples", "5", env={"PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 1
     assert "crashscaler:Crash: error: pytest exited with -6" in proc.stdout
-    row = next(line for line in proc.stdout.splitlines() if line.startswith("test_vector[static"))
-    assert row.split()[1:] == ["error", "pass"]
+    assert cells(proc.stdout.splitlines(), "test_vector[static_mode]") == ["error", "pass"]
 
 
 @pytest.mark.slow

@@ -69,9 +69,32 @@ def test_a_failure_names_the_step_expected_and_got_in_hex_and_the_config(tmp_pat
     _, report = run_suite(tmp_path, "--unifiedamp-backend", "broken_scalers:GrowsOneStepLate",
                           "--unifiedamp-max-examples", "10")
     detail = report["tests"]["test_vector[growth_on_nth_finite]"]["detail"]
-    assert ("growth_on_nth_finite: diverged at step 3: expected scale 2048.0 (0x45000000), "
-            "growth_tracker 0, hysteresis_tracker 0; got scale 1024.0 (0x44800000), "
-            "growth_tracker 3, hysteresis_tracker 0; config {'init_scale': 1024.0") in detail
+    assert ("[growth timing] growth_on_nth_finite: diverged at step 3 of 'FFFFFF': expected "
+            "scale 2048.0 (float32 0x45000000), growth_tracker 0, hysteresis_tracker 0; got "
+            "scale 1024.0 (float32 0x44800000), growth_tracker 3, hysteresis_tracker 0; config "
+            "{'init_scale': 1024.0") in detail
+    assert report["tests"]["test_vector[growth_on_nth_finite]"]["rule"] == "growth timing"
+
+
+def test_a_scale_that_is_no_float32_value_is_called_so(tmp_path):
+    _, report = run_suite(tmp_path, "--unifiedamp-backend", "zoo_copies:PaddleRuleCopy",
+                          "--unifiedamp-max-examples", "5",
+                          env={"UNIFIEDAMP_PLANTED_BUG": "float64_scale"})
+    detail = report["tests"]["test_vector[non_power_of_two_factors_float32]"]["detail"]
+    assert ("diverged at step 1 of 'FFFI': expected scale 1.100000023841858 (float32 "
+            "0x3f8ccccd), growth_tracker 0, hysteresis_tracker 0; got scale 1.1 (not a float32 "
+            "value: rounds to 1.100000023841858, 0x3f8ccccd)") in detail, detail
+
+
+def test_a_plain_adapter_class_is_run_and_a_non_adapter_is_a_usage_error(tmp_path):
+    proc, report = run_suite(tmp_path, "--unifiedamp-backend", "zoo_copies:PaddleRuleCopy",
+                             "--unifiedamp-max-examples", "5")
+    assert report["header"]["adapter"] == "paddle-copy", proc.stdout[-2000:]
+    assert report["tests"]["test_vector[hysteresis_two]"]["outcome"] == "passed"
+    proc, _ = run_suite(tmp_path, "--unifiedamp-backend", "zoo_copies:PaddleRule")
+    assert proc.returncode == 4 and "INTERNALERROR" not in proc.stdout + proc.stderr
+    assert ("zoo_copies:PaddleRule is neither a unifiedamp.GradScaler subclass nor a conformance "
+            "adapter: it has no new, iterate, read, snapshot") in proc.stderr
 
 
 def test_the_suite_passes_on_numpy_with_a_header_and_capability_skips(tmp_path):
@@ -116,7 +139,8 @@ def test_xfails_file_marks_known_deviations_and_reports_stale_entries(tmp_path):
                              "--unifiedamp-xfails", str(xfails), "--unifiedamp-max-examples", "50")
     assert proc.returncode == 0, proc.stdout[-3000:]
     t = report["tests"]["test_vector[backoff_below_one]"]
-    assert t == {"outcome": "xfailed", "detail": "floors at 1 like tf-keras (xfails.txt:3)"}
+    assert t == {"outcome": "xfailed", "detail": "floors at 1 like tf-keras (xfails.txt:3)",
+                 "rule": "backoff"}
     assert [e["pattern"] for e in report["unmatched_xfails"]] == ["test_no_such_behaviour"]
     assert "unifiedamp xfails that matched no test" in proc.stdout
     assert "xfails.txt:6: broken_scalers:ClampsAtOne test_no_such_behaviour  # stale" in proc.stdout

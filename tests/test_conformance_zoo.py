@@ -13,12 +13,12 @@ from unifiedamp.conformance._pytest_process import run_pytest
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def suite_report(tmp_path: pathlib.Path, bug: str = "") -> dict:
+def suite_report(tmp_path: pathlib.Path, bug: str = "", **env: str) -> dict:
     out = tmp_path / f"report{bug}.json"
     run_pytest(["--pyargs", "unifiedamp.conformance", "--unifiedamp-backend",
                 "zoo_copies:PaddleRuleCopy", "--unifiedamp-json", str(out),
                 "--unifiedamp-max-examples", "30"], rootdir=tmp_path,
-               env={"PYTHONPATH": str(HERE), "UNIFIEDAMP_PLANTED_BUG": bug})
+               env={"PYTHONPATH": str(HERE), "UNIFIEDAMP_PLANTED_BUG": bug, **env})
     return json.loads(out.read_text())
 
 
@@ -48,3 +48,41 @@ def test_the_copy_without_a_bug_differs_only_where_paddle_does(baseline):
     assert set(baseline.values()) <= {"backoff", "clamps", "float32 multiply", "growth timing",
                                       "reciprocal overflow", "static mode",
                                       "random sequences"}, baseline
+
+
+def test_parameters_show_a_skip_the_scale_does_not(tmp_path):
+    # The bug keeps the scale and the trackers right.
+    tests = suite_report(tmp_path, "skips_growth_step")["tests"]
+    detail = tests["test_vector[growth_on_nth_finite]"]["detail"]
+    assert ("diverged at step 3 of 'FFFFFF': the step was skipped; the reference takes it "
+            "(finite gradients)") in detail
+
+
+def test_scale_and_skip_mode_compares_no_tracker_and_still_sees_skips(tmp_path):
+    clean = suite_report(tmp_path, UNIFIEDAMP_COPY_COMPARE="scale_and_skip")
+    assert clean["header"]["compare"] == "scale_and_skip"
+    # Trackers are not compared: the static-mode tracker reset is not seen.
+    assert clean["tests"]["test_static_mode_resets_the_trackers_of_a_loaded_state"][
+        "outcome"] == "passed"
+    planted = suite_report(tmp_path, "skips_growth_step",
+                           UNIFIEDAMP_COPY_COMPARE="scale_and_skip")
+    assert planted["tests"]["test_vector[growth_on_nth_finite]"]["outcome"] == "failed"
+
+
+def test_a_small_config_space_is_no_failure_and_gives_the_same_verdict_twice(tmp_path):
+    first = suite_report(tmp_path / "1", UNIFIEDAMP_COPY_SPACE="tiny") if (
+        tmp_path / "1").mkdir() is None else None
+    second = suite_report(tmp_path / "2", UNIFIEDAMP_COPY_SPACE="tiny") if (
+        tmp_path / "2").mkdir() is None else None
+    def verdicts(report: dict) -> dict:  # pytest's later lines hold object addresses
+        return {name: (t["outcome"], t["detail"].splitlines()[:1])
+                for name, t in report["tests"].items()}
+
+    assert verdicts(first) == verdicts(second)
+    random = first["tests"]["test_random_configs_and_steps_match_reference"]
+    assert random["outcome"] in ("passed", "failed"), random
+    assert "FailedHealthCheck" not in json.dumps(first)
+    skipped = first["tests"]["test_vector[non_power_of_two_factors_float32]"]
+    assert skipped == {"outcome": "skipped", "rule": "float32 multiply", "detail": (
+        "paddle-copy cannot run vector non_power_of_two_factors_float32: this copy runs only "
+        "the factors 2 and 0.5")}

@@ -24,8 +24,11 @@ PLANTED = {
     "growth_one_step_late": "growth timing",
     "nan_not_inf": "inf/NaN detection",
     "double_factor": "float32 multiply",
+    "float64_scale": "float32 multiply",
     "hysteresis_not_rearmed": "hysteresis",
     "state_not_reloaded": "state round trip",
+    # The scale and trackers stay right; only the parameters show it.
+    "skips_growth_step": "growth timing",
 }
 
 
@@ -48,6 +51,8 @@ class PaddleRule:
         bad = np.isinf if self.bug == "nan_not_inf" else (lambda g: ~np.isfinite(g))
         found = any(bool(bad(g).any()) for g in grads)
         self.found_inf = self.found_inf or found
+        if self.bug == "skips_growth_step" and self.good + 1 == self.config.growth_interval:
+            return
         if not found:
             optimizer.grads = grads
             optimizer.step()
@@ -56,22 +61,23 @@ class PaddleRule:
         # update_loss_scaling: float32 ratios, == against the step counts.
         c = self.config
         incr, decr = np.float32(c.growth_factor), np.float32(c.backoff_factor)
-        if self.bug == "double_factor":
+        if self.bug in ("double_factor", "float64_scale"):
             incr, decr = np.float64(c.growth_factor), np.float64(c.backoff_factor)
+        f32 = np.float64 if self.bug == "float64_scale" else np.float32
         if not c.dynamic:
             self.found_inf = False
             return
         if self.found_inf:
             self.good, self.bad = 0, self.bad + 1
             if self.bad == c.hysteresis:
-                self.scale = max(np.float32(self.scale * decr), np.float32(1))
+                self.scale = max(f32(self.scale * decr), f32(1))
                 if self.bug != "hysteresis_not_rearmed":
                     self.bad = 0
         else:
             self.bad, self.good = 0, self.good + 1
             interval = c.growth_interval + (self.bug == "growth_one_step_late")
             if self.good == interval:
-                grown = np.float32(self.scale * incr)
+                grown = f32(self.scale * incr)
                 self.scale = grown if np.isfinite(grown) else self.scale
                 self.good = 0
         self.found_inf = False
@@ -89,7 +95,11 @@ class PaddleRule:
 
 
 class PaddleRuleCopy(Adapter):
-    """Drives :class:`PaddleRule` (with the bug ``UNIFIEDAMP_PLANTED_BUG`` names, if any)."""
+    """Drives :class:`PaddleRule` (with the bug ``UNIFIEDAMP_PLANTED_BUG`` names, if any).
+
+    ``UNIFIEDAMP_COPY_COMPARE=scale_and_skip`` reads no tracker;
+    ``UNIFIEDAMP_COPY_SPACE=tiny`` declares a config space that most drawn configs miss.
+    """
 
     capabilities = frozenset({"multi_optimizer", "set_config", "state_dict"})
     fixed = {"min_scale": None, "max_scale": None}
@@ -97,6 +107,13 @@ class PaddleRuleCopy(Adapter):
     def __init__(self) -> None:
         self.bug = os.environ.get("UNIFIEDAMP_PLANTED_BUG", "")
         self.name = f"paddle-copy{f'[{self.bug}]' if self.bug else ''}"
+        self.compare = os.environ.get("UNIFIEDAMP_COPY_COMPARE", "full")
+        self.tiny = os.environ.get("UNIFIEDAMP_COPY_SPACE") == "tiny"
+
+    def expresses(self, config: ScalerConfig) -> str | None:
+        if self.tiny and (config.growth_factor, config.backoff_factor) != (2.0, 0.5):
+            return "this copy runs only the factors 2 and 0.5"
+        return super().expresses(config)
 
     def new(self, config: ScalerConfig, optimizers: int = 1) -> Any:
         return PaddleRule(config, self.bug), [make_problem() for _ in range(optimizers)]
@@ -110,6 +127,8 @@ class PaddleRuleCopy(Adapter):
         return handle
 
     def read(self, handle: Any) -> ScalerState:
+        if self.compare == "scale_and_skip":
+            return ScalerState(float(handle[0].scale), None, None)
         return ScalerState(float(handle[0].scale), handle[0].good, handle[0].bad)
 
     def snapshot(self, handle: Any) -> list[np.ndarray]:
