@@ -58,15 +58,22 @@ class Difference(NamedTuple):
 _ZOO = "pip install 'unifiedamp[zoo]'"
 
 ZOO: dict[str, ZooEntry] = {e.name: e for e in (
-    ZooEntry("jmp", "jmp.DynamicLossScale",
-             "unifiedamp.conformance.zoo.jmp_loss_scale:JmpDynamicLossScale",
-             ("jmp", "jax"), _ZOO),
     ZooEntry("torch", "torch.amp.GradScaler",
              "unifiedamp.conformance.zoo.torch_grad_scaler:TorchAmpGradScaler",
              ("torch",), _ZOO),
     ZooEntry("torch-sharded", "torch.distributed.fsdp.ShardedGradScaler (one process)",
              "unifiedamp.conformance.zoo.torch_grad_scaler:ShardedGradScaler",
              ("torch",), _ZOO),
+    ZooEntry("paddle", "paddle.amp.GradScaler (native)",
+             "unifiedamp.conformance.zoo.paddle_grad_scaler:PaddleGradScaler",
+             ("paddle",), _ZOO),
+    *(ZooEntry(f"keras-{backend}", f"keras.optimizers.LossScaleOptimizer on {backend}",
+               "unifiedamp.conformance.zoo.keras_loss_scale_optimizer:KerasLossScaleOptimizer",
+               ("keras", backend), _ZOO, {"KERAS_BACKEND": backend})
+      for backend in ("tensorflow", "jax", "torch")),
+    ZooEntry("jmp", "jmp.DynamicLossScale",
+             "unifiedamp.conformance.zoo.jmp_loss_scale:JmpDynamicLossScale",
+             ("jmp", "jax"), _ZOO),
     ZooEntry("deepspeed", "DeepSpeed DynamicLossScaler, driven by ZeRO's step",
              "unifiedamp.conformance.zoo.deepspeed_loss_scaler:DeepSpeedLossScaler",
              ("deepspeed", "torch"), _ZOO),

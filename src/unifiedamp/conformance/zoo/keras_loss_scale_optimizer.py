@@ -1,0 +1,278 @@
+"""The zoo's adapter of Keras 3's ``keras.optimizers.LossScaleOptimizer``, on whichever
+Keras backend the process runs (``KERAS_BACKEND``: the zoo runs it on TensorFlow, JAX
+and torch, one process each).
+
+``iterate`` is the custom training loop of Keras's guides, with the backend's own
+autodiff of ``optimizer.scale_loss(loss)``: ``tf.GradientTape`` then ``optimizer.apply``
+on TensorFlow, ``loss.backward()`` then ``optimizer.apply`` on torch, and on JAX
+``jax.grad`` over ``model.stateless_call`` then ``optimizer.stateless_apply`` (the
+optimizer's stateful ``apply`` branches with ``jax.lax.cond``, which cannot assign
+variables), the new values assigned back. ``compiled_iterate`` is
+``model.train_on_batch``, the ``fit`` step: a ``tf.function`` on TensorFlow, ``jax.jit``
+on JAX; Keras runs it eagerly on torch (``jit_compile="auto"`` is off there), so torch
+does not declare ``jit``.
+
+The optimizer holds its state in two variables, ``dynamic_scale`` and ``step_counter``
+(the growth tracker); ``save`` and ``load`` go through ``save_own_variables`` /
+``load_own_variables``, the calls a ``.keras`` checkpoint makes, and ``load`` rebuilds
+the optimizer from the config first, as ``from_config`` does.
+
+Example:
+    >>> KerasLossScaleOptimizer.fixed["growth_factor"], KerasLossScaleOptimizer.fixed["hysteresis"]
+    (2.0, 1)
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from unifiedamp._tree import tree_map
+from unifiedamp.conformance.adapters import STEP_KINDS, Adapter
+from unifiedamp.conformance.zoo import Difference
+from unifiedamp.spec import ScalerConfig, ScalerState, parse_state_dict, to_state_dict
+
+__all__ = ["DIFFERENCES", "KerasLossScaleOptimizer"]
+
+
+def _loss(y_pred: Any) -> Any:
+    from keras import ops
+
+    # |loss| < 1 and d(loss)/d(weights) do not depend on the weights: a finite step
+    # stays finite at every float32 scale.
+    return ops.sum(y_pred) * 2.0**-4
+
+
+def _compile_loss(y_true: Any, y_pred: Any) -> Any:
+    return _loss(y_pred)
+
+
+def _inputs(kind: str) -> np.ndarray:
+    x = np.full((2, 4), 0.5, np.float32)
+    x[0, 1] = STEP_KINDS[kind]
+    return x
+
+
+def _numpy(value: Any) -> np.ndarray:
+    from keras import ops
+
+    # A variable's tensor, read by its framework's own call: NumPy 2 warns on the
+    # __array__ of TensorFlow's and torch's tensors, which ops.convert_to_numpy calls.
+    value = getattr(value, "value", value)
+    if hasattr(value, "detach"):
+        return value.detach().cpu().numpy().copy()
+    if hasattr(value, "numpy"):
+        return np.array(value.numpy())
+    return np.array(ops.convert_to_numpy(value))
+
+
+class KerasLossScaleOptimizer(Adapter):
+    """``keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(1e-3))`` training a
+    ``Dense(1)`` model. Handles are ``(optimizer, model, config)``.
+
+    Keras's class takes ``initial_scale`` and ``dynamic_growth_steps``; it doubles and
+    halves (hard-coded), has no hysteresis, floor, ceiling, static or disabled mode,
+    no setters and wraps one optimizer: those configs and tests are skipped.
+    """
+
+    dtypes = ("float16", "float32")
+    fixed = {"growth_factor": 2.0, "backoff_factor": 0.5, "hysteresis": 1, "min_scale": None,
+             "max_scale": None, "dynamic": True, "enabled": True}
+
+    def __init__(self) -> None:
+        import keras
+
+        self.backend = keras.backend.backend()
+        self.name = f"keras-{self.backend}"
+        capabilities = {"scale_tree", "state_dict"}
+        if self.backend in ("tensorflow", "jax"):
+            capabilities.add("jit")
+        self.capabilities = frozenset(capabilities)
+
+    def info(self) -> dict[str, Any]:
+        import keras
+
+        device = str(keras.Variable(0.0).value.device).lower().split("device:")[-1]
+        return {"framework": f"keras ({self.backend})", "version": keras.__version__,
+                "device": device}
+
+    def new(self, config: ScalerConfig, optimizers: int = 1) -> Any:
+        if optimizers != 1:
+            raise ValueError("a LossScaleOptimizer wraps one optimizer")
+        reason = self.expresses(config)
+        if reason is not None:
+            raise ValueError(f"keras's LossScaleOptimizer cannot run {config.to_dict()}: "
+                             f"{reason}")
+        import keras
+
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
+            1, kernel_initializer=keras.initializers.Constant(0.1),
+            bias_initializer=keras.initializers.Constant(0.1))])
+        opt = keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.Adam(1e-3), initial_scale=config.init_scale,
+            dynamic_growth_steps=config.growth_interval)
+        opt.build(model.trainable_variables)
+        model.compile(optimizer=opt, loss=_compile_loss)
+        return opt, model, config
+
+    def iterate(self, handle: Any, kinds: str) -> Any:
+        opt, model, _ = handle
+        x = _inputs(kinds)
+        variables = model.trainable_variables
+        if self.backend == "tensorflow":
+            import tensorflow as tf
+
+            with tf.GradientTape() as tape:
+                loss = opt.scale_loss(_loss(model(x)))
+            opt.apply(tape.gradient(loss, variables), variables)
+        elif self.backend == "torch":
+            for v in variables:
+                v.value.grad = None
+            opt.scale_loss(_loss(model(x))).backward()
+            opt.apply([v.value.grad for v in variables], variables)
+        elif self.backend == "jax":
+            import jax
+
+            non_trainable = [v.value for v in model.non_trainable_variables]
+
+            def scaled_loss(trainable: list[Any]) -> Any:
+                y, _ = model.stateless_call(trainable, non_trainable, x)
+                return opt.scale_loss(_loss(y))
+
+            trainable = [v.value for v in variables]
+            grads = jax.grad(scaled_loss)(trainable)
+            trainable, opt_values = opt.stateless_apply(
+                [v.value for v in opt.variables], grads, trainable)
+            for v, value in zip(variables, trainable, strict=True):
+                v.assign(value)
+            for v, value in zip(opt.variables, opt_values, strict=True):
+                v.assign(value)
+        else:
+            raise NotImplementedError(f"no custom loop for the {self.backend!r} Keras backend")
+        return handle
+
+    def compiled_iterate(self, handle: Any, kinds: str) -> Any:
+        handle[1].train_on_batch(_inputs(kinds), np.zeros((2, 1), np.float32))
+        return handle
+
+    def read(self, handle: Any) -> ScalerState:
+        opt = handle[0]
+        return ScalerState(float(_numpy(opt.dynamic_scale)), int(_numpy(opt.step_counter)), 0)
+
+    def snapshot(self, handle: Any) -> list[np.ndarray]:
+        opt, model, _ = handle
+        return [_numpy(v) for v in [*model.trainable_variables,
+                                    *opt.inner_optimizer.variables]]
+
+    def _store(self, opt: Any) -> tuple[dict[str, np.ndarray], str, str]:
+        store: dict[str, np.ndarray] = {}
+        with warnings.catch_warnings():
+            # Keras's Variable.numpy() is np.array(self), which NumPy 2 warns about.
+            warnings.filterwarnings("ignore", "__array__ implementation doesn't accept a copy",
+                                    DeprecationWarning)
+            opt.save_own_variables(store)
+        index = {id(v): str(i) for i, v in enumerate(opt.variables)}
+        return store, index[id(opt.dynamic_scale)], index[id(opt.step_counter)]
+
+    def save(self, handle: Any) -> dict[str, Any]:
+        opt, _, config = handle
+        store, scale, counter = self._store(opt)
+        config = config.replace(init_scale=float(opt.initial_scale),
+                                growth_interval=int(opt.dynamic_growth_steps))
+        return to_state_dict(config, ScalerState(float(store[scale]), int(store[counter]), 0),
+                             "keras")
+
+    def load(self, handle: Any, state_dict: dict[str, Any]) -> Any:
+        config, state = parse_state_dict(state_dict)
+        if state.hysteresis_tracker:
+            raise ValueError("keras's LossScaleOptimizer has no hysteresis tracker: cannot "
+                             f"load hysteresis_tracker={state.hysteresis_tracker}")
+        old_opt, old_model = handle[0], handle[1]
+        opt, model, config = self.new(config)
+        model.set_weights(old_model.get_weights())
+        store, scale, counter = self._store(old_opt)
+        store[scale] = np.asarray(state.scale, store[scale].dtype)
+        store[counter] = np.asarray(state.growth_tracker, store[counter].dtype)
+        opt.load_own_variables(store)
+        return opt, model, config
+
+    def scale_tree(self, handle: Any, tree: Any) -> Any:
+        from keras import ops
+
+        return tree_map(lambda leaf: _numpy(handle[0].scale_loss(ops.convert_to_tensor(leaf))),
+                        tree)
+
+
+_NO_INF_GUARD = Difference(
+    sentence="A growth has no inf guard: at 2**127 the scale doubles to inf, and from then on "
+             "every loss and gradient is inf or NaN, so every later step is skipped and the "
+             "scale stays inf (inf * 0.5 = inf).",
+    matters="Yes, in long runs whose gradients never overflow (a zero loss, frozen or unused "
+            "weights): with the default 2000 steps the scale reaches 2**127 after 112 growths "
+            "from 2**15, about 224,000 steps, and training then stops for good.",
+    checked="keras/src/optimizers/loss_scale_optimizer.py, _stateful_handle_finite_grads and "
+            "_stateless_handle_finite_grads: upscale() assigns ops.multiply(dynamic_scale, 2.0) "
+            "with no finiteness check. growth_overflow_keeps_scale (init 2**127, interval 1, "
+            "FFIF): step 1 gives f32(2**128) = inf (seen on tensorflow, jax and torch, eager "
+            "and compiled); the spec keeps 2**127. Then scale_loss gives inf, check_finite is "
+            "False and _stateful_handle_non_finite_grads gives inf * 0.5 = inf; the parameters "
+            "stay as they were.")
+
+_RECIPROCAL = Difference(
+    sentence="It checks the gradients before dividing them by the scale, so a scale whose "
+             "reciprocal overflows float32 still grows on finite steps (the spec backs off); "
+             "on TensorFlow and JAX, whose CPU kernels flush subnormal float32 values to zero, "
+             "a scale below 2**-126 becomes 0 at its next update instead.",
+    matters="No: scales below 1.2e-38 need over 140 non-finite steps in a row.",
+    checked="keras/src/optimizers/loss_scale_optimizer.py: _common_apply checks "
+            "check_finite(grads) on the scaled gradients, then unscales with ops.divide(g, "
+            "scale). reciprocal_overflow_skips_finite_steps (init 2**-130, interval 1, FFF): "
+            "gradients 2**-4 * 2**-130 are finite, the step is taken and the scale doubles: "
+            "torch gives 2**-129 (0x00100000); tensorflow and jax give 0.0, as "
+            "tf.Variable(float32(2**-130)) * 2.0 is 0.0 on CPU (flushed). The spec backs off "
+            "to 2**-131 because 1 / 2**-130 overflows.")
+
+_ZERO = Difference(
+    sentence="At a scale of 0 a finite step is taken with gradients 0 / 0 = NaN, which turns "
+             "every parameter into NaN (the spec skips it: 1/0 overflows); on TensorFlow and "
+             "JAX the scale also reaches 0 one backoff early, as subnormals flush to zero.",
+    matters="Rarely: the scale reaches 0 only after about 165 non-finite steps in a row, but "
+            "the first finite step after that destroys the weights.",
+    checked="keras/src/optimizers/loss_scale_optimizer.py, _stateful_handle_finite_grads: "
+            "unscaled_grads = ops.divide(g, scale). backoff_reaches_zero_and_stays (init "
+            "2**-148, interval 1, IIFF): I gives 2**-149 on torch (0.0 on tensorflow and jax: "
+            "flushed), I gives 0; F: scale_loss gives 0, the gradients are 0, check_finite is "
+            "True, 0 / 0 = NaN goes to Adam: the weights read NaN after step 3 (seen on all "
+            "three backends).")
+
+_LOADED_COUNTER = Difference(
+    sentence="It grows only when step_counter == dynamic_growth_steps - 1 and otherwise adds "
+             "1, so a counter at or past the interval (a state saved under a longer interval) "
+             "never grows again until the counter wraps around.",
+    matters="Only after restoring optimizer variables into an optimizer with a shorter "
+            "dynamic_growth_steps: the scale then never grows in that run.",
+    checked="keras/src/optimizers/loss_scale_optimizer.py, _stateful_handle_finite_grads: "
+            "ops.cond(ops.equal(step_counter, dynamic_growth_steps - 1), upscale, increment). "
+            "Loaded counter 7, interval 5: 7 != 4, counter 8 (seen: scale 1024.0, tracker 8), "
+            "then 9, 10, ... never 4.")
+
+DIFFERENCES: dict[str, Difference] = {
+    "test_vector[growth_overflow_keeps_scale]": _NO_INF_GUARD,
+    "test_vector_compiled[growth_overflow_keeps_scale]": _NO_INF_GUARD,
+    "test_vector[reciprocal_overflow_skips_finite_steps]": _RECIPROCAL,
+    "test_vector_compiled[reciprocal_overflow_skips_finite_steps]": _RECIPROCAL,
+    "test_vector[backoff_reaches_zero_and_stays]": _ZERO,
+    "test_vector_compiled[backoff_reaches_zero_and_stays]": _ZERO,
+    "test_random_configs_and_steps_match_reference": Difference(
+        sentence="Random sequences meet the differences above: a growth from 2**127 gives inf "
+                 "(no inf guard, every backend), and on TensorFlow and JAX a backoff below "
+                 "2**-126 gives 0 (subnormals flushed).",
+        matters="As for growth_overflow_keeps_scale and reciprocal_overflow_skips_finite_steps.",
+        checked="The first failing examples seen (30 and 200 examples): init 2**127, interval "
+                "1, steps 'F': inf where the spec keeps 2**127 (torch; tensorflow with 200); "
+                "init 2**-126 (0x00800000), interval 1, steps 'I': 0x00800000 * 0.5 gives 0.0 "
+                "where the spec gives 2**-127 (0x00400000) (jax; tensorflow with 30)."),
+    "test_a_loaded_tracker_past_the_interval_grows_on_the_next_finite_step": _LOADED_COUNTER,
+}
