@@ -1,9 +1,10 @@
 """A copy of a zoo scaler's rule, with bugs to plant: the matrix must name the rule each breaks.
 
-``PaddleRuleCopy`` is Paddle's dynamic loss scaling (``paddle.amp.GradScaler``: the
-``check_finite_and_unscale`` and ``update_loss_scaling`` kernels, float32 scale, int
-good/bad step counters, ``==`` tests, a floor of 1 on backoff, no growth past inf) in
-NumPy, over the NumPy backend's SGD. ``UNIFIEDAMP_PLANTED_BUG`` names one bug to plant
+``PaddleRuleCopy`` is Paddle's dynamic loss scaling as its static-graph kernels run it
+(``check_finite_and_unscale`` and ``update_loss_scaling``: float32 scale and ratios, int
+good/bad step counters, ``==`` tests, a floor of 1 on backoff, no growth past inf; the
+eager ``paddle.amp.GradScaler._update`` has no floor) in NumPy, over the NumPy backend's
+SGD. ``UNIFIEDAMP_PLANTED_BUG`` names one bug to plant
 (``PLANTED``); test_conformance_zoo.py runs the suite on each.
 """
 

@@ -15,8 +15,8 @@ optimizer that builds this scaler (``CreateLossScaler``; the non-ZeRO
 5. otherwise ``unscale_and_clip_grads``: every gradient ``mul_(1. / self.loss_scale)``,
    the scale *after* the update, then ``optimizer.step()``. So the step that triggers a
    growth divides gradients scaled by the old scale by the new one and steps with
-   gradients half as large, where the spec unscales it with the old scale (the suite
-   sees whether a step ran, not by how much).
+   gradients half as large, where the spec unscales it with the old scale
+   (``test_the_growth_step_is_unscaled_with_the_old_scale``).
 
 Its config, as DeepSpeed's ``fp16`` section passes it: ``init_scale``,
 ``scale_window`` (= ``growth_interval``), ``min_scale``, ``delayed_shift``
@@ -246,6 +246,33 @@ _FLOAT64_DOWN = Difference(
             "adapter's 'no floor'). By hand, init 2**-148, 'II': 2**-149, then 2**-150 = "
             "7.006e-46 (spec: f32(2**-149 * 0.5) = 0).")
 
+_NOT_REARMED = Difference(
+    sentence="A backoff leaves the hysteresis used up (cur_hysteresis stays 1), so every "
+             "further consecutive overflow backs off again, where the spec re-arms it at the "
+             "backoff and waits for delayed_shift more overflows.",
+    matters="Yes with delayed_shift > 1 (DeepSpeed's default is 2): a burst of k overflows "
+            "backs off k - 1 times instead of k / 2, in both hysteresis modes.",
+    checked="DynamicLossScaler.update_scale: back off `if self.delayed_shift == 1 or "
+            "self.cur_hysteresis == 1`; that branch leaves cur_hysteresis at 1, which is "
+            "set back to delayed_shift only on a finite step (consecutive_hysteresis=True) "
+            "or at a growth. By hand, delayed_shift 2, 'IIII': cur_hysteresis 2 -> 1 "
+            "(1024); 1: back off (512); still 1: back off (256); 128. The spec gives 1024, "
+            "512, 512, 256.")
+
+_NEW_SCALE_UNSCALE = Difference(
+    sentence="ZeRO's step updates the scale before it unscales, so the step whose update "
+             "grows the scale divides gradients scaled by the old scale by the new one: it "
+             "steps with gradients growth_factor (2) times too small.",
+    matters="Slightly: one step in every scale_window (1000 by default) is taken with half "
+            "its gradient; Adam's normalisation absorbs most of it, SGD takes a half step.",
+    checked="runtime/zero/stage_1_and_2.py DeepSpeedZeroOptimizer.step: "
+            "self._update_scale(self.overflow) runs before unscale_and_clip_grads, which "
+            "multiplies by 1. / self.loss_scale, the updated cur_scale. By hand, "
+            "scale_window 2, 'FFF': step 3 grows 1024 -> 2048 (stable interval 2) and "
+            "unscales gradients scaled by 1024 with 1/2048; the parameters after step 3 "
+            "differ from those of the same run at a steady 1024, those after steps 1 and 2 "
+            "do not.")
+
 #: Test id -> how DeepSpeed's scaler differs there, checked by hand (both adapters:
 #: hysteresis_two fails with consecutive_hysteresis=False only).
 DIFFERENCES: dict[str, Difference] = {
@@ -254,6 +281,8 @@ DIFFERENCES: dict[str, Difference] = {
     "test_vector[nan_backs_off_like_inf]": _LATE_GROWTH,
     "test_vector[interval_one]": _LATE_GROWTH,
     "test_vector[hysteresis_two]": _HYSTERESIS_SINCE_GROWTH,
+    "test_vector[hysteresis_rearmed_after_backoff]": _NOT_REARMED,
+    "test_the_growth_step_is_unscaled_with_the_old_scale": _NEW_SCALE_UNSCALE,
     "test_vector[min_scale_clamp]": _RAISES_AT_MIN,
     "test_vector[growth_overflow_keeps_scale]": _FLOAT64_UP,
     "test_vector[growth_overflow_keeps_scale_with_hysteresis]": _FLOAT64_UP,
