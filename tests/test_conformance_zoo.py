@@ -86,3 +86,30 @@ def test_a_small_config_space_is_no_failure_and_gives_the_same_verdict_twice(tmp
     assert skipped == {"outcome": "skipped", "rule": "float32 multiply", "detail": (
         "paddle-copy cannot run vector non_power_of_two_factors_float32: this copy runs only "
         "the factors 2 and 0.5")}
+
+
+def test_the_zoo_page_refuses_a_difference_nobody_explained():
+    from unifiedamp.conformance.zoo._doc import UnexplainedDifference, zoo_markdown
+
+    detail = "AssertionError: [growth timing] growth_on_nth_finite: diverged at step 3 of 'FFF'"
+    report = {"backends": {"torch": {"status": "ok", "header": {}, "tests": {
+        "test_vector[growth_on_nth_finite]": {"outcome": "failed", "detail": detail,
+                                              "rule": "growth timing"}}}}}
+    with pytest.raises(UnexplainedDifference, match=r"torch: test_vector\[growth_on_nth_finite"
+                                                     r"\] differs .*zoo\.torch_grad_scaler\."
+                                                     r"DIFFERENCES does not explain it"):
+        zoo_markdown(report)
+
+
+def test_every_zoo_entry_is_a_plain_adapter_class_that_imports_no_framework(run_python):
+    proc = run_python(
+        "import importlib, sys\n"
+        "from unifiedamp.conformance.zoo import ZOO\n"
+        "for e in ZOO.values():\n"
+        "    module, _, name = e.target.partition(':')\n"
+        "    cls = getattr(importlib.import_module(module), name)\n"
+        "    assert all(callable(getattr(cls, m, None)) for m in "
+        "('new', 'iterate', 'read', 'snapshot')), e.name\n"
+        "print(sorted(m for m in ('torch', 'jax', 'keras', 'paddle', 'deepspeed', 'megatron', "
+        "'colossalai', 'jmp', 'tensorflow') if m in sys.modules))")
+    assert proc.stdout.strip() == "[]", proc.stderr

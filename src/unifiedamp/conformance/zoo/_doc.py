@@ -69,7 +69,15 @@ def zoo_markdown(report: dict[str, Any]) -> str:
     out += ["", "`full`: the scale (as float32 bits) and both trackers after every step; "
             "`scale_and_skip`: the scale and whether each step was skipped (the scaler keeps "
             "other counters). Every mode also checks that parameters and optimizer state stay "
-            "finite and are untouched by a skipped step.", "", "## The matrix", "",
+            "finite and are untouched by a skipped step.", "",
+            "## In short", "", "| column | rules it breaks |", "|---|---|"]
+    for name in names:
+        r = report["backends"][name]
+        rules = sorted({rule_of(t) for t, v in r.get("tests", {}).items()
+                        if v["outcome"] in ("failed", "error")})
+        broken = r["status"] if r["status"] != "ok" else ", ".join(rules) or "none"
+        out.append(f"| {name} | {broken} |")
+    out += ["", "## The matrix", "",
             f"| test | rule | {' | '.join(names)} |",
             f"|---|---|{'---|' * len(names)}"]
     out += [f"| `{t}` | {rule_of(t)} | "
