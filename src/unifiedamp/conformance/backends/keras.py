@@ -22,7 +22,8 @@ from unifiedamp._tree import tree_map as _map
 from unifiedamp.conformance.adapters import STEP_KINDS, Adapter
 from unifiedamp.spec import ScalerConfig, ScalerState
 
-__all__ = ["KerasAdapter", "loss_of", "run_replicas", "scaled_gradients"]
+__all__ = ["KerasAdapter", "compile_loss", "inputs", "loss_of", "run_replicas",
+           "scaled_gradients"]
 
 
 def loss_of(y_pred: Any) -> Any:
@@ -31,7 +32,7 @@ def loss_of(y_pred: Any) -> Any:
     return ops.sum(y_pred) * 2.0**-4
 
 
-def _compile_loss(y_true: Any, y_pred: Any) -> Any:
+def compile_loss(y_true: Any, y_pred: Any) -> Any:
     return loss_of(y_pred)
 
 
@@ -92,7 +93,7 @@ def fit_step_model(scaler: Any, optimizer: str = "adam") -> tuple[keras.Model, A
     model = make_model()
     opt = scaler.wrap(OPTIMIZERS[optimizer]())
     opt.build(model.trainable_variables)
-    model.compile(optimizer=opt, loss=_compile_loss)
+    model.compile(optimizer=opt, loss=compile_loss)
     return model, opt
 
 

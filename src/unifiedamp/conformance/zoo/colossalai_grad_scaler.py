@@ -51,7 +51,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import tempfile
 from typing import Any
 
@@ -87,21 +86,10 @@ def _prepare_runtime(rank: int = 0, world: int = 1, port: int | None = None) -> 
 
 def _rank_main(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
                out: str) -> None:
-    import torch.distributed as dist
+    from unifiedamp.conformance.zoo.torch_grad_scaler import write_rank_state
 
     _prepare_runtime(rank, world, port)
-    try:
-        adapter = ColossalAIDynamicGradScaler()
-        handle = adapter.iterate(adapter.new(ScalerConfig(**config)), kinds[rank])
-        with open(os.path.join(out, f"{rank}.json"), "w") as f:
-            json.dump(list(adapter.read(handle)), f)
-    finally:
-        dist.destroy_process_group()
-    # As in unifiedamp.conformance.backends.torch: gloo can abort a process at interpreter
-    # exit after the work is done, so leave without the exit-time destructors.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    write_rank_state(ColossalAIDynamicGradScaler(), config, kinds, rank, out)
 
 
 class ColossalAIDynamicGradScaler(Adapter):

@@ -30,29 +30,11 @@ from typing import Any
 import numpy as np
 
 from unifiedamp._tree import tree_map
-from unifiedamp.conformance.adapters import STEP_KINDS, Adapter
+from unifiedamp.conformance.adapters import Adapter
 from unifiedamp.conformance.zoo import Difference
 from unifiedamp.spec import ScalerConfig, ScalerState, parse_state_dict, to_state_dict
 
 __all__ = ["DIFFERENCES", "KerasLossScaleOptimizer"]
-
-
-def _loss(y_pred: Any) -> Any:
-    from keras import ops
-
-    # |loss| < 1 and d(loss)/d(weights) do not depend on the weights: a finite step
-    # stays finite at every float32 scale.
-    return ops.sum(y_pred) * 2.0**-4
-
-
-def _compile_loss(y_true: Any, y_pred: Any) -> Any:
-    return _loss(y_pred)
-
-
-def _inputs(kind: str) -> np.ndarray:
-    x = np.full((2, 4), 0.5, np.float32)
-    x[0, 1] = STEP_KINDS[kind]
-    return x
 
 
 def _numpy(value: Any) -> np.ndarray:
@@ -107,6 +89,8 @@ class KerasLossScaleOptimizer(Adapter):
                              f"{reason}")
         import keras
 
+        from unifiedamp.conformance.backends.keras import compile_loss
+
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
             1, kernel_initializer=keras.initializers.Constant(0.1),
             bias_initializer=keras.initializers.Constant(0.1))])
@@ -114,47 +98,31 @@ class KerasLossScaleOptimizer(Adapter):
             keras.optimizers.Adam(1e-3), initial_scale=config.init_scale,
             dynamic_growth_steps=config.growth_interval)
         opt.build(model.trainable_variables)
-        model.compile(optimizer=opt, loss=_compile_loss)
+        model.compile(optimizer=opt, loss=compile_loss)
         return opt, model, config
 
     def iterate(self, handle: Any, kinds: str) -> Any:
+        from unifiedamp.conformance.backends.keras import inputs, scaled_gradients
+
         opt, model, _ = handle
-        x = _inputs(kinds)
         variables = model.trainable_variables
-        if self.backend == "tensorflow":
-            import tensorflow as tf
-
-            with tf.GradientTape() as tape:
-                loss = opt.scale_loss(_loss(model(x)))
-            opt.apply(tape.gradient(loss, variables), variables)
-        elif self.backend == "torch":
-            for v in variables:
-                v.value.grad = None
-            opt.scale_loss(_loss(model(x))).backward()
-            opt.apply([v.value.grad for v in variables], variables)
-        elif self.backend == "jax":
-            import jax
-
-            non_trainable = [v.value for v in model.non_trainable_variables]
-
-            def scaled_loss(trainable: list[Any]) -> Any:
-                y, _ = model.stateless_call(trainable, non_trainable, x)
-                return opt.scale_loss(_loss(y))
-
-            trainable = [v.value for v in variables]
-            grads = jax.grad(scaled_loss)(trainable)
-            trainable, opt_values = opt.stateless_apply(
-                [v.value for v in opt.variables], grads, trainable)
-            for v, value in zip(variables, trainable, strict=True):
-                v.assign(value)
-            for v, value in zip(opt.variables, opt_values, strict=True):
-                v.assign(value)
-        else:
-            raise NotImplementedError(f"no custom loop for the {self.backend!r} Keras backend")
+        grads = scaled_gradients(model, opt.scale_loss, inputs(kinds))
+        if self.backend != "jax":
+            opt.apply(grads, variables)
+            return handle
+        # On JAX the stateful apply runs only inside a traced train step: the stateless one,
+        # its results assigned back, is what such a step does.
+        trainable, opt_values = opt.stateless_apply(
+            [v.value for v in opt.variables], grads, [v.value for v in variables])
+        for v, value in zip([*variables, *opt.variables], [*trainable, *opt_values],
+                            strict=True):
+            v.assign(value)
         return handle
 
     def compiled_iterate(self, handle: Any, kinds: str) -> Any:
-        handle[1].train_on_batch(_inputs(kinds), np.zeros((2, 1), np.float32))
+        from unifiedamp.conformance.backends.keras import inputs
+
+        handle[1].train_on_batch(inputs(kinds), np.zeros((2, 1), np.float32))
         return handle
 
     def read(self, handle: Any) -> ScalerState:

@@ -369,16 +369,25 @@ _SHARDED_GROWTH = Difference(
 
 def _sharded_rank(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
                   dev: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    adapter = ShardedGradScaler()
+    adapter.device = dev
+    write_rank_state(adapter, config, kinds, rank, out)
+
+
+def write_rank_state(adapter: Any, config: dict[str, Any], kinds: list[str], rank: int,
+                     out: str) -> None:
+    """One rank's iteration in a spawned process: writes its state to ``out/<rank>.json``,
+    closes the process group and leaves the process."""
     import json
     import sys
 
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
     try:
-        adapter = ShardedGradScaler()
-        adapter.device = dev
         handle = adapter.iterate(adapter.new(ScalerConfig(**config)), kinds[rank])
         with open(os.path.join(out, f"{rank}.json"), "w") as f:
             json.dump(list(adapter.read(handle)), f)
