@@ -10,7 +10,9 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["RULES", "TEST_RULES", "VECTOR_RULES", "rule_of"]
+import re
+
+__all__ = ["RULES", "TEST_RULES", "VECTOR_RULES", "rule_of", "rule_of_failure", "step_rule"]
 
 RULES = ("growth timing", "backoff", "hysteresis", "clamps", "static mode", "inf/NaN detection",
          "float32 multiply", "reciprocal overflow", "growth overflow", "growth step",
@@ -72,3 +74,36 @@ def rule_of(test_id: str) -> str:
     if param:
         return VECTOR_RULES.get(param.rstrip("]"), "?")
     return TEST_RULES.get(name, "?")
+
+
+#: Rules of vectors about overflow steps; a finite step that diverges in one of them
+#: breaks the growth, and an overflow step that diverges in a growth vector the backoff.
+_OVERFLOW_RULES = ("backoff", "inf/NaN detection", "hysteresis", "clamps")
+
+
+def step_rule(rule: str, kind: str) -> str:
+    """The rule a vector's diverging step breaks: the vector's own, unless the step is of
+    the other kind (a finite step in a backoff vector is a growth).
+
+    Example:
+        >>> step_rule("inf/NaN detection", "F"), step_rule("inf/NaN detection", "N")
+        ('growth timing', 'inf/NaN detection')
+    """
+    if kind == "F" and rule in _OVERFLOW_RULES:
+        return "growth timing"
+    if kind != "F" and rule == "growth timing":
+        return "backoff"
+    return rule
+
+
+def rule_of_failure(test_id: str, detail: str) -> str:
+    """The rule a failure breaks: the one its message names (``[rule] ...``, from the
+    diverging step), else the test's.
+
+    Example:
+        >>> rule_of_failure("test_vector[backoff_resets_growth]",
+        ...                 "AssertionError: [growth timing] backoff_resets_growth: diverged")
+        'growth timing'
+    """
+    match = re.match(r"(?:\w+: )?(?:compiled: )?\[([^\]]+)\]", detail)
+    return match.group(1) if match else rule_of(test_id)

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from unifiedamp import spec
-from unifiedamp.conformance._rules import VECTOR_RULES
+from unifiedamp.conformance._rules import VECTOR_RULES, step_rule
 from unifiedamp.spec import ScalerConfig, ScalerState, Vector
 
 __all__ = ["Divergence", "describe_scale", "normalise", "run_steps", "run_vector", "same"]
@@ -130,12 +130,13 @@ def _run(adapter: Any, config: ScalerConfig, steps: str, name: str, *,
         got = normalise(adapter.read(handle))
 
         if not same(state, got, compare):
-            return Divergence(name, i + 1, state, got, config.to_dict(), steps, "state", rule)
+            return Divergence(name, i + 1, state, got, config.to_dict(), steps, "state",
+                              step_rule(rule, kind))
         if watch:
             problem = _step_problem(adapter.snapshot(handle), before, kind, found_inf)
             if problem is not None:
                 return Divergence(name, i + 1, state, got, config.to_dict(), steps, problem[0],
-                                  rule, problem[1])
+                                  step_rule(rule, kind), problem[1])
     return None
 
 

@@ -283,9 +283,10 @@ class _JsonReport:
             outcome, detail = "passed", ""
         if self.tests.get(name, {}).get("outcome") in ("failed", "error"):
             return  # a teardown report must not hide the call's failure
-        from unifiedamp.conformance._rules import rule_of
+        from unifiedamp.conformance._rules import rule_of, rule_of_failure
 
-        self.tests[name] = {"outcome": outcome, "detail": detail, "rule": rule_of(name)}
+        rule = rule_of_failure(name, detail) if outcome == "failed" else rule_of(name)
+        self.tests[name] = {"outcome": outcome, "detail": detail, "rule": rule}
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         header = header_fields(self.config) if _option(self.config, "backend") else {}

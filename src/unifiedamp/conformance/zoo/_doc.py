@@ -73,7 +73,7 @@ def zoo_markdown(report: dict[str, Any]) -> str:
             "## In short", "", "| column | rules it breaks |", "|---|---|"]
     for name in names:
         r = report["backends"][name]
-        rules = sorted({rule_of(t) for t, v in r.get("tests", {}).items()
+        rules = sorted({v.get("rule") or rule_of(t) for t, v in r.get("tests", {}).items()
                         if v["outcome"] in ("failed", "error")})
         broken = r["status"] if r["status"] != "ok" else ", ".join(rules) or "none"
         out.append(f"| {name} | {broken} |")
@@ -116,7 +116,7 @@ def _column_differences(name: str, result: dict[str, Any]) -> list[str]:
                 f"{ZOO[name].target.partition(':')[0]}.DIFFERENCES does not explain it")
         groups.setdefault(explained[test], []).append(test)
     for difference, group in groups.items():
-        rules = sorted({rule_of(t) for t in group})
+        rules = sorted({failing[t].get("rule") or rule_of(t) for t in group})
         out += [f"- **{', '.join(rules)}**: {difference.sentence}",
                 f"  *Matters in fp16 training*: {difference.matters}",
                 f"  *Checked by hand*: {difference.checked}",
