@@ -72,7 +72,7 @@ def _failed(result: dict[str, Any], requested: bool) -> bool:
 def _run_job(job: Job, max_examples: int | None, progress: str | None) -> dict[str, Any]:
     missing = [m for m in job.requires if not is_installed(m)]
     if missing:
-        return {"status": "not installed", "detail": f"no {', '.join(missing)}: {job.install}"}
+        return {"status": "not installed", "detail": job.install}
     result = run_suite(job.target, max_examples, job.env, progress)
     if result["status"] == "not installed":
         # Found on disk, yet its import failed (a broken install): not "missing".
@@ -94,7 +94,8 @@ def zoo_jobs(names: list[str] | None = None) -> list[Job]:
     from unifiedamp.conformance.zoo import ZOO
 
     entries = list(ZOO.values()) if not names else [ZOO[n] for n in names]
-    return [Job(e.name, e.target, e.requires, e.install, e.env) for e in entries]
+    return [Job(e.name, e.target, e.requires, f"{e.install} (for {', '.join(e.requires)})",
+                e.env) for e in entries]
 
 
 def conformance_report(names: list[str] | None = None, max_examples: int | None = None, *,
