@@ -51,6 +51,7 @@ from unifiedamp.conformance.adapters import Adapter
 from unifiedamp.conformance.zoo import Difference
 from unifiedamp.conformance.zoo.torch_grad_scaler import (
     Run,
+    backward_one,
     device,
     ensure_process_group,
     snapshot,
@@ -85,13 +86,6 @@ def _ensure_deepspeed_comm() -> None:
             ds_comm.cdb = ds_torch.TorchBackend("gloo", datetime.timedelta(minutes=5), None)
         finally:
             ds_torch.build_shm_op = build_shm_op
-
-
-class _ScaleLoss:
-    # The problems' set_grads calls scaler.scale(loss).backward(); DeepSpeed's
-    # backward scales with loss_scaler.scale_loss (BaseOptimizer.scale_if_loss).
-    def __init__(self, loss_scaler: Any):
-        self.scale = loss_scaler.scale_loss
 
 
 class DeepSpeedLossScaler(Adapter):
@@ -130,13 +124,9 @@ class DeepSpeedLossScaler(Adapter):
 
     def iterate(self, handle: Run, kinds: str) -> Run:
         has_inf_or_nan = _deepspeed("deepspeed.runtime.utils").has_inf_or_nan
-        if len(kinds) != 1:
-            raise ValueError(f"{self.name} runs one optimizer, got kinds {kinds!r}")
-        kind, scaler, (problem,) = kinds[0], handle.scaler, handle.problems
-        opt = problem.optimizer
-        problem.set_grads(kind, _ScaleLoss(scaler))
-        grads = [p.grad for group in opt.param_groups for p in group["params"]
-                 if p.grad is not None]
+        scaler = handle.scaler
+        # DeepSpeed's backward scales with loss_scaler.scale_loss (BaseOptimizer.scale_if_loss).
+        opt, grads = backward_one(self.name, handle, kinds, scaler.scale_loss)
         overflow = bool(sum(has_inf_or_nan(g) for g in grads))
         scaler.update_scale(overflow)
         if overflow:

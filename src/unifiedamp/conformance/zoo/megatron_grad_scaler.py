@@ -58,7 +58,13 @@ import numpy as np
 
 from unifiedamp.conformance.adapters import Adapter
 from unifiedamp.conformance.zoo import Difference
-from unifiedamp.conformance.zoo.torch_grad_scaler import Run, device, snapshot, torch_problems
+from unifiedamp.conformance.zoo.torch_grad_scaler import (
+    Run,
+    backward_one,
+    device,
+    snapshot,
+    torch_problems,
+)
 from unifiedamp.spec import ScalerConfig, ScalerState, parse_state_dict, read_form, to_state_dict
 
 __all__ = ["DIFFERENCES", "MegatronDynamicGradScaler"]
@@ -103,16 +109,6 @@ def _cuda_as(dev: str) -> Iterator[None]:
             yield
     finally:
         torch.cuda.current_device = current_device
-
-
-class _ScaleLoss:
-    # The problems' set_grads calls scaler.scale(loss).backward(); Megatron's
-    # MegatronOptimizer.scale_loss is get_loss_scale() * loss, the scaler's scale.
-    def __init__(self, grad_scaler: Any):
-        self.grad_scaler = grad_scaler
-
-    def scale(self, loss: Any) -> Any:
-        return self.grad_scaler.scale * loss
 
 
 class MegatronDynamicGradScaler(Adapter):
@@ -166,13 +162,9 @@ class MegatronDynamicGradScaler(Adapter):
     def iterate(self, handle: Run, kinds: str) -> Run:
         import torch
 
-        if len(kinds) != 1:
-            raise ValueError(f"{self.name} runs one optimizer, got kinds {kinds!r}")
-        kind, scaler, (problem,) = kinds[0], handle.scaler, handle.problems
-        opt = problem.optimizer
-        problem.set_grads(kind, _ScaleLoss(scaler))
-        grads = [p.grad for group in opt.param_groups for p in group["params"]
-                 if p.grad is not None]
+        scaler = handle.scaler
+        # MegatronOptimizer.scale_loss is get_loss_scale() * loss, the scaler's scale.
+        opt, grads = backward_one(self.name, handle, kinds, lambda loss: scaler.scale * loss)
         found_inf = torch.zeros(1, dtype=torch.float, device=self.device)
         with torch.no_grad():
             torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf,

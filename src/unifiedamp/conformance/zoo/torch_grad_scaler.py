@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -93,6 +94,27 @@ def torch_problems(count: int, dev: str) -> list[Any]:
     from unifiedamp.conformance.backends.torch import make_problem
 
     return [make_problem("adam", dev)[0] for _ in range(count)]
+
+
+def backward_one(name: str, handle: Any, kinds: str,
+                 scale: Callable[[Any], Any]) -> tuple[Any, list[Any]]:
+    """The backward pass of an adapter that trains one optimizer: the problem's loss
+    through ``scale`` (its framework's own loss scaling), then ``.backward()``.
+    Returns the optimizer and its gradients."""
+    if len(kinds) != 1:
+        raise ValueError(f"{name} runs one optimizer, got kinds {kinds!r}")
+    (problem,) = handle.problems
+    problem.set_grads(kinds[0], _Scaling(scale))
+    opt = problem.optimizer
+    return opt, [p.grad for group in opt.param_groups for p in group["params"]
+                 if p.grad is not None]
+
+
+class _Scaling:
+    """What the problems' ``set_grads`` calls: ``scale(loss).backward()``."""
+
+    def __init__(self, scale: Callable[[Any], Any]):
+        self.scale = scale
 
 
 def snapshot(run: Run) -> list[np.ndarray]:
