@@ -92,7 +92,8 @@ def _hypothesis(check: Any, adapter: Any) -> None:
     except Unsatisfiable as exc:
         why = getattr(adapter, "expresses", lambda c: None)(ScalerConfig())
         pytest.skip(f"too few generated configs are in {adapter.name}'s config space"
-                    + (f" (the default config: {why})" if why else "") + f": {exc}")
+                    + (f" (the default config: {why})" if why else "")
+                    + f": {'. '.join(str(exc).split('. ')[:2])}")
 
 
 def _hex(leaf: Any) -> tuple[str, tuple[int, ...], str]:
