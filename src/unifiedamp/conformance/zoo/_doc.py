@@ -28,6 +28,18 @@ def _differences(name: str) -> dict[str, Difference]:
     return getattr(module, "DIFFERENCES", {})
 
 
+#: Tests whose failing example hypothesis draws and shrinks: which of a scaler's several
+#: differences it meets first may change between runs, so the page names the failure only.
+_DRAWN = ("test_random_configs_and_steps_match_reference", "test_every_reachable_state_reloads",
+          "test_scale_then_unscale_is_identity_and_keeps_dtype",
+          "test_found_inf_for_any_inf_or_nan_leaf", "test_no_inf_found_in_empty_or_finite_trees")
+
+
+def _page_cell(result: dict[str, Any], test: str) -> str:
+    text = cell(result, test)
+    return "FAIL" if test in _DRAWN and text.startswith("FAIL") else text
+
+
 def _shortest(detail: str) -> str:
     """The steps up to the divergence, from a divergence message: ``FFI``."""
     match = re.search(r"diverged at step (\d+) of '([FIN]*)'", detail)
@@ -52,7 +64,9 @@ def zoo_markdown(report: dict[str, Any]) -> str:
         "run differs from this page. Each adapter (`unifiedamp.conformance.zoo`) drives the "
         "real scaler the way its own training loop does. Every difference below was checked "
         "by hand once: the scaler's code read, the steps computed; a difference that came "
-        "from an adapter was fixed in the adapter instead.",
+        "from an adapter was fixed in the adapter instead. For the hypothesis tests the page "
+        "names the failure, not the example: which of a scaler's differences a drawn sequence "
+        "meets first may change from run to run.",
         "",
         "## The scalers",
         "",
@@ -81,7 +95,7 @@ def zoo_markdown(report: dict[str, Any]) -> str:
             f"| test | rule | {' | '.join(names)} |",
             f"|---|---|{'---|' * len(names)}"]
     out += [f"| `{t}` | {rule_of(t)} | "
-            f"{' | '.join(cell(report['backends'][n], t) for n in names)} |" for t in tests]
+            f"{' | '.join(_page_cell(report['backends'][n], t) for n in names)} |" for t in tests]
     out += ["", "## The differences", ""]
     for name in names:
         out += _column_differences(name, report["backends"][name])
@@ -122,6 +136,10 @@ def _column_differences(name: str, result: dict[str, Any]) -> list[str]:
                 f"  *Checked by hand*: {difference.checked}",
                 "  Seen in:"]
         for test in group:
+            if test in _DRAWN:
+                out += [f"  - `{test}`: hypothesis's example (run `unifiedamp conformance --zoo "
+                        f"{name}` to see the one it meets first)", ""]
+                continue
             detail = failing[test]["detail"].splitlines()[0]
             steps = _shortest(detail)
             out += [f"  - `{test}`" + (f", steps `{steps}`" if steps else "") + ":",
