@@ -93,7 +93,7 @@ def _hypothesis(check: Any, adapter: Any) -> None:
         why = getattr(adapter, "expresses", lambda c: None)(ScalerConfig())
         pytest.skip(f"too few generated configs are in {adapter.name}'s config space"
                     + (f" (the default config: {why})" if why else "")
-                    + f": {'. '.join(str(exc).split('. ')[:2])}")
+                    + f": {str(exc).split('. ')[0]}")
 
 
 def _hex(leaf: Any) -> tuple[str, tuple[int, ...], str]:
