@@ -118,6 +118,8 @@ def _run(adapter: Any, config: ScalerConfig, steps: str, name: str, *,
     handle = adapter.new(config) if handle is None else handle
     iterate = adapter.compiled_iterate if compiled else adapter.iterate
     watch = callable(getattr(adapter, "snapshot", None))
+    # What one step leaves is what the next starts from: one snapshot per step.
+    before = _bits(adapter.snapshot(handle)) if watch else []
     state = start or ScalerState.initial(config)
     for i, kind in enumerate(steps):
         if changes and i in changes:
@@ -125,7 +127,6 @@ def _run(adapter: Any, config: ScalerConfig, steps: str, name: str, *,
             handle = adapter.reconfigure(handle, changes[i])
         found_inf = kind != "F" or spec.unscale_overflows(state.scale)
         state = spec.update(config, state, found_inf)
-        before = _bits(adapter.snapshot(handle)) if watch else None
         handle = iterate(handle, kind)
         got = normalise(adapter.read(handle))
 
@@ -133,17 +134,20 @@ def _run(adapter: Any, config: ScalerConfig, steps: str, name: str, *,
             return Divergence(name, i + 1, state, got, config.to_dict(), steps, "state",
                               step_rule(rule, kind))
         if watch:
-            problem = _step_problem(adapter.snapshot(handle), before, kind, found_inf)
+            after = adapter.snapshot(handle)
+            after_bits = _bits(after)
+            problem = _step_problem(after, after_bits, before, kind, found_inf)
             if problem is not None:
                 return Divergence(name, i + 1, state, got, config.to_dict(), steps, problem[0],
                                   step_rule(rule, kind), problem[1])
+            before = after_bits
     return None
 
 
 _GRADIENTS = {"F": "finite gradients", "I": "an inf", "N": "a NaN"}
 
 
-def _step_problem(after: list[Any], before: Any, kind: str,
+def _step_problem(after: list[Any], after_bits: list[Any], before: list[Any], kind: str,
                   found_inf: bool) -> tuple[str, str] | None:
     """What is wrong with a step seen through the parameters and optimizer state:
     ``("finite", why)``, ``("skip", why)`` or ``None``."""
@@ -151,7 +155,7 @@ def _step_problem(after: list[Any], before: Any, kind: str,
                if np.issubdtype(a.dtype, np.inexact)):
         return "finite", (f"a step with {_GRADIENTS[kind]} left a parameter or optimizer-state "
                           "value inf or NaN")
-    skipped = _unchanged(_bits(after), before)
+    skipped = _unchanged(after_bits, before)
     if skipped == found_inf:
         return None
     why = ", and 1/scale overflows float32" if found_inf and kind == "F" else ""
