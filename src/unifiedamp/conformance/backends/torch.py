@@ -100,7 +100,8 @@ class TorchAdapter(ImperativeAdapter):
         return [ScalerState(*r["state"]) for r in results]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on the loopback interface, for a gloo rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -116,7 +117,7 @@ def run_ranks(config: dict[str, Any], kinds_per_rank: list[str], optimizer: str 
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank_main, args=(len(kinds_per_rank), _free_port(), config, kinds_per_rank,
+        mp.spawn(_rank_main, args=(len(kinds_per_rank), free_port(), config, kinds_per_rank,
                                    optimizer, iterations, tmp),
                  nprocs=len(kinds_per_rank), join=True)
         results = []

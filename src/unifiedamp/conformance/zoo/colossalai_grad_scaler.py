@@ -48,10 +48,7 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -192,20 +189,10 @@ class ColossalAIDynamicGradScaler(Adapter):
     def distributed_iterate(self, handle: Any, kinds_per_rank: list[str]) -> list[ScalerState]:
         """One iteration on ``len(kinds_per_rank)`` CPU gloo ranks, each with its own
         gradients; ``step`` all-reduces the overflow flag (MAX) across them."""
-        import torch.multiprocessing as mp
+        from unifiedamp.conformance.zoo.torch_grad_scaler import spawn_rank_states
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        world = len(kinds_per_rank)
-        with tempfile.TemporaryDirectory() as tmp:
-            mp.spawn(_rank_main, args=(world, port, handle[2].to_dict(), kinds_per_rank, tmp),
-                     nprocs=world, join=True)
-            states = []
-            for rank in range(world):
-                with open(os.path.join(tmp, f"{rank}.json")) as f:
-                    states.append(ScalerState(*json.load(f)))
-        return states
+        return spawn_rank_states(_rank_main, len(kinds_per_rank), handle[2].to_dict(),
+                                 kinds_per_rank)
 
     def save(self, handle: Any) -> dict[str, Any]:
         optimizer, _, config = handle

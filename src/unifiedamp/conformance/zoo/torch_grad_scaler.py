@@ -263,22 +263,8 @@ class ShardedGradScaler(TorchAmpGradScaler):
     capabilities = TorchAmpGradScaler.capabilities | {"distributed"}
 
     def distributed_iterate(self, handle: Run, kinds_per_rank: list[str]) -> list[ScalerState]:
-        import json
-
-        import torch.multiprocessing as mp
-
-        from unifiedamp.conformance.backends.torch import _free_port
-
-        world = len(kinds_per_rank)
-        with tempfile.TemporaryDirectory() as out:
-            mp.spawn(_sharded_rank, args=(world, _free_port(), handle.config.to_dict(),
-                                          kinds_per_rank, self.device, out),
-                     nprocs=world, join=True)
-            states = []
-            for rank in range(world):
-                with open(os.path.join(out, f"{rank}.json")) as f:
-                    states.append(ScalerState(*json.load(f)))
-        return states
+        return spawn_rank_states(_sharded_rank, len(kinds_per_rank), handle.config.to_dict(),
+                                 kinds_per_rank, self.device)
 
     def _scaler(self, config: ScalerConfig) -> Any:
         import torch.distributed as dist
@@ -398,6 +384,25 @@ def _sharded_rank(rank: int, world: int, port: int, config: dict[str, Any], kind
     adapter = ShardedGradScaler()
     adapter.device = dev
     write_rank_state(adapter, config, kinds, rank, out)
+
+
+def spawn_rank_states(main: Callable[..., None], world: int, *args: Any) -> list[ScalerState]:
+    """Runs ``main(rank, world, port, *args, out)`` in ``world`` spawned processes, which
+    meet on a free local port, and returns the state each wrote with
+    :func:`write_rank_state`."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from unifiedamp.conformance.backends.torch import free_port
+
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(main, args=(world, free_port(), *args, out), nprocs=world, join=True)
+        states = []
+        for rank in range(world):
+            with open(os.path.join(out, f"{rank}.json")) as f:
+                states.append(ScalerState(*json.load(f)))
+    return states
 
 
 def write_rank_state(adapter: Any, config: dict[str, Any], kinds: list[str], rank: int,
