@@ -269,7 +269,7 @@ def load(name: str) -> type[Any]:
     row = resolve(name)
     ensure_importable(row.modules[0])
     try:
-        cls = _import(row.target)
+        cls = import_target(row.target)
     # A framework found on disk whose shared libraries are missing or broken
     # raises OSError from its import (torch does), not ImportError.
     except (ImportError, OSError) as exc:
@@ -294,7 +294,16 @@ def _check_scaler(name: str, obj: Any) -> None:
         )
 
 
-def _import(target: str) -> Any:
+def import_target(target: str) -> Any:
+    """The object a ``"module:attribute"`` target names, its module imported.
+
+    Raises:
+        UnknownBackendError: The module has no such attribute.
+
+    Example:
+        >>> import_target("unifiedamp.spec:f32")(0.1)
+        0.10000000149011612
+    """
     module_name, _, attr = target.partition(":")
     module = importlib.import_module(module_name)
     try:
@@ -318,7 +327,7 @@ def conformance_adapter(cls: type, **options: Any) -> Any:
     targets = {f"{klass.__module__}:{klass.__qualname__}" for klass in cls.__mro__}
     for row in BUILTIN.values():
         if row.target in targets:
-            return _import(row.adapter)(cls, **options)
+            return import_target(row.adapter)(cls, **options)
     raise NotImplementedError(
         f"{cls.__module__}.{cls.__qualname__} derives from no built-in backend, so the "
         "conformance suite does not know how to drive it: give it a conformance_adapter() "

@@ -9,7 +9,6 @@ suite is asked for.
 from __future__ import annotations
 
 import fnmatch
-import importlib
 import json
 import os
 import pathlib
@@ -142,6 +141,7 @@ def load_adapter(name: str) -> Any:
 
     Raises:
         ImportError: The target's module cannot be imported.
+        UnknownBackendError: The module has no such attribute.
         TypeError: The target is neither a scaler nor an adapter (the message says
             what it lacks).
 
@@ -160,10 +160,7 @@ def load_adapter(name: str) -> Any:
     if ":" not in name or name in _registry.available():
         return _registry.load(name).conformance_adapter()
     ensure_importable(row.modules[0])
-    module_name, _, attr = name.partition(":")
-    target = getattr(importlib.import_module(module_name), attr, None)
-    if target is None:
-        raise TypeError(f"{module_name} has no attribute {attr!r}")
+    target = _registry.import_target(name)
     if callable(getattr(target, "conformance_adapter", None)):
         return target.conformance_adapter()
     missing = [m for m in ADAPTER_METHODS if not callable(getattr(target, m, None))]
