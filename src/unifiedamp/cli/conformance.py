@@ -18,7 +18,7 @@ import tempfile
 import time
 from typing import Any, NamedTuple
 
-from unifiedamp import __version__, _registry, spec
+from unifiedamp import __version__, _files, _registry, spec
 from unifiedamp.cli._shared import WORKER_TIMEOUT_S, is_installed, last_line, print_table
 from unifiedamp.conformance._pytest_process import run_pytest
 from unifiedamp.conformance._report import cell, compact, tests_of
@@ -187,20 +187,19 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
 
         text = zoo_markdown(report)
         if args.markdown:
-            with open(args.markdown, "w") as f:
-                f.write(text)
+            _files.write_bytes(args.markdown, text.encode("utf-8"))
         if args.check:
             with open(args.check) as f:
-                if f.read() != text:
-                    import difflib
+                checked = f.read()
+            if checked != text:
+                import difflib
 
-                    with open(args.check) as g:
-                        diff = difflib.unified_diff(g.read().splitlines(), text.splitlines(),
-                                                    args.check, "a fresh run", lineterm="")
-                    print(f"\n{args.check} does not match a fresh run (regenerate it with "
-                          f"unifiedamp conformance --zoo --markdown {args.check}):\n"
-                          + "\n".join(diff), file=sys.stderr)
-                    return 1
+                diff = difflib.unified_diff(checked.splitlines(), text.splitlines(),
+                                            args.check, "a fresh run", lineterm="")
+                print(f"\n{args.check} does not match a fresh run (regenerate it with "
+                      f"unifiedamp conformance --zoo --markdown {args.check}):\n"
+                      + "\n".join(diff), file=sys.stderr)
+                return 1
     return 0 if report["passed"] else 1
 
 

@@ -264,8 +264,10 @@ class ImperativeAdapter(Adapter):
         return tree_map(self.to_numpy, out), bool(finite)
 
 
-#: The canonical parameters a scaler may lack, and the value it then behaves as.
-_DEFAULTS = {"hysteresis": 1, "min_scale": None, "max_scale": None, "dynamic": True}
+#: The canonical parameters a scaler may lack, and the value it then behaves as: the spec's
+#: default.
+_DEFAULTS = {k: getattr(ScalerConfig(), k)
+             for k in ("hysteresis", "min_scale", "max_scale", "dynamic")}
 
 
 def _parameters(scaler_cls: Callable[..., Any]) -> frozenset[str] | None:

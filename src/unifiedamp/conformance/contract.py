@@ -66,8 +66,13 @@ def fit(adapter: Any, config: ScalerConfig) -> ScalerConfig | None:
         config = config.replace(**{k: v(config) if callable(v) else v for k, v in fixed.items()})
     except ValueError:
         return None
+    return config if _why_not(adapter, config) is None else None
+
+
+def _why_not(adapter: Any, config: ScalerConfig) -> str | None:
+    """Why the adapter's scaler cannot run ``config`` (its ``expresses``), or ``None``."""
     expresses = getattr(adapter, "expresses", None)
-    return config if expresses is None or expresses(config) is None else None
+    return None if expresses is None else expresses(config)
 
 
 def _fitted(adapter: Any, config: ScalerConfig, *, strict: bool = False) -> ScalerConfig:
@@ -75,7 +80,7 @@ def _fitted(adapter: Any, config: ScalerConfig, *, strict: bool = False) -> Scal
     (``strict``: the test is about that config, so it may not be changed either)."""
     fitted = fit(adapter, config)
     if fitted is None or (strict and fitted != config):
-        why = getattr(adapter, "expresses", lambda c: None)(config) or "outside its config space"
+        why = _why_not(adapter, config) or "outside its config space"
         pytest.skip(f"{adapter.name} cannot run this test's config {config.to_dict()}: {why}")
     return fitted
 
@@ -90,7 +95,7 @@ def _hypothesis(check: Any, adapter: Any) -> None:
     try:
         check()
     except Unsatisfiable as exc:
-        why = getattr(adapter, "expresses", lambda c: None)(ScalerConfig())
+        why = _why_not(adapter, ScalerConfig())
         pytest.skip(f"too few generated configs are in {adapter.name}'s config space"
                     + (f" (the default config: {why})" if why else "")
                     + f": {str(exc).split('. ')[0]}")
@@ -410,8 +415,7 @@ def _require_vector(adapter: Any, vector: spec.Vector) -> None:
         if changes:
             require(adapter, "set_config")
         if fit(adapter, config) != config:
-            why = getattr(adapter, "expresses", lambda c: None)(config) or \
-                "outside its config space"
+            why = _why_not(adapter, config) or "outside its config space"
             pytest.skip(f"{adapter.name} cannot run vector {vector.name}: {why}")
 
 
