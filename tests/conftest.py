@@ -26,6 +26,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "slow: one of the heaviest tests (10 s or more on two cores); "
                    "-m 'not slow' leaves them out"
     )
+    config.addinivalue_line(
+        "markers", "distributed: runs several processes under a distributed engine; "
+                   "-m 'not distributed' leaves them out"
+    )
 
 
 def _framework_of(item: pytest.Item) -> str | None:

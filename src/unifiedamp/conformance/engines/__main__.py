@@ -1,0 +1,5 @@
+"""``python -m unifiedamp.conformance.engines FRAMEWORK [ENGINE SCALER]``."""
+
+from unifiedamp.conformance.engines import main
+
+raise SystemExit(main())
