@@ -1,0 +1,164 @@
+"""The engines' launcher and checker (unifiedamp.conformance.engines), framework-free.
+
+The rank programs here are plain Python: what is under test is how a run of
+several processes ends (results, a raised error, a rank that never answers, an
+abort after the results) and how records are held against the spec.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import textwrap
+
+import numpy as np
+import pytest
+
+from unifiedamp.conformance import engines
+from unifiedamp.conformance.engines import (
+    DEFAULT_CONFIG,
+    Outcome,
+    check,
+    default_kinds,
+    expected_states,
+    launch,
+    step_record,
+    verdict,
+)
+from unifiedamp.spec import ScalerConfig
+
+PROGRAM = textwrap.dedent("""
+    import json, os, sys, time
+    from unifiedamp.conformance.engines import rank_main, step_record
+
+    def train(job):
+        if job["mode"] == "hang" and job["rank"] == 1:
+            time.sleep(600)
+        if job["mode"] == "raise" and job["rank"] == 0:
+            raise AssertionError("No inf checks were recorded for this optimizer.")
+        return [step_record("F", (1024.0, 1, 0), True, [[job["rank"] * 0.0 + 0.5]])]
+
+    if __name__ == "__main__":
+        rank_main(train)
+        if json.loads(sys.argv[1])["mode"] == "abort" and json.loads(sys.argv[1])["rank"] == 1:
+            os.abort()
+""")
+
+
+@pytest.fixture
+def program(tmp_path):
+    (tmp_path / "rank_program.py").write_text(PROGRAM)
+    path = os.pathsep.join([str(tmp_path), engines._pythonpath()])
+    return lambda mode, **kw: launch("rank_program", {"mode": mode}, 2,
+                                     env=lambda rank: {"PYTHONPATH": path}, **kw)
+
+
+def test_a_run_whose_ranks_all_finish_is_ok_with_each_ranks_records(program):
+    outcome = program("ok")
+    assert outcome.status == "ok", outcome
+    assert [r["rank"] for r in outcome.records] == [0, 1]
+    assert outcome.returncodes == [0, 0]
+    assert outcome.records[1]["steps"][0]["scale"] == 1024.0
+
+
+def test_a_rank_that_never_answers_is_a_deadlock_and_every_rank_is_killed(program):
+    outcome = program("hang", timeout=4)
+    assert outcome.status == "deadlock", outcome
+    assert "rank(s) [1]" in outcome.detail and "4 s" in outcome.detail
+    assert outcome.returncodes[1] < 0  # killed, not left running
+    assert outcome.seconds < 30
+
+
+def test_a_rank_that_raises_is_an_error_naming_the_exception(program):
+    outcome = program("raise", timeout=60)
+    assert outcome.status == "error"
+    assert outcome.detail == ("AssertionError: No inf checks were recorded for this "
+                              "optimizer.")
+    assert outcome.returncodes[0] == 1
+
+
+def test_a_rank_that_aborts_after_its_results_is_an_abort_at_exit(program):
+    outcome = program("abort", timeout=60)
+    assert outcome.status == "abort at exit"
+    assert outcome.detail == "rank 1: killed by SIGABRT"
+    assert check(DEFAULT_CONFIG, ["F", "F"], outcome) == [
+        "abort at exit: rank 1: killed by SIGABRT"]
+
+
+def records_following_the_spec(config: ScalerConfig, kinds: list[str]) -> Outcome:
+    """What a correct run records: the spec's states, the same weights on every rank,
+    changed exactly at the steps every rank found finite."""
+    weights, records = [0.5], [{"rank": r, "world": len(kinds), "steps": []}
+                               for r in range(len(kinds))]
+    for step, state in enumerate(expected_states(config, kinds)):
+        stepped = not any(k[step] in "IN" for k in kinds)
+        if stepped:
+            weights = [weights[0] - 0.125]
+        for record in records:
+            record["steps"].append(step_record(kinds[record["rank"]][step], state, stepped,
+                                               [weights]))
+    return Outcome("ok", records)
+
+
+def test_records_following_the_spec_pass():
+    kinds = default_kinds(2)
+    assert check(DEFAULT_CONFIG, kinds, records_following_the_spec(DEFAULT_CONFIG, kinds)) == []
+
+
+@pytest.mark.parametrize(("plant", "problem"), [
+    (lambda s: s.update(scale=2048.0), "step 3, rank 1: scale 2048.0, trackers 0, 0 "
+                                       "(the spec: 256.0, 0, 0)"),
+    (lambda s: s.update(growth=1), "step 3, rank 1: scale 256.0, trackers 1, 0"),
+    (lambda s: s.update(stepped=True), "step 3, rank 1: stepped (the spec skips: an inf or "
+                                       "NaN on a rank)"),
+    (lambda s: s.update(weights=[0.375]), "step 3: the ranks' weights differ"),
+    (lambda s: s.update(weights=[float("inf")]), "step 3, rank 1: non-finite weights"),
+])
+def test_each_departure_is_named_with_its_step_and_rank(plant, problem):
+    kinds = default_kinds(2)
+    outcome = records_following_the_spec(DEFAULT_CONFIG, kinds)
+    plant(outcome.records[1]["steps"][3])
+    problems = check(DEFAULT_CONFIG, kinds, outcome)
+    assert problems and problems[0].startswith(problem), problems
+
+
+def test_a_scale_off_by_one_float32_ulp_is_a_departure():
+    kinds = ["FF", "FF"]
+    config = ScalerConfig(1000.0, growth_factor=1.1, growth_interval=1)
+    outcome = records_following_the_spec(config, kinds)
+    good = np.float32(outcome.records[0]["steps"][0]["scale"])
+    outcome.records[0]["steps"][0]["scale"] = float(np.nextafter(good, np.float32(np.inf)))
+    assert check(config, kinds, outcome)[0].startswith("step 0, rank 0: scale")
+
+
+def test_a_rank_without_gradients_is_expected_not_to_step():
+    kinds = ["FF", "F-"]
+    outcome = records_following_the_spec(DEFAULT_CONFIG, kinds)
+    assert check(DEFAULT_CONFIG, kinds, outcome, replicas=False) == [
+        "step 1, rank 1: stepped (the spec skips: every rank finite)"]
+    outcome.records[1]["steps"][1]["stepped"] = False
+    assert check(DEFAULT_CONFIG, kinds, outcome, replicas=False) == []
+
+
+def test_weights_are_held_against_a_reference_within_rtol():
+    kinds = ["FF", "FF"]
+    outcome = records_following_the_spec(DEFAULT_CONFIG, kinds)
+    reference = [[0.375], [0.25]]
+    assert check(DEFAULT_CONFIG, kinds, outcome, reference=reference) == []
+    wrong = copy.deepcopy(reference)
+    wrong[1] = [0.25 * 1024]  # a step on gradients left scaled
+    assert check(DEFAULT_CONFIG, kinds, outcome, reference=wrong) == [
+        "step 1, rank 0: weights differ from a single process taking the spec's steps",
+        "step 1, rank 1: weights differ from a single process taking the spec's steps"]
+
+
+def test_the_verdict_is_the_first_problem():
+    assert verdict([]) == "follows the spec"
+    assert verdict(["a", "b", "c"]) == "a (and 2 more)"
+
+
+def test_the_command_line_names_the_frameworks_and_refuses_others(capsys):
+    assert engines.main([]) == 2
+    assert "FRAMEWORK: torch, jax, tensorflow, paddle" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="unknown framework 'mxnet'"):
+        engines.main(["mxnet"])
