@@ -100,6 +100,9 @@ class BackendPaths:
     def note_loss(self, loss: Any) -> None:
         """Keeps what the overflow report needs of the loss given to ``scale_loss``: nothing
         here, where the loss stays inside the compiled step."""
+        # A statement besides the docstring: AutoGraph fails to convert a body without one
+        # and warns ("could not transform") at every scale_loss a tf.function traces.
+        return None
 
     def overflow_report(self, opt: SpecLossScaleOptimizer,
                         names: dict[int, tuple[str, Any]] | None) -> OverflowReport | None:

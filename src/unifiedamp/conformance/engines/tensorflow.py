@@ -1,0 +1,244 @@
+"""Keras on TensorFlow under ``tf.distribute.MultiWorkerMirroredStrategy``: two worker
+processes on this machine, one CPU replica each, a custom training loop.
+
+Engine:
+
+- ``multiworker``: two local workers (``TF_CONFIG`` per process, two free ports), one
+  replica each; every step runs ``strategy.run`` of a replica function that takes the
+  gradients of ``opt.scale_loss(loss)`` and calls ``opt.apply(grads)``, in a
+  ``tf.function``. Worker ``r`` plants step ``i``'s kind ``kinds[r][i]`` in its own
+  example (an inf or NaN makes only its gradients non-finite).
+
+Scalers:
+
+- ``unifiedamp``: ``KerasGradScaler(...).wrap(keras.optimizers.SGD(...))``, which ORs
+  found_inf over every replica of every worker before it decides.
+- ``keras``: ``keras.optimizers.LossScaleOptimizer(SGD)``, which takes each worker's own
+  first replica's flag: with an inf on one worker only, that worker skips while the other
+  waits in the gradients' all-reduce, and the run deadlocks (every rank is killed at the
+  launch's timeout; pass a short one).
+
+The records follow :mod:`unifiedamp.conformance.engines`: each worker's own copy of the
+scale and trackers (``dynamic_scale``, ``step_counter``, ``hysteresis_counter``; Keras's
+class has no hysteresis, recorded 0), and the whole model's weights. The loss of each
+worker is divided by the number of workers (the strategy sums the gradients), so the
+reference is a single process taking the spec's steps on the mean gradient.
+
+MirroredStrategy over several CPUs in one process (``model.fit`` and a custom loop) is
+tested in ``tests/test_keras_distributed.py``.
+
+Example:
+    >>> sorted(ENGINES), sorted(SCALERS)
+    (['multiworker'], ['keras', 'unifiedamp'])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from unifiedamp.conformance.adapters import STEP_KINDS
+from unifiedamp.conformance.engines import (
+    DEFAULT_CONFIG,
+    Run,
+    default_kinds,
+    free_port,
+    launch,
+    rank_main,
+    step_record,
+)
+from unifiedamp.spec import ScalerConfig, f32
+
+ENGINES: dict[str, str] = {
+    "multiworker": "tf.distribute.MultiWorkerMirroredStrategy, 2 local workers (TF_CONFIG), "
+                   "one CPU replica each, custom loop (strategy.run + optimizer.apply)",
+}
+SCALERS: dict[str, str] = {
+    "unifiedamp": "unifiedamp.backends.keras.KerasGradScaler(...).wrap(keras.optimizers.SGD)",
+    "keras": "keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD)",
+}
+
+#: Workers per engine.
+WORLD = {"multiworker": 2}
+#: The model's inputs and its SGD learning rate.
+FEATURES = 4
+LEARNING_RATE = 0.1
+#: Every weight starts here.
+START = 0.1
+#: Each example is the suite's finite value except this element, which holds the step's kind
+#: (STEP_KINDS).
+PLANTED = 1
+#: The loss is sum(model(x)) * LOSS_FACTOR / world: |loss| < 1, and its gradient does
+#: not depend on the weights, so a finite step stays finite at every float32 scale.
+LOSS_FACTOR = 2.0**-4
+
+_MODULE = "unifiedamp.conformance.engines.tensorflow"
+
+
+def _example(kind: str) -> np.ndarray:
+    x = np.full((1, FEATURES), STEP_KINDS["F"], np.float32)
+    x[0, PLANTED] = STEP_KINDS[kind]
+    return x
+
+
+def reference(kinds_per_rank: Sequence[str]) -> list[list[float]]:
+    """The weights (kernel, then bias) after each step of one process that takes the
+    spec's steps on the mean of the workers' gradients: a step with an inf or NaN on any
+    worker leaves them as they were.
+
+    Example:
+        >>> [round(w, 6) for w in reference(["F", "F"])[0]]
+        [0.096875, 0.096875, 0.096875, 0.096875, 0.09375]
+    """
+    weights = np.full(FEATURES + 1, START, np.float32)
+    # Per worker d(loss)/d(kernel) = x * LOSS_FACTOR / world and d(loss)/d(bias) =
+    # LOSS_FACTOR / world: summed over the workers, the finite example's gradient.
+    grad = np.float32(LOSS_FACTOR) * np.append(np.full(FEATURES, STEP_KINDS["F"], np.float32),
+                                               np.float32(1.0)).astype(np.float32)
+    out = []
+    for step in range(len(kinds_per_rank[0])):
+        if not any(k[step] in "IN" for k in kinds_per_rank):
+            weights = (weights - np.float32(LEARNING_RATE) * grad).astype(np.float32)
+        out.append([float(w) for w in weights])
+    return out
+
+
+def _check_kinds(kinds: Sequence[str], world: int) -> None:
+    if len(kinds) != world or len({len(k) for k in kinds}) != 1:
+        raise ValueError(f"kinds={list(kinds)!r}: give {world} strings of one length, "
+                         "one per worker (one character per step)")
+    unknown = sorted({c for k in kinds for c in k} - set(STEP_KINDS))
+    if unknown:
+        raise ValueError(f"kinds {unknown} in {list(kinds)!r}: this engine plants "
+                         f"{', '.join(STEP_KINDS)} (finite, inf, NaN) in each worker's example")
+
+
+def _native_config(config: ScalerConfig) -> None:
+    # What keras.optimizers.LossScaleOptimizer can express.
+    expressible = ScalerConfig(config.init_scale, growth_interval=config.growth_interval)
+    if config != expressible:
+        raise ValueError(
+            f"config {config}: keras.optimizers.LossScaleOptimizer has only initial_scale and "
+            "dynamic_growth_steps (growth 2, backoff 0.5, hysteresis 1, no bounds); give a "
+            "ScalerConfig(init_scale, growth_interval=N)")
+
+
+def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
+        config: ScalerConfig | None = None, timeout: float | None = None) -> Run:
+    """Runs ``engine`` with ``scaler`` as :data:`WORLD` worker processes; see the module.
+
+    Args:
+        kinds: Per worker, one gradient kind per step (default
+            :func:`~unifiedamp.conformance.engines.default_kinds`).
+        config: The scaler's config (default
+            :data:`~unifiedamp.conformance.engines.DEFAULT_CONFIG`).
+        timeout: Seconds before every worker is killed (status ``"deadlock"``); by
+            default 120, and 60 for ``keras``, which deadlocks (a run of the two workers
+            takes 20 to 30 s on two cores).
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
+    if scaler not in SCALERS:
+        raise ValueError(f"scaler {scaler!r}: one of {', '.join(SCALERS)}")
+    world = WORLD[engine]
+    kinds = list(default_kinds(world) if kinds is None else kinds)
+    config = DEFAULT_CONFIG if config is None else config
+    _check_kinds(kinds, world)
+    if scaler == "keras":
+        _native_config(config)
+    # One port per worker's server (launch's own port is for one rendezvous).
+    ports: list[int] = []
+    while len(ports) < world:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    workers = [f"localhost:{p}" for p in ports]
+
+    def env(rank: int) -> dict[str, str]:
+        return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                         "task": {"type": "worker", "index": rank}}),
+                "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3",
+                "CUDA_VISIBLE_DEVICES": ""}
+
+    job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict()}
+    if timeout is None:
+        timeout = 60.0 if scaler == "keras" else 120.0
+    outcome = launch(_MODULE, job, world, timeout=timeout, env=env)
+    return Run(config, kinds, outcome, replicas=True, reference=reference(kinds))
+
+
+# ------------------------------------------------------------ the worker program
+
+
+def train(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """One worker: its records, one per step (run by :func:`run` through ``launch``)."""
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    import keras
+
+    from unifiedamp.backends.keras import KerasGradScaler
+
+    world, rank = job["world"], job["rank"]
+    if strategy.num_replicas_in_sync != world:
+        raise RuntimeError(f"{strategy.num_replicas_in_sync} replicas in sync for {world} "
+                           "workers: each worker should see one CPU")
+    config = ScalerConfig(**job["config"])
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(START),
+                               bias_initializer=keras.initializers.Constant(START))])
+        inner = keras.optimizers.SGD(LEARNING_RATE)
+        if job["scaler"] == "keras":
+            opt = keras.optimizers.LossScaleOptimizer(
+                inner, initial_scale=f32(config.init_scale),
+                dynamic_growth_steps=config.growth_interval)
+        else:
+            opt = KerasGradScaler(**job["config"]).wrap(inner)
+        opt.build(model.trainable_variables)
+
+    def replica_fn(x: Any) -> None:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x)) * (LOSS_FACTOR / world)
+            scaled = opt.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        opt.apply(grads, model.trainable_variables)
+
+    @tf.function
+    def step(x: Any) -> None:
+        strategy.run(replica_fn, args=(x,))
+
+    def local(variable: Any) -> float:
+        # This worker's copy (its one replica's).
+        copies = strategy.experimental_local_results(getattr(variable, "value", variable))
+        return float(np.asarray(copies[0].numpy()))
+
+    def weights() -> list[np.ndarray]:
+        return [np.asarray(v.numpy()) for v in model.trainable_variables]
+
+    hysteresis = getattr(opt, "hysteresis_counter", None)
+    records = []
+    for kind in job["kinds"][rank]:
+        x = strategy.experimental_distribute_values_from_function(
+            lambda _ctx, kind=kind: tf.constant(_example(kind)))
+        before = weights()
+        step(x)
+        after = weights()
+        state = (local(opt.dynamic_scale), local(opt.step_counter),
+                 0 if hysteresis is None else local(hysteresis))
+        stepped = any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+        records.append(step_record(kind, state, stepped, after))
+        # Where a run that deadlocks got to (its records are never written).
+        print(f"step {len(records) - 1} {kind} done: scale {state[0]!r}", flush=True)
+    return records
+
+
+if __name__ == "__main__":
+    # Keras picks its backend at import; run() sets it too, this covers a hand-made launch.
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    rank_main(train)
