@@ -117,6 +117,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on the loopback interface.
+
+    Example:
+        >>> len(set(free_ports(3)))
+        3
+    """
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def check_kinds(kinds: Sequence[str], world: int, allowed: str = "FIN") -> None:
+    """Raises ``ValueError`` naming the fix unless ``kinds`` is ``world`` strings of one
+    length made of ``allowed`` gradient kinds.
+
+    Example:
+        >>> check_kinds(["FI", "FF"], 2)
+        >>> check_kinds(["FI", "F"], 2)
+        Traceback (most recent call last):
+        ValueError: kinds=['FI', 'F']: give 2 strings of one length, ...
+    """
+    if len(kinds) != world or len({len(k) for k in kinds}) != 1:
+        raise ValueError(f"kinds={list(kinds)!r}: give {world} strings of one length, one "
+                         "per rank (one character per step)")
+    unknown = sorted({c for k in kinds for c in k} - set(allowed))
+    if unknown:
+        raise ValueError(f"kinds {unknown} in {list(kinds)!r}: this engine takes "
+                         f"{', '.join(allowed)} (F finite, I inf, N NaN, - no gradient)")
+
+
 def _pythonpath() -> str:
     # The ranks import this very copy of unifiedamp, also from a source checkout.
     src = os.path.dirname(os.path.dirname(os.path.abspath(unifiedamp.__file__)))

@@ -43,8 +43,9 @@ from unifiedamp.conformance.adapters import STEP_KINDS
 from unifiedamp.conformance.engines import (
     DEFAULT_CONFIG,
     Run,
+    check_kinds,
     default_kinds,
-    free_port,
+    free_ports,
     launch,
     rank_main,
     step_record,
@@ -102,25 +103,6 @@ def reference(kinds_per_rank: Sequence[str]) -> list[list[float]]:
     return out
 
 
-def _check_kinds(kinds: Sequence[str]) -> None:
-    if len(kinds) != WORLD or len({len(k) for k in kinds}) != 1:
-        raise ValueError(f"kinds={list(kinds)!r}: give {WORLD} strings of one length, one "
-                         "per rank (one character per step)")
-    unknown = sorted({c for k in kinds for c in k} - set(STEP_KINDS))
-    if unknown:
-        raise ValueError(f"kinds {unknown} in {list(kinds)!r}: this engine plants "
-                         f"{', '.join(STEP_KINDS)} (finite, inf, NaN) in each rank's example")
-
-
-def _ports(n: int) -> list[int]:
-    ports: list[int] = []
-    while len(ports) < n:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
-
-
 def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
         config: ScalerConfig | None = None, timeout: float = 120.0) -> Run:
     """Runs ``engine`` with ``scaler`` as two rank processes; see the module.
@@ -138,9 +120,9 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
         raise ValueError(f"scaler {scaler!r}: one of {', '.join(SCALERS)}")
     kinds = list(default_kinds(WORLD) if kinds is None else kinds)
     config = DEFAULT_CONFIG if config is None else config
-    _check_kinds(kinds)
+    check_kinds(kinds, WORLD)
     # The store's (rank 0 serves it) and each rank's endpoint.
-    master, *ports = _ports(WORLD + 1)
+    master, *ports = free_ports(WORLD + 1)
     endpoints = [f"127.0.0.1:{p}" for p in ports]
 
     def env(rank: int) -> dict[str, str]:

@@ -45,8 +45,9 @@ from unifiedamp.conformance.adapters import STEP_KINDS
 from unifiedamp.conformance.engines import (
     DEFAULT_CONFIG,
     Run,
+    check_kinds,
     default_kinds,
-    free_port,
+    free_ports,
     launch,
     rank_main,
     step_record,
@@ -107,16 +108,6 @@ def reference(kinds_per_rank: Sequence[str]) -> list[list[float]]:
     return out
 
 
-def _check_kinds(kinds: Sequence[str], world: int) -> None:
-    if len(kinds) != world or len({len(k) for k in kinds}) != 1:
-        raise ValueError(f"kinds={list(kinds)!r}: give {world} strings of one length, "
-                         "one per worker (one character per step)")
-    unknown = sorted({c for k in kinds for c in k} - set(STEP_KINDS))
-    if unknown:
-        raise ValueError(f"kinds {unknown} in {list(kinds)!r}: this engine plants "
-                         f"{', '.join(STEP_KINDS)} (finite, inf, NaN) in each worker's example")
-
-
 def _native_config(config: ScalerConfig) -> None:
     # What keras.optimizers.LossScaleOptimizer can express.
     expressible = ScalerConfig(config.init_scale, growth_interval=config.growth_interval)
@@ -147,15 +138,11 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
     world = WORLD[engine]
     kinds = list(default_kinds(world) if kinds is None else kinds)
     config = DEFAULT_CONFIG if config is None else config
-    _check_kinds(kinds, world)
+    check_kinds(kinds, world)
     if scaler == "keras":
         _native_config(config)
     # One port per worker's server (launch's own port is for one rendezvous).
-    ports: list[int] = []
-    while len(ports) < world:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
+    ports = free_ports(world)
     workers = [f"localhost:{p}" for p in ports]
 
     def env(rank: int) -> dict[str, str]:
