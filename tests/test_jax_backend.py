@@ -598,7 +598,8 @@ def test_a_new_scaler_can_be_donated_to_a_jitted_step():
 # ------------------------------------------------------------ the package's layout
 
 #: What jax/_compat.py wraps: not JAX's stable API (attribute and string names).
-JAX_INTERNALS = {"core", "_src", "pcast", "pvary", "vma", "manual_axis_type"}
+JAX_INTERNALS = {"core", "_src", "pcast", "pvary", "vma", "manual_axis_type", "_check_vma",
+                 "_check_rep"}
 
 
 def _names_used(path):
@@ -634,14 +635,23 @@ def test_the_jax_internals_compat_wraps_work_on_this_jax():
         zero = jnp.zeros(())
         seen.update(tracer=_compat.is_tracer(x), x=_compat.varying_axes(x),
                     zero=_compat.varying_axes(zero),
-                    cast=_compat.varying_axes(_compat.cast_varying(zero, frozenset({"d"}))))
+                    cast=_compat.varying_axes(_compat.cast_varying(zero, frozenset({"d"}))),
+                    mapped=_compat.mapped_axes())
         return x
 
     mesh = Mesh(np.array(jax.devices()[:1]), ("d",))
     jax.shard_map(body, mesh=mesh, in_specs=P("d"), out_specs=P("d"))(jnp.ones(1))
-    assert seen == {"tracer": True, "x": {"d"}, "zero": frozenset(), "cast": {"d"}}, (
+    assert seen == {"tracer": True, "x": {"d"}, "zero": frozenset(), "cast": {"d"},
+                    "mapped": (("d",), True)}, (
         f"jax {jax.__version__}: {seen}; adapt unifiedamp/backends/jax/_compat.py")
     assert not _compat.is_tracer(jnp.ones(1))
+    # pmap and shard_map(check_vma=False) map the axis without tracking what varies.
+    mapped = []
+    jax.pmap(lambda x: mapped.append(_compat.mapped_axes()) or x, axis_name="p")(jnp.ones(1))
+    jax.shard_map(lambda x: mapped.append(_compat.mapped_axes()) or x, mesh=mesh,
+                  in_specs=P("d"), out_specs=P("d"), check_vma=False)(jnp.ones(1))
+    jax.jit(lambda x: mapped.append(_compat.mapped_axes()) or x)(jnp.ones(1))
+    assert mapped == [(("p",), False), (("d",), False), ((), False)], mapped
 
 
 def test_public_names_show_the_public_module():

@@ -17,7 +17,8 @@ numbers, zeros, infs or NaNs (:mod:`unifiedamp.backends._float32`).
 The package's modules: ``_scaler`` (:class:`JaxGradScaler` and the helpers of a
 jitted step), ``_optax`` (:func:`loss_scaled`, :func:`loss_scaled_accumulate`),
 ``_diagnostics`` (:func:`overflow_counts`, the report, history ring and collapse
-check) and ``_compat`` (the JAX internals they rely on).
+check), ``_agreement`` (the trace-time check that the devices sharing a scale agree on
+the finite flag: a missing ``axis_name``) and ``_compat`` (the JAX internals they rely on).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The JAX internals this package relies on, in one place.
 
 Supported: jax 0.7 and later (``pyproject.toml``), tested with the version in
-``constraints.txt``. Three things here are not JAX's stable public API:
+``constraints.txt``. Four things here are not JAX's stable public API:
 
 - ``jax.core.Tracer``, to tell a traced array (inside ``jit``, ``scan``, ``shard_map``)
   from a concrete one: :func:`is_tracer`.
@@ -9,6 +9,9 @@ Supported: jax 0.7 and later (``pyproject.toml``), tested with the version in
   value: ``manual_axis_type.varying`` since jax 0.10, ``vma`` before (:func:`varying_axes`).
 - The cast that makes an array varying over more axes: ``lax.pcast(x, axes,
   to="varying")`` since jax 0.9, ``lax.pvary(x, axes)`` before (:func:`cast_varying`).
+- Whether the enclosing trace tracks varying axes at all: the ``check_vma`` config state
+  that ``shard_map(check_vma=...)`` sets; ``pmap`` runs as a ``shard_map`` with
+  ``check_vma=False`` since jax 0.8 (:func:`mapped_axes`).
 
 No other module of the package uses them: a JAX release that changes one changes this file.
 """
@@ -33,6 +36,20 @@ def varying_axes(x: Any) -> frozenset[Any]:
     aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
     manual = getattr(aval, "manual_axis_type", None)
     return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()) or ())
+
+
+def mapped_axes() -> tuple[tuple[Any, ...], bool]:
+    """The mesh axes the enclosing ``shard_map`` or ``pmap`` maps over (``()`` outside
+    one), and whether that trace tracks which of them each value varies over (a default
+    ``shard_map``: :func:`varying_axes` is exact there; ``pmap`` and
+    ``shard_map(check_vma=False)``: it reads ``()`` for every value)."""
+    manual = tuple(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()) or ())
+    if not manual:
+        return (), False
+    from jax._src import config
+
+    state = getattr(config, "_check_vma", getattr(config, "_check_rep", None))
+    return manual, bool(state.value) if state is not None else False
 
 
 def cast_varying(x: Any, axes: frozenset[Any]) -> Any:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from unifiedamp._registry import MissingBackendError
 from unifiedamp.backends.jax._compat import cond_varying
-from unifiedamp.backends.jax._scaler import JaxGradScaler, all_finite
+from unifiedamp.backends.jax._scaler import JaxGradScaler, _all_finite
 
 
 class LossScaledState(NamedTuple):
@@ -49,7 +49,8 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
     Args:
         inner: Any optax ``GradientTransformation``.
         scaler: The initial :class:`JaxGradScaler`.
-        axis_name: Inside ``shard_map``/``pmap``, the axis whose devices must agree.
+        axis_name: Inside ``shard_map``/``pmap``, the axis whose devices must agree
+            (``()``: the gradients already agree; see :func:`all_finite`).
 
     Example:
         >>> import jax, jax.numpy as jnp, optax
@@ -73,7 +74,7 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
     def update(updates: Any, state: LossScaledState, params: Any = None,
                **extra_args: Any) -> tuple[Any, LossScaledState]:
         scaler = state.scaler
-        finite = (all_finite(updates, axis_name) & scaler._reciprocal_finite()
+        finite = (_all_finite(updates, axis_name, "loss_scaled") & scaler._reciprocal_finite()
                   if scaler.is_enabled() else jnp.array(True))
 
         def apply() -> tuple[Any, Any]:
@@ -143,7 +144,8 @@ def loss_scaled_accumulate(inner: Any, scaler: JaxGradScaler, every_k: int, *,
         inner: Any optax ``GradientTransformation``; it sees the unscaled sum.
         scaler: The initial :class:`JaxGradScaler`.
         every_k: Micro-batches per optimizer step, an int >= 1.
-        axis_name: Inside ``shard_map``/``pmap``, the axis whose devices must agree.
+        axis_name: Inside ``shard_map``/``pmap``, the axis whose devices must agree
+            (``()``: the gradients already agree; see :func:`all_finite`).
 
     Returns:
         An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -195,7 +197,7 @@ def loss_scaled_accumulate(inner: Any, scaler: JaxGradScaler, every_k: int, *,
             return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape[0])
 
         def step(_: Any) -> tuple[Any, ...]:
-            grads, finite = state.scaler.unscale(acc, axis_name)
+            grads, finite = state.scaler._unscale(acc, axis_name, "loss_scaled_accumulate")
             new_updates, new_inner = cond_varying(
                 finite, lambda: apply(grads), lambda: (zeros(), state.inner_state))
             cleared = jax.tree.map(jnp.zeros_like, acc)

@@ -18,6 +18,7 @@ from jax import lax
 
 from unifiedamp.backends._float32 import Float32Bits
 from unifiedamp.backends._functional import LEAVES, FunctionalGradScaler
+from unifiedamp.backends.jax._agreement import require_agreed, warn_if_unagreed
 from unifiedamp.backends.jax._compat import is_tracer
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, f32_bits
 
@@ -33,14 +34,23 @@ def _multiply(tree: Any, hi: jax.Array, lo: jax.Array) -> Any:
 def all_finite(tree: Any, axis_name: Any = None) -> jax.Array:
     """True (a 0-d bool array) when every element of every leaf is finite.
 
-    With ``axis_name`` (inside ``shard_map``/``pmap``), true only if it holds on
-    every device of that axis, so all of them skip together.
+    With ``axis_name`` (inside ``shard_map``/``pmap``: a mesh axis name or a tuple of
+    them), true only if it holds on every device of those axes, so all of them skip
+    together; ``axis_name=()`` says the gradients already agree (no collective).
+    Without it, a check that devices may not agree on warns under ``pmap``,
+    ``shard_map(check_vma=False)`` and on one process's arrays of a multi-process run
+    (``docs/backends/jax.md``, Devices).
 
     Example:
         >>> import jax.numpy as jnp
         >>> bool(all_finite({"a": jnp.ones(2), "b": jnp.array([1.0, jnp.inf])}))
         False
     """
+    return _all_finite(tree, axis_name, "all_finite")
+
+
+def _all_finite(tree: Any, axis_name: Any, caller: str) -> jax.Array:
+    warn_if_unagreed(tree, axis_name, caller)
     finite = jnp.array(True)
     for leaf in jax.tree.leaves(tree):
         leaf = jnp.asarray(leaf)
@@ -54,7 +64,7 @@ def all_finite(tree: Any, axis_name: Any = None) -> jax.Array:
             # float16/bfloat16: XLA's CPU emulates their arithmetic, which makes
             # sum(g * 0) the slower form there.
             finite = finite & jnp.all(jnp.isfinite(leaf))
-    if axis_name is not None:
+    if axis_name is not None and axis_name != ():
         finite = lax.psum((~finite).astype(jnp.int32), axis_name) == 0
     return finite
 
@@ -69,11 +79,17 @@ def step_if_finite(finite: jax.Array, step: Callable[[Any], Any], state: Any) ->
     of its own. This is the fastest form on XLA's CPU, where :func:`where_finite` over
     the optimizer state copies every moment first (``docs/backends/jax.md``, Performance).
 
+    Inside a default ``shard_map``, a ``finite`` that varies over a mesh axis over which
+    ``state`` does not raises ``ValueError`` naming ``axis_name`` (each device would
+    step or skip on its own, and JAX types the result as still replicated).
+
     Example:
         >>> import jax.numpy as jnp
         >>> step_if_finite(jnp.array(False), lambda w: w - 1.0, jnp.ones(2))
         Array([1., 1.], dtype=float32)
     """
+    require_agreed(finite, state, "step_if_finite",
+                   "the state does not, so each device would step or keep its own replica")
     return lax.cond(finite, step, lambda s: s, state)
 
 
@@ -86,11 +102,17 @@ def where_finite(finite: jax.Array, new: Any, old: Any) -> Any:
     update, so it copies every moment first (``docs/backends/jax.md``, Performance); a
     select on a few leaves, or outside ``jit``, is cheap.
 
+    Inside a default ``shard_map``, a ``finite`` that varies over a mesh axis over which
+    ``old`` does not raises ``ValueError`` naming ``axis_name``.
+
     Example:
         >>> import jax.numpy as jnp
         >>> where_finite(jnp.array(False), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})["w"]
         Array([0., 0.], dtype=float32)
     """
+    require_agreed(finite, old, "where_finite",
+                   "the old state does not, so each device would keep or replace its own "
+                   "replica")
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
 
@@ -221,7 +243,9 @@ class JaxGradScaler(FunctionalGradScaler):
         flushed to zero, as XLA does for every float32 op. ``all finite`` is
         decided on the gradients as given (scaled), like every backend, and is
         false at a scale whose reciprocal overflows (``spec.unscale_overflows``);
-        with ``axis_name`` it is agreed across that mapped axis.
+        with ``axis_name`` it is agreed across that mapped axis (:func:`all_finite`:
+        without one, a check devices may disagree on warns, and :meth:`update`
+        refuses a flag that varies across a default ``shard_map``'s devices).
 
         Example:
             >>> import jax.numpy as jnp
@@ -229,11 +253,44 @@ class JaxGradScaler(FunctionalGradScaler):
             >>> grads, bool(finite)
             (Array(9.991702e-31, dtype=float32), True)
         """
+        return self._unscale(grads, axis_name, "unscale")
+
+    def _unscale(self, grads: Any, axis_name: Any, caller: str) -> tuple[Any, jax.Array]:
         if not self._config.enabled:
             return grads, jnp.array(True)
         inverse = F32.split(F32.reciprocal_bits(F32.bits(self.loss_scale)))
-        finite = all_finite(grads, axis_name) & self._reciprocal_finite()
+        finite = _all_finite(grads, axis_name, caller) & self._reciprocal_finite()
         return _multiply(grads, *inverse), finite
+
+    def update(self, finite: Any = None, *, new_scale: Any = None) -> JaxGradScaler:
+        """The scaler after one iteration whose gradients were all ``finite`` (or not).
+
+        Args:
+            finite: One flag: the 0-d bool array ``unscale`` returns, a Python bool
+                or a 0-d NumPy bool. Anything else (a string, a float, an array of
+                flags) raises ``TypeError``/``ValueError`` rather than being read as
+                true or reshaping the scaler's arrays; the check reads only static
+                type, dtype and shape, so it costs nothing under jit.
+            new_scale: Instead, a scaler whose scale is this host number (finite and
+                > 0 in float32), trackers and counters kept, as torch's
+                ``update(new_scale)``; not counted as an update.
+
+        Raises:
+            ValueError: Inside a default ``jax.shard_map``, ``finite`` varies over a mesh
+                axis over which the scale does not: it was decided on each device's own
+                gradients, and the scale would differ across devices. The message names
+                the ``axis_name`` to pass to ``unscale``. Read from the flag's type at
+                trace time: no cost.
+
+        Example:
+            >>> import unifiedamp as ua
+            >>> ua.GradScaler(8.0, backend="jax").update(False).get_scale()
+            4.0
+        """
+        if finite is not None and new_scale is None and self._config.enabled:
+            require_agreed(finite, self.loss_scale, "update",
+                           "the scale does not, so each device would update its own copy")
+        return super().update(finite, new_scale=new_scale)
 
     def _reciprocal_finite(self) -> jax.Array:
         # spec.unscale_overflows: below MIN_UNSCALABLE (a subnormal) 1/scale is inf, and

@@ -1,0 +1,165 @@
+"""A device axis left out of the finite check is caught at trace time, naming ``axis_name``.
+
+Inside a default ``jax.shard_map`` JAX types every value with the mesh axes it varies
+over: a flag decided on per-device gradients varies, and using it on a replicated scale
+or state raises. ``pmap`` and ``shard_map(check_vma=False)`` track nothing: a check
+without an axis warns there. Gradients that already agree (``lax.pmean``, the summed
+gradients of replicated parameters, ``jax.jit`` on global arrays) need no axis, and
+nothing is said. One device is enough: the check reads types, not values (two devices
+and two processes: tests/test_distributed_jax.py).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+optax = pytest.importorskip("optax")
+
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from unifiedamp.backends.jax import (  # noqa: E402
+    JaxGradScaler,
+    all_finite,
+    find_scaler,
+    loss_scaled,
+    loss_scaled_accumulate,
+    step_if_finite,
+    where_finite,
+)
+
+pytestmark = pytest.mark.framework("jax")
+
+MESH = Mesh(np.array(jax.devices()[:1]), ("d",))
+PARAMS = {"w": jnp.ones(3)}
+
+
+def shard_mapped(body, check_vma=True):
+    """``body(scaler, params, x)`` under ``jax.jit(shard_map)`` on a one-device mesh: the
+    scaler and parameters replicated (``P()``), ``x`` one shard per device (``P("d")``)."""
+    return jax.jit(jax.shard_map(body, mesh=MESH, in_specs=(P(), P(), P("d")),
+                                 out_specs=P(), check_vma=check_vma))
+
+
+def uses(name, axis_name):
+    """A step that checks the per-device gradient ``x`` and uses the flag through ``name``."""
+
+    def body(scaler, params, x):
+        grads = {"w": x}  # varies over "d": each device's own gradient
+        if name in ("loss_scaled", "loss_scaled_accumulate"):
+            tx = (loss_scaled(optax.sgd(0.1), scaler, axis_name=axis_name)
+                  if name == "loss_scaled" else
+                  loss_scaled_accumulate(optax.sgd(0.1), scaler, 1, axis_name=axis_name))
+            updates, state = tx.update(grads, tx.init(params), params)
+            return find_scaler(state).loss_scale
+        unscaled, finite = scaler.unscale(grads, axis_name=axis_name)
+        if name == "update":
+            return scaler.update(finite).loss_scale
+        stepped = jax.tree.map(lambda p, g: p - lax.pmean(g, "d"), params, unscaled)
+        if name == "where_finite":
+            return where_finite(finite, stepped, params)["w"].sum()
+        return step_if_finite(finite, lambda p: stepped, params)["w"].sum()
+
+    return body
+
+
+FLAG_USERS = ["update", "step_if_finite", "where_finite", "loss_scaled",
+              "loss_scaled_accumulate"]
+
+
+@pytest.mark.parametrize("name", FLAG_USERS)
+def test_a_per_device_flag_used_on_a_replicated_state_in_shard_map_names_axis_name(name):
+    step = shard_mapped(uses(name, None))
+    with pytest.raises(ValueError, match=r"varies over the shard_map mesh axis 'd'.*"
+                                         r"Fix: pass axis_name='d'") as error:
+        step(JaxGradScaler(8.0), PARAMS, jnp.ones(3))
+    assert "scaler.unscale(grads, axis_name='d')" in str(error.value)
+    assert "Mesh axes in scope: ('d',)" in str(error.value)
+
+
+@pytest.mark.parametrize("name", FLAG_USERS)
+def test_with_axis_name_the_same_step_runs_and_skips_on_an_inf(name):
+    step = shard_mapped(uses(name, "d"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        good = step(JaxGradScaler(8.0), PARAMS, jnp.ones(3))
+        bad = step(JaxGradScaler(8.0), PARAMS, jnp.array([1.0, jnp.inf, 1.0]))
+    if name in ("update", "loss_scaled", "loss_scaled_accumulate"):
+        assert (float(good), float(bad)) == (8.0, 4.0)
+    else:
+        assert (float(good), float(bad)) == (3 * (1 - 1 / 8), 3.0)  # stepped; skipped
+
+
+def test_gradients_that_already_agree_need_no_axis_and_nothing_is_said():
+    def averaged(scaler, params, x):
+        grads, finite = scaler.unscale({"w": lax.pmean(x, "d")})
+        return step_if_finite(finite, lambda p: p, params)["w"].sum() + scaler.update(
+            finite).loss_scale
+
+    def of_replicated_parameters(scaler, params, x):
+        # JAX sums the gradient of replicated parameters over the axis itself.
+        grads = jax.grad(lambda p: scaler.scale((p["w"] * x).sum()))(params)
+        grads, finite = scaler.unscale(grads)
+        return where_finite(finite, params, params)["w"].sum() + scaler.update(
+            finite).loss_scale
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for body in (averaged, of_replicated_parameters):
+            assert float(shard_mapped(body)(JaxGradScaler(8.0), PARAMS, jnp.ones(3))) == 11.0
+        scaler = JaxGradScaler(8.0)
+        jitted = jax.jit(lambda s, g: s.update(s.unscale(g)[1]))  # no mesh axis in scope
+        assert jitted(scaler, {"w": jnp.ones(3)}).get_scale() == 8.0
+        assert scaler.update(scaler.unscale({"w": jnp.ones(3)})[1]).get_scale() == 8.0
+
+
+def unchecked_step(axis_name, averaged=False):
+    def body(scaler, params, x):
+        g = lax.pmean(x, "d") if averaged else x
+        unscaled, finite = scaler.unscale({"w": g}, axis_name=axis_name)
+        return step_if_finite(finite, lambda p: p, params)["w"].sum() + scaler.update(
+            finite).loss_scale
+
+    return body
+
+
+def run_mapped(mode, body):
+    scaler = JaxGradScaler(8.0)
+    if mode == "pmap":
+        return jax.pmap(body, axis_name="d", in_axes=(None, None, 0))(
+            scaler, PARAMS, jnp.ones((1, 3)))[0]
+    return shard_mapped(body, check_vma=False)(scaler, PARAMS, jnp.ones(3))
+
+
+@pytest.mark.parametrize("mode", ["pmap", "shard_map(check_vma=False)"])
+def test_a_check_without_axis_name_warns_under_pmap_and_unchecked_shard_map(mode):
+    with pytest.warns(UserWarning, match=r"unscale without axis_name inside pmap or "
+                                         r"shard_map\(check_vma=False\) over the mesh axes "
+                                         r"\('d',\)") as caught:
+        run_mapped(mode, unchecked_step(None))
+    (warning,) = [w for w in caught if "axis_name" in str(w.message)]
+    assert "Fix: pass axis_name='d'" in str(warning.message)
+    assert warning.filename == __file__  # the line that calls unscale
+    # JAX cannot tell averaged gradients here: the warning stands, and axis_name says it.
+    with pytest.warns(UserWarning, match="axis_name=\\(\\) says so"):
+        run_mapped(mode, unchecked_step(None, averaged=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert float(run_mapped(mode, unchecked_step("d"))) == 11.0
+        assert float(run_mapped(mode, unchecked_step((), averaged=True))) == 11.0
+
+
+def test_axis_name_empty_tuple_adds_no_collective():
+    def flag(axis_name):
+        return jax.pmap(lambda x: all_finite(x, axis_name), axis_name="d")
+
+    assert "psum" in str(jax.make_jaxpr(flag("d"))(jnp.ones((1, 3))))
+    assert "psum" not in str(jax.make_jaxpr(flag(()))(jnp.ones((1, 3))))
+    assert not bool(flag(())(jnp.array([[1.0, jnp.nan, 1.0]]))[0])
+
