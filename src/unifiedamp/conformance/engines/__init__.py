@@ -260,7 +260,9 @@ def rank_main(train: Callable[[dict[str, Any]], list[dict[str, Any]]],
     try:
         steps = train(job)
     except BaseException as exc:
-        line = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        # The message's first line: frameworks append notes (JAX's traceback note) after it.
+        message = str(exc).strip().splitlines()
+        line = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
         write_bytes(path, json.dumps({"rank": job["rank"], "error": line}).encode())
         traceback.print_exc()
         sys.stderr.flush()

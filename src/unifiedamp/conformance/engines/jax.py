@@ -123,10 +123,7 @@ def run(engine: str, scaler: str, kinds: list[str] | None = None,
 
 def _rank_env(rank: int) -> dict[str, str]:
     # One CPU device per process: the mesh spans the processes, not forced host devices.
-    # Unfiltered tracebacks: a rank's error is then its exception's own line, not JAX's
-    # note on the frames it removed.
-    return {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
-            "JAX_TRACEBACK_FILTERING": "off"}
+    return {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
 
 
 # ------------------------------------------------------------ the rank program
