@@ -56,6 +56,7 @@ from unifiedamp.conformance.engines import (
     DEFAULT_CONFIG,
     NO_GRADIENT,
     Run,
+    check_kinds,
     default_kinds,
     launch,
     rank_main,
@@ -180,18 +181,13 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
                          f"with {', '.join(scalers_of(engine))}")
     kinds = list(kinds) if kinds is not None else kinds_of(engine)
     config = config if config is not None else config_of(engine)
-    if len(kinds) != spec.world:
-        raise ValueError(f"engine {engine!r} runs {spec.world} ranks, got kinds for "
-                         f"{len(kinds)}: {kinds}")
+    # A wrapped engine's reduction waits for every rank's backward: no "-" there.
+    check_kinds(kinds, spec.world, "FIN-" if spec.wrapper == "none" else "FIN")
     if scaler != "unifiedamp" and (config.hysteresis != 1 or not config.dynamic
                                    or config.min_scale is not None
                                    or config.max_scale is not None):
         raise ValueError(f"{scaler} has no hysteresis, min/max scale or static mode: "
                          f"{config} is for the unifiedamp scaler only")
-    if spec.wrapper != "none" and any(NO_GRADIENT in k for k in kinds):
-        raise ValueError(f"engine {engine!r} runs every rank's backward (its reduction "
-                         f"waits for all): no kind {NO_GRADIENT!r}; the engine 'no-grad' "
-                         "takes it")
     # Each rank prints its threads' stacks shortly before the timeout: a deadlock's
     # log then says which collective each rank waits in.
     job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict(),
