@@ -193,11 +193,14 @@ def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120
                 timed_out = True
                 break
             time.sleep(0.05)
+        # Every rank killed before waiting on any: a rank that outlived a killed peer
+        # would see its connection closed and write that as its error.
         for p in procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        for p in procs:
+            p.wait()
         tails = []
         for log in logs:
             log.seek(0)
@@ -418,7 +421,10 @@ class Run:
     outcome: Outcome
     replicas: bool = True
     reference: list[list[float]] | None = None
+    #: How close to the reference (e.g. looser for a float16 forward).
+    rtol: float = 1e-5
 
     def problems(self) -> list[str]:
         """:func:`check` of this run."""
-        return check(self.config, self.kinds, self.outcome, self.replicas, self.reference)
+        return check(self.config, self.kinds, self.outcome, self.replicas, self.reference,
+                     self.rtol)
