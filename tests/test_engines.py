@@ -162,3 +162,15 @@ def test_the_command_line_names_the_frameworks_and_refuses_others(capsys):
     assert "FRAMEWORK: torch, jax, tensorflow, paddle" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="unknown framework 'mxnet'"):
         engines.main(["mxnet"])
+
+
+@pytest.mark.framework("torch")
+def test_the_command_line_lists_an_engines_settings_and_refuses_a_pairing_it_cannot_run(
+        capsys):
+    assert engines.main(["torch"]) == 0
+    listed = capsys.readouterr().out
+    assert "fsdp2" in listed and "torch.amp" in listed
+    assert engines.main(["torch", "ddp-hysteresis", "torch.amp"]) == 2
+    assert "does not run with scaler 'torch.amp'" in capsys.readouterr().err
+    assert engines.main(["torch", "fsdp3", "unifiedamp"]) == 2
+    assert "unknown engine 'fsdp3' for torch" in capsys.readouterr().err

@@ -399,7 +399,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"unknown {name} {value!r} for {args[0]}: one of {', '.join(table)}",
                   file=sys.stderr)
             return 2
-    run = module.run(engine, scaler)
+    try:
+        run = module.run(engine, scaler)
+    except ValueError as exc:  # a pairing the engine cannot run, named with the fix
+        print(exc, file=sys.stderr)
+        return 2
     for rank, record in enumerate(run.outcome.records):
         print(f"rank {rank}:")
         for step, got in enumerate((record or {}).get("steps", [])):
