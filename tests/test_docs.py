@@ -57,3 +57,32 @@ def test_spec_schema_doc_names_every_key_of_the_spec_document():
     keys |= {f"frameworks.<fw>.{k}" for k in doc["frameworks"]["torch"]}
     for key in keys:
         assert f"| `{key}` |" in table, f"{key} is not documented in docs/spec-schema.md"
+
+
+def test_the_distributed_page_names_tests_and_settings_that_exist():
+    """Each cell of docs/distributed.md's table cites a test and can be rerun from a shell:
+    every test it names is defined, every `python -m unifiedamp.conformance.engines`
+    command in the docs names an engine and a scaler its framework runs, and every engine
+    has a row."""
+    import importlib
+    import re
+
+    page = (ROOT / "docs" / "distributed.md").read_text()
+    defined = set()
+    for path in (ROOT / "tests").glob("test_*.py"):
+        defined |= set(re.findall(r"^def (test_\w+)", path.read_text(), re.M))
+    named = set(re.findall(r"`(?:tests/\w+\.py::)?(test_\w+)`", page))
+    assert len(named) >= 10 and named <= defined, sorted(named - defined)
+    commands = []
+    for path in PAGES:
+        commands += re.findall(r"python -m unifiedamp\.conformance\.engines (\w+) ([\w.-]+) "
+                               r"([\w.]+)", path.read_text())
+    assert len(commands) >= 4
+    for framework, engine, scaler in commands:
+        module = importlib.import_module(f"unifiedamp.conformance.engines.{framework}")
+        assert engine in module.ENGINES and scaler in module.SCALERS, (framework, engine,
+                                                                      scaler)
+    for framework in ("torch", "jax", "tensorflow", "paddle"):
+        module = importlib.import_module(f"unifiedamp.conformance.engines.{framework}")
+        missing = [e for e in module.ENGINES if f"`{e}`" not in page]
+        assert not missing, f"{framework} engines without a row in docs/distributed.md: {missing}"
