@@ -37,6 +37,7 @@ from unifiedamp import spec
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 pytestmark = [
+    pytest.mark.distributed,
     pytest.mark.framework("keras"),
     pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras not installed"),
 ]

@@ -17,6 +17,8 @@ from unifiedamp.spec import ScalerConfig, ScalerState
 
 CONFIG = ScalerConfig(1024.0, growth_interval=2)
 KINDS = ["FFFF", "IFFF"]
+pytestmark = pytest.mark.distributed
+
 TIMEOUT = 120  # a launch takes about 6 s; a rank left waiting in a collective never ends
 
 
