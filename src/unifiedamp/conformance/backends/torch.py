@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import importlib
 import json
 import os
 import socket
-import sys
 import tempfile
+import weakref
 from typing import Any
 
 import numpy as np
@@ -129,31 +131,108 @@ def run_ranks(config: dict[str, Any], kinds_per_rank: list[str], optimizer: str 
 
 def _rank_main(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
                optimizer: str, iterations: int, out: str) -> None:
-    import torch.distributed as dist
+    init_gloo_rank(rank, world, port)
+    try:
+        result = _train_rank(config, kinds[rank], optimizer, iterations)
+    except BaseException:
+        # The traceback holds the training's frames (and what they hold): leave the
+        # group without checking that it is gone, and report the error itself.
+        import torch.distributed as dist
 
+        dist.destroy_process_group()
+        raise
+    destroy_process_group()
+    with open(os.path.join(out, f"{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def _train_rank(config: dict[str, Any], kind: str, optimizer: str,
+                iterations: int) -> dict[str, Any]:
+    # The model, optimizer and scaler live in this frame only: they are gone before the
+    # group is destroyed.
     from unifiedamp.backends.torch import TorchGradScaler
 
+    scaler = TorchGradScaler(**config, device="cpu")
+    problem, model = make_problem(optimizer, "cpu")
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(iterations):
+        problem.set_grads(kind, scaler)
+        scaler.step(problem.optimizer)
+        scaler.update()
+    stepped = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    return {"state": list(scaler.state), "stepped": stepped, "skipped": scaler.num_skipped_steps}
+
+
+#: Modules of torch that copy ``torch.distributed.group.WORLD`` into a default argument
+#: when first imported: ``torch.distributed.nn``'s collectives (imported through
+#: ``torch._dynamo`` when the first optimizer is built), ``ShardedGradScaler.__init__``
+#: and ``ZeroRedundancyOptimizer``'s ``_broadcast_object``. Imported after
+#: ``init_process_group``, they hold the group for the life of the process, past
+#: ``destroy_process_group()``.
+PINNING_MODULES = ("torch.distributed.nn.functional", "torch.distributed.fsdp.sharded_grad_scaler",
+                   "torch.distributed.optim.zero_redundancy_optimizer")
+
+
+def init_gloo_rank(rank: int, world: int, port: int) -> None:
+    """Joins the gloo group of ``world`` ranks that meet on ``127.0.0.1:port``, once
+    :data:`PINNING_MODULES` are imported (so that none of them holds the group later,
+    and :func:`destroy_process_group` can end it).
+
+    Example:
+        >>> import torch.distributed as dist
+        >>> init_gloo_rank(0, 1, free_port())
+        >>> dist.get_world_size()
+        1
+        >>> destroy_process_group()
+        >>> dist.is_initialized()
+        False
+    """
+    import torch.distributed as dist
+
+    for module in PINNING_MODULES:
+        importlib.import_module(module)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    try:
-        scaler = TorchGradScaler(**config, device="cpu")
-        problem, model = make_problem(optimizer, "cpu")
-        before = [p.detach().clone() for p in model.parameters()]
-        for _ in range(iterations):
-            problem.set_grads(kinds[rank], scaler)
-            scaler.step(problem.optimizer)
-            scaler.update()
-        stepped = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(),
-                                                                strict=True))
-        with open(os.path.join(out, f"{rank}.json"), "w") as f:
-            json.dump({"state": list(scaler.state), "stepped": stepped,
-                       "skipped": scaler.num_skipped_steps}, f)
-    finally:
-        dist.destroy_process_group()
-    # With torch 2.13 on CPU, gloo aborts a process at interpreter exit ("terminate
-    # called without an active exception") in about 1 run of 15, after both ranks
-    # have written their results and left the group (0 in 60 runs without the
-    # exit-time destructors): the work is done, so leave without them.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+
+
+def destroy_process_group() -> None:
+    """``torch.distributed.destroy_process_group()``, then a check that the default group
+    is gone, its gloo worker threads with it.
+
+    The group's destructor stops and joins those threads while the interpreter still
+    runs. A group that outlives this call (something still holds it) keeps them running
+    into interpreter exit; a worker that then drops the last reference to a tensor
+    Python has already released (a finished collective's, freed after the caller moved
+    on) must take the GIL, which CPython refuses during finalization by ending the
+    thread, and the unwinding through a C++ destructor aborts the process: "terminate
+    called without an active exception" (SIGABRT), after all the work is done.
+
+    Raises:
+        RuntimeError: The group outlived ``destroy_process_group()``; the message says
+            what can hold it.
+
+    Example:
+        >>> import torch.distributed as dist
+        >>> init_gloo_rank(0, 1, free_port())
+        >>> held = dist.group.WORLD
+        >>> destroy_process_group()
+        Traceback (most recent call last):
+        ...
+        RuntimeError: the default process group outlived destroy_process_group(): ...
+        >>> del held
+    """
+    import torch.distributed as dist
+
+    group = weakref.ref(dist.group.WORLD)
+    dist.destroy_process_group()
+    if group() is not None:
+        gc.collect()  # a holder in a reference cycle
+    if group() is not None:
+        raise RuntimeError(
+            "the default process group outlived destroy_process_group(): something still "
+            "holds it, and its gloo worker threads would run into interpreter exit, where "
+            "one can abort the process ('terminate called without an active exception'). "
+            "Free every object that holds the group before destroying it (a DDP or FSDP "
+            "model, a ShardedGradScaler, a DeviceMesh, a scaler given process_group=), and "
+            f"import {', '.join(PINNING_MODULES)} before init_process_group (imported "
+            "after it, they keep it in default arguments)")

@@ -48,6 +48,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -83,8 +84,13 @@ def _prepare_runtime(rank: int = 0, world: int = 1, port: int | None = None) -> 
 
 def _rank_main(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
                out: str) -> None:
+    from unifiedamp.conformance.backends.torch import PINNING_MODULES
     from unifiedamp.conformance.zoo.torch_grad_scaler import write_rank_state
 
+    # Imported after the group starts, these would hold it past its end (write_rank_state
+    # checks that it ends).
+    for module in PINNING_MODULES:
+        importlib.import_module(module)
     _prepare_runtime(rank, world, port)
     write_rank_state(ColossalAIDynamicGradScaler(), config, kinds, rank, out)
 

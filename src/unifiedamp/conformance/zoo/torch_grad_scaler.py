@@ -377,10 +377,9 @@ _SHARDED_GROWTH = Difference(
 
 def _sharded_rank(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
                   dev: str, out: str) -> None:
-    import torch.distributed as dist
+    from unifiedamp.conformance.backends.torch import init_gloo_rank
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    init_gloo_rank(rank, world, port)
     adapter = ShardedGradScaler()
     adapter.device = dev
     write_rank_state(adapter, config, kinds, rank, out)
@@ -407,24 +406,27 @@ def spawn_rank_states(main: Callable[..., None], world: int, *args: Any) -> list
 
 def write_rank_state(adapter: Any, config: dict[str, Any], kinds: list[str], rank: int,
                      out: str) -> None:
-    """One rank's iteration in a spawned process: writes its state to ``out/<rank>.json``,
-    closes the process group and leaves the process."""
+    """One rank's iteration in a spawned process: writes its state to ``out/<rank>.json``
+    and ends the process group (see
+    :func:`unifiedamp.conformance.backends.torch.destroy_process_group`, which checks that
+    the group is gone; the rank joins it with ``init_gloo_rank``)."""
     import json
-    import sys
 
     import torch.distributed as dist
 
+    from unifiedamp.conformance.backends.torch import destroy_process_group
+
     try:
-        handle = adapter.iterate(adapter.new(ScalerConfig(**config)), kinds[rank])
-        with open(os.path.join(out, f"{rank}.json"), "w") as f:
-            json.dump(list(adapter.read(handle)), f)
-    finally:
+        state = list(adapter.read(adapter.iterate(adapter.new(ScalerConfig(**config)),
+                                                  kinds[rank])))
+    except BaseException:
+        # The traceback holds the scaler and its model: leave unchecked, report the error.
         dist.destroy_process_group()
-    # Gloo may abort a process at interpreter exit after the work is done (see
-    # unifiedamp.conformance.backends.torch._rank_main): leave without exit-time destructors.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        raise
+    # The handle (the scaler, which may hold the group, and its model) is gone by now.
+    destroy_process_group()
+    with open(os.path.join(out, f"{rank}.json"), "w") as f:
+        json.dump(state, f)
 
 
 #: Test id -> how torch's scalers differ there, checked by hand. Where the two adapters
