@@ -8,7 +8,7 @@ does), its workers run on into interpreter exit; one that frees a tensor Python 
 released, or runs a Python completion callback, then needs the GIL, CPython ends the
 thread, and the process aborts: "terminate called without an active exception".
 
-The rank program below is the recipe of ``docs/backends/torch.md``: join with
+The rank program below is the recipe of ``docs/distributed.md``: join with
 ``init_gloo_rank`` (the pinning modules imported first), free what holds the group,
 leave with the checked ``destroy_process_group``. Its last collective has a Python
 completion callback that is still running when the rank moves on, as a DDP Python comm
