@@ -50,7 +50,8 @@ def _fixes(hint: str) -> str:
 def _user_stacklevel() -> int:
     """The ``stacklevel`` of the first frame above the caller outside these libraries,
     so a warning names the user's line (also from inside a ``lax.cond`` branch)."""
-    frame, level = sys._getframe(1), 1
+    frame: Any = sys._getframe(1)
+    level = 1
     while frame is not None and _in_libraries(frame.f_globals.get("__name__", "")):
         frame, level = frame.f_back, level + 1
     return level

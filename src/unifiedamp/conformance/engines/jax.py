@@ -191,12 +191,12 @@ class _Rank:
         from jax.sharding import PartitionSpec as P
 
         if self.engine == "processes-jit":
-            def step(scaler: Any, params: Any, x: Any) -> Any:
+            def global_step(scaler: Any, params: Any, x: Any) -> Any:
                 # The global batch's mean loss: its gradient is the ranks' mean gradient.
                 return _sgd(scaler, params, jax.grad(
                     lambda p: scaler.scale(_loss(p, x) / WORLD))(params), None)
 
-            return jax.jit(step)
+            return jax.jit(global_step)
 
         unchecked = self.engine.startswith("processes-unchecked")
         axis = None if self.engine.endswith("no-axis") else _AXIS

@@ -168,7 +168,8 @@ class _Native:
         if not s.is_enable():
             # Disabled (a CPU place): the loss is multiplied by nothing.
             return 1.0, 0, 0
-        return float(s._scale.numpy().item()), int(s._incr_count), int(s._decr_count)
+        scale: Any = s._scale
+        return float(scale.numpy().item()), int(s._incr_count), int(s._decr_count)
 
 
 def train(job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -190,13 +191,14 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     for param in model.parameters():
         param.set_value(paddle.full(param.shape, START, dtype=param.dtype))
     opt = paddle.optimizer.SGD(learning_rate=LEARNING_RATE, parameters=model.parameters())
+    wrapped: Any
     if job["engine"] == "fleet":
         fleet.init(is_collective=True)
-        model = fleet.distributed_model(model)
+        wrapped = fleet.distributed_model(model)
         opt = fleet.distributed_optimizer(opt)
     else:
         dist.init_parallel_env()
-        model = paddle.DataParallel(model)
+        wrapped = paddle.DataParallel(model)
     # Made once the parallel environment is, as a user would.
     native = _Native(config) if job["scaler"] == "paddle" else None
     if native is not None and job["engine"] == "fleet":
@@ -216,7 +218,7 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     for kind in job["kinds"][rank]:
         before = weights()
         opt.clear_grad()
-        loss = model(paddle.to_tensor(_example(kind))).sum() * LOSS_FACTOR
+        loss = wrapped(paddle.to_tensor(_example(kind))).sum() * LOSS_FACTOR
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()

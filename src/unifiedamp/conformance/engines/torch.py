@@ -267,7 +267,7 @@ def _scaler(name: str, config: ScalerConfig) -> Any:
         from unifiedamp.backends.torch import TorchGradScaler
 
         return TorchGradScaler(**config.to_dict(), device="cpu")
-    args = {"init_scale": config.init_scale, "growth_factor": config.growth_factor,
+    args: dict[str, Any] = {"init_scale": config.init_scale, "growth_factor": config.growth_factor,
             "backoff_factor": config.backoff_factor, "growth_interval": config.growth_interval}
     if name == "torch.amp":
         return torch.amp.GradScaler("cpu", **args)
@@ -278,7 +278,7 @@ def _scaler(name: str, config: ScalerConfig) -> Any:
 
 def _state(name: str, scaler: Any) -> tuple[float, int, int]:
     if name == "unifiedamp":
-        return tuple(scaler.state)  # type: ignore[return-value]
+        return tuple(scaler.state)
     # torch's scalers have no hysteresis.
     tracker = scaler._growth_tracker
     return scaler.get_scale(), int(tracker.item()) if tracker is not None else 0, 0
