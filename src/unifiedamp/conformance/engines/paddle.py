@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from unifiedamp.conformance.adapters import STEP_KINDS
 from unifiedamp.conformance.engines import (
     DEFAULT_CONFIG,
     Run,
@@ -49,6 +48,14 @@ from unifiedamp.conformance.engines import (
     launch,
     rank_main,
     step_record,
+)
+from unifiedamp.conformance.engines._linear import (
+    FEATURES,
+    LEARNING_RATE,
+    LOSS_FACTOR,
+    START,
+    example,
+    reference,
 )
 from unifiedamp.spec import ScalerConfig
 
@@ -64,43 +71,8 @@ SCALERS: dict[str, str] = {
 }
 
 WORLD = 2
-FEATURES = 4
-LEARNING_RATE = 0.1
-#: Every weight starts here.
-START = 0.1
-#: Each example is the suite's finite value except this element, which holds the step's kind
-#: (STEP_KINDS).
-PLANTED = 1
-#: The loss is sum(model(x)) * LOSS_FACTOR: |loss| < 1, and its gradient does not
-#: depend on the weights, so a finite step stays finite at every float32 scale.
-LOSS_FACTOR = 2.0**-4
 
 _MODULE = "unifiedamp.conformance.engines.paddle"
-
-
-def _example(kind: str) -> np.ndarray:
-    x = np.full((1, FEATURES), STEP_KINDS["F"], np.float32)
-    x[0, PLANTED] = STEP_KINDS[kind]
-    return x
-
-
-def reference(kinds_per_rank: Sequence[str]) -> list[list[float]]:
-    """The weights (the ``[4, 1]`` weight, then the bias) after each step of one process
-    that takes the spec's steps on the ranks' mean gradient.
-
-    Example:
-        >>> [round(w, 6) for w in reference(["F", "F"])[0]]
-        [0.096875, 0.096875, 0.096875, 0.096875, 0.09375]
-    """
-    weights = np.full(FEATURES + 1, START, np.float32)
-    grad = (np.float32(LOSS_FACTOR) * np.append(
-        np.full(FEATURES, STEP_KINDS["F"], np.float32), np.float32(1.0))).astype(np.float32)
-    out = []
-    for step in range(len(kinds_per_rank[0])):
-        if not any(k[step] in "IN" for k in kinds_per_rank):
-            weights = (weights - np.float32(LEARNING_RATE) * grad).astype(np.float32)
-        out.append([float(w) for w in weights])
-    return out
 
 
 def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
@@ -218,7 +190,7 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     for kind in job["kinds"][rank]:
         before = weights()
         opt.clear_grad()
-        loss = wrapped(paddle.to_tensor(_example(kind))).sum() * LOSS_FACTOR
+        loss = wrapped(paddle.to_tensor(example(kind))).sum() * LOSS_FACTOR
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()

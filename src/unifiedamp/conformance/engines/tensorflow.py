@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 
-from unifiedamp.conformance.adapters import STEP_KINDS
 from unifiedamp.conformance.engines import (
     DEFAULT_CONFIG,
     Run,
@@ -51,6 +50,14 @@ from unifiedamp.conformance.engines import (
     launch,
     rank_main,
     step_record,
+)
+from unifiedamp.conformance.engines._linear import (
+    FEATURES,
+    LEARNING_RATE,
+    LOSS_FACTOR,
+    START,
+    example,
+    reference,
 )
 from unifiedamp.spec import ScalerConfig, f32
 
@@ -65,47 +72,8 @@ SCALERS: dict[str, str] = {
 
 #: Workers per engine.
 WORLD = {"multiworker": 2}
-#: The model's inputs and its SGD learning rate.
-FEATURES = 4
-LEARNING_RATE = 0.1
-#: Every weight starts here.
-START = 0.1
-#: Each example is the suite's finite value except this element, which holds the step's kind
-#: (STEP_KINDS).
-PLANTED = 1
-#: The loss is sum(model(x)) * LOSS_FACTOR / world: |loss| < 1, and its gradient does
-#: not depend on the weights, so a finite step stays finite at every float32 scale.
-LOSS_FACTOR = 2.0**-4
 
 _MODULE = "unifiedamp.conformance.engines.tensorflow"
-
-
-def _example(kind: str) -> np.ndarray:
-    x = np.full((1, FEATURES), STEP_KINDS["F"], np.float32)
-    x[0, PLANTED] = STEP_KINDS[kind]
-    return x
-
-
-def reference(kinds_per_rank: Sequence[str]) -> list[list[float]]:
-    """The weights (kernel, then bias) after each step of one process that takes the
-    spec's steps on the mean of the workers' gradients: a step with an inf or NaN on any
-    worker leaves them as they were.
-
-    Example:
-        >>> [round(w, 6) for w in reference(["F", "F"])[0]]
-        [0.096875, 0.096875, 0.096875, 0.096875, 0.09375]
-    """
-    weights = np.full(FEATURES + 1, START, np.float32)
-    # Per worker d(loss)/d(kernel) = x * LOSS_FACTOR / world and d(loss)/d(bias) =
-    # LOSS_FACTOR / world: summed over the workers, the finite example's gradient.
-    grad = np.float32(LOSS_FACTOR) * np.append(np.full(FEATURES, STEP_KINDS["F"], np.float32),
-                                               np.float32(1.0)).astype(np.float32)
-    out = []
-    for step in range(len(kinds_per_rank[0])):
-        if not any(k[step] in "IN" for k in kinds_per_rank):
-            weights = (weights - np.float32(LEARNING_RATE) * grad).astype(np.float32)
-        out.append([float(w) for w in weights])
-    return out
 
 
 def _native_config(config: ScalerConfig) -> None:
@@ -212,7 +180,7 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     records = []
     for kind in job["kinds"][rank]:
         x = strategy.experimental_distribute_values_from_function(
-            lambda _ctx, kind=kind: tf.constant(_example(kind)))
+            lambda _ctx, kind=kind: tf.constant(example(kind)))
         before = weights()
         step(x)
         after = weights()
