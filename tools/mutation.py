@@ -180,18 +180,19 @@ MUTANTS: tuple[Mutant, ...] = (
            "lo = xp.where(subnormal, self.float32(1.0), self.float32(1.0))", _T_FLOAT32),
     # ---------------------------------------------------------------- JAX
     Mutant("jax-unscale-checks-unscaled-grads", f"{BACKENDS}/jax/_scaler.py",
-           "        finite = all_finite(grads, axis_name) & self._reciprocal_finite()\n"
+           "        finite = _all_finite(grads, axis_name, caller) & self._reciprocal_finite()\n"
            "        return _multiply(grads, *inverse), finite",
            "        out = _multiply(grads, *inverse)\n"
-           "        return out, all_finite(out, axis_name) & self._reciprocal_finite()", _T_JAX),
+           "        return out, _all_finite(out, axis_name, caller) & self._reciprocal_finite()",
+           _T_JAX),
     Mutant("jax-all-finite-sums-leaves", f"{BACKENDS}/jax/_scaler.py",
            "jnp.isfinite(jnp.sum(leaf * 0))", "jnp.isfinite(jnp.sum(leaf))", _T_JAX),
     Mutant("jax-all-finite-any-device", f"{BACKENDS}/jax/_scaler.py",
            "lax.psum((~finite).astype(jnp.int32), axis_name) == 0",
            "lax.pmax(finite.astype(jnp.int32), axis_name) == 1", _T_JAX),
     Mutant("jax-loss-scaled-axis-ignored", f"{BACKENDS}/jax/_optax.py",
-           "finite = (all_finite(updates, axis_name) & scaler._reciprocal_finite()",
-           "finite = (all_finite(updates) & scaler._reciprocal_finite()",
+           "finite = (_all_finite(updates, axis_name, \"loss_scaled\")",
+           "finite = (_all_finite(updates, None, \"loss_scaled\")",
            "tests/test_jax_recipes.py::"
            "test_loss_scaled_with_axis_name_skips_on_every_device_in_shard_map_and_pmap "
            + _T_JAX),
