@@ -6,15 +6,16 @@ import gc
 import importlib
 import json
 import os
-import socket
 import tempfile
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from unifiedamp.conformance.adapters import STEP_KINDS, ImperativeAdapter, Problem
+from unifiedamp.conformance.engines import free_port
 from unifiedamp.spec import ScalerState
 
 OPTIMIZERS = {
@@ -102,13 +103,6 @@ class TorchAdapter(ImperativeAdapter):
         return [ScalerState(*r["state"]) for r in results]
 
 
-def free_port() -> int:
-    """A free TCP port on the loopback interface, for a gloo rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(config: dict[str, Any], kinds_per_rank: list[str], optimizer: str = "adam",
               iterations: int = 1) -> list[dict[str, Any]]:
     """Spawns one gloo process per rank; rank r trains on gradients of kind kinds[r].
@@ -132,16 +126,7 @@ def run_ranks(config: dict[str, Any], kinds_per_rank: list[str], optimizer: str 
 def _rank_main(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
                optimizer: str, iterations: int, out: str) -> None:
     init_gloo_rank(rank, world, port)
-    try:
-        result = _train_rank(config, kinds[rank], optimizer, iterations)
-    except BaseException:
-        # The traceback holds the training's frames (and what they hold): leave the
-        # group without checking that it is gone, and report the error itself.
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
-        raise
-    destroy_process_group()
+    result = run_then_leave(lambda: _train_rank(config, kinds[rank], optimizer, iterations))
     with open(os.path.join(out, f"{rank}.json"), "w") as f:
         json.dump(result, f)
 
@@ -193,6 +178,28 @@ def init_gloo_rank(rank: int, world: int, port: int) -> None:
         importlib.import_module(module)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
+
+
+_T = TypeVar("_T")
+
+
+def run_then_leave(work: Callable[[], _T], check: bool = True) -> _T:
+    """``work()`` on a rank that has joined the default group, then leaves the group:
+    with :func:`destroy_process_group` (checked: ``work``'s frame, and what in it held the
+    group, is gone by then) when it returned and ``check`` is true, else with torch's own
+    (an exception's traceback still holds those frames; report the error itself)."""
+    import torch.distributed as dist
+
+    try:
+        result = work()
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    if check:
+        destroy_process_group()
+    else:
+        dist.destroy_process_group()
+    return result
 
 
 def destroy_process_group() -> None:

@@ -349,9 +349,8 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     import faulthandler
 
     import torch
-    import torch.distributed as dist
 
-    from unifiedamp.conformance.backends.torch import destroy_process_group, init_gloo_rank
+    from unifiedamp.conformance.backends.torch import init_gloo_rank, run_then_leave
 
     if job.get("stacks_after"):
         faulthandler.dump_traceback_later(job["stacks_after"])
@@ -362,17 +361,10 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     # checked destroy raises if something still does (its threads could abort the exit).
     init_gloo_rank(rank, world, job["port"])
     try:
-        records = _steps(job, rank, world)
-    except BaseException:
+        return run_then_leave(lambda: _steps(job, rank, world),
+                              check=not _engine(job["engine"]).group_outlives_destroy)
+    finally:
         faulthandler.cancel_dump_traceback_later()
-        dist.destroy_process_group()
-        raise
-    faulthandler.cancel_dump_traceback_later()
-    if _engine(job["engine"]).group_outlives_destroy:
-        dist.destroy_process_group()
-    else:
-        destroy_process_group()
-    return records
 
 
 def _steps(job: dict[str, Any], rank: int, world: int) -> list[dict[str, Any]]:

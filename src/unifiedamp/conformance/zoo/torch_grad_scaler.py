@@ -412,19 +412,11 @@ def write_rank_state(adapter: Any, config: dict[str, Any], kinds: list[str], ran
     the group is gone; the rank joins it with ``init_gloo_rank``)."""
     import json
 
-    import torch.distributed as dist
+    from unifiedamp.conformance.backends.torch import run_then_leave
 
-    from unifiedamp.conformance.backends.torch import destroy_process_group
-
-    try:
-        state = list(adapter.read(adapter.iterate(adapter.new(ScalerConfig(**config)),
-                                                  kinds[rank])))
-    except BaseException:
-        # The traceback holds the scaler and its model: leave unchecked, report the error.
-        dist.destroy_process_group()
-        raise
-    # The handle (the scaler, which may hold the group, and its model) is gone by now.
-    destroy_process_group()
+    # The handle (the scaler, which may hold the group, and its model) lives in the lambda.
+    state = run_then_leave(lambda: list(adapter.read(adapter.iterate(
+        adapter.new(ScalerConfig(**config)), kinds[rank]))))
     with open(os.path.join(out, f"{rank}.json"), "w") as f:
         json.dump(state, f)
 
