@@ -155,6 +155,16 @@ def test_a_check_without_axis_name_warns_under_pmap_and_unchecked_shard_map(mode
         assert float(run_mapped(mode, unchecked_step((), averaged=True))) == 11.0
 
 
+@pytest.mark.parametrize("mode", ["pmap", "shard_map(check_vma=False)"])
+@pytest.mark.parametrize("name", ["loss_scaled", "loss_scaled_accumulate"])
+def test_the_wrappers_given_axis_name_say_nothing_under_pmap(mode, name):
+    """The wrappers check with the axis given; their own unscaling must not check again
+    without it (which warned twice per step)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert float(run_mapped(mode, uses(name, "d"))) == 8.0
+
+
 def test_axis_name_empty_tuple_adds_no_collective():
     def flag(axis_name):
         return jax.pmap(lambda x: all_finite(x, axis_name), axis_name="d")

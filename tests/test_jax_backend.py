@@ -319,26 +319,6 @@ def test_loss_scaled_in_chain_and_multisteps():
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(history[-1][1]))
 
 
-def test_init_partition_spec_replicates_the_scaler():
-    class Sharded:  # the shape of a Praxis ShardedGradientTransformation
-        init = staticmethod(optax.sgd(0.1).init)
-        update = staticmethod(optax.sgd(0.1).update)
-
-        @staticmethod
-        def init_partition_spec(params_spec):
-            return {"inner": params_spec}
-
-    tx = loss_scaled(Sharded(), JaxGradScaler(8.0))
-    specs = tx.init_partition_spec({"w": "P(data)"})
-    assert jax.tree.leaves(specs.scaler, is_leaf=lambda x: x is not None) == [
-        jax.sharding.PartitionSpec()] * 3 or all(
-        isinstance(x, jax.sharding.PartitionSpec) for x in jax.tree.leaves(
-            specs.scaler, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
-    assert specs.inner_state == {"inner": {"w": "P(data)"}}
-    with pytest.raises(TypeError, match="needs an inner transformation that has one"):
-        loss_scaled(optax.sgd(0.1), JaxGradScaler()).init_partition_spec({})
-
-
 def test_find_scaler_explains_a_missing_scaler():
     with pytest.raises(ValueError, match="build the optimizer with"):
         find_scaler(optax.sgd(0.1).init({"w": jnp.ones(2)}))

@@ -37,7 +37,6 @@ from unifiedamp.backends.jax._diagnostics import (
 from unifiedamp.backends.jax._optax import (
     LossScaledAccumulateState,
     LossScaledState,
-    LossScaledTransformation,
     find_scaler,
     loss_scaled,
     loss_scaled_accumulate,
@@ -51,7 +50,7 @@ from unifiedamp.backends.jax._scaler import (
 )
 
 __all__ = ["JaxGradScaler", "LeafCounts", "LossScaledAccumulateState", "LossScaledState",
-           "LossScaledTransformation", "all_finite", "check_collapse", "collapse_message",
+           "all_finite", "check_collapse", "collapse_message",
            "find_scaler", "history_init", "history_record", "loss_scaled",
            "loss_scaled_accumulate", "overflow_counts", "overflow_report", "replace_scaler",
            "scale_history", "step_if_finite", "where_finite"]

@@ -1,23 +1,38 @@
 """The JAX internals this package relies on, in one place.
 
 Supported: jax 0.7 and later (``pyproject.toml``), tested with the version in
-``constraints.txt``. Four things here are not JAX's stable public API:
+``constraints.txt``; also runs on jax 0.4.26 (Praxis's stack, ``constraints-praxis.txt``),
+with the limits below. Five things here are not JAX's stable public API:
 
 - ``jax.core.Tracer``, to tell a traced array (inside ``jit``, ``scan``, ``shard_map``)
   from a concrete one: :func:`is_tracer`.
+- ``BatchTracer``, public in ``jax.interpreters.batching`` on older jax (0.4.26), in
+  ``jax._src.interpreters.batching`` only on newer, to tell an array mapped by
+  ``jax.vmap``: :func:`is_vmapped`.
 - The manual mesh axes an array varies over inside a ``shard_map``, read from its abstract
-  value: ``manual_axis_type.varying`` since jax 0.10, ``vma`` before (:func:`varying_axes`).
+  value (``jax.typeof``): ``manual_axis_type.varying`` since jax 0.10, ``vma`` before
+  (:func:`varying_axes`).
 - The cast that makes an array varying over more axes: ``lax.pcast(x, axes,
-  to="varying")`` since jax 0.9, ``lax.pvary(x, axes)`` before (:func:`cast_varying`).
+  to="varying")`` since jax 0.9, ``lax.pvary(x, axes)`` before (:func:`cast_varying`;
+  ``x`` itself where neither exists).
 - Whether the enclosing trace tracks varying axes at all: the ``check_vma`` config state
   that ``shard_map(check_vma=...)`` sets; ``pmap`` runs as a ``shard_map`` with
   ``check_vma=False`` since jax 0.8 (:func:`mapped_axes`).
+
+On a jax older than 0.7, without ``jax.sharding.get_abstract_mesh``, ``jax.typeof`` and
+varying types: :func:`mapped_axes` reads ``((), False)``, :func:`varying_axes`
+``frozenset()`` and :func:`cast_varying` returns its argument. So on jax 0.4.26 (Praxis's
+stack) the trace-time axis check is off: a flag that the devices may not agree on (a
+missing ``axis_name``) raises no ``ValueError`` in a ``shard_map`` and warns nothing under
+``pmap``. That check is a diagnostic only: scaling, unscaling, ``axis_name``'s ``psum`` and
+the updates are the same.
 
 No other module of the package uses them: a JAX release that changes one changes this file.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -30,10 +45,38 @@ def is_tracer(array: Any) -> bool:
     return isinstance(array, jax.core.Tracer)
 
 
+@functools.cache
+def _batch_tracer() -> type | None:
+    """``vmap``'s tracer class: public in ``jax.interpreters.batching`` on older jax
+    (0.4.26), internal only on newer (0.10); ``None`` if neither has it."""
+    from jax.interpreters import batching
+
+    found = getattr(batching, "BatchTracer", None)
+    if found is None:
+        try:
+            from jax._src.interpreters import batching as internal
+        except ImportError:  # pragma: no cover
+            return None
+        found = getattr(internal, "BatchTracer", None)
+    return found if isinstance(found, type) else None
+
+
+def is_vmapped(x: Any) -> bool:
+    """Whether ``x`` is traced by ``jax.vmap`` itself (a ``BatchTracer``, not an inner jit's)."""
+    tracer = _batch_tracer()
+    return tracer is not None and isinstance(x, tracer)
+
+
 def varying_axes(x: Any) -> frozenset[Any]:
     """The manual mesh axes ``x`` (an array or ShapeDtypeStruct) varies over inside a
     ``shard_map``; empty elsewhere."""
-    aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+    if isinstance(x, jax.ShapeDtypeStruct):
+        aval = x
+    else:
+        typeof = getattr(jax, "typeof", None)
+        if typeof is None:  # jax < 0.7 (0.4.26): no varying types
+            return frozenset()  # pragma: no cover
+        aval = typeof(x)
     manual = getattr(aval, "manual_axis_type", None)
     return frozenset(manual.varying if manual is not None else getattr(aval, "vma", ()) or ())
 
@@ -43,7 +86,10 @@ def mapped_axes() -> tuple[tuple[Any, ...], bool]:
     one), and whether that trace tracks which of them each value varies over (a default
     ``shard_map``: :func:`varying_axes` is exact there; ``pmap`` and
     ``shard_map(check_vma=False)``: it reads ``()`` for every value)."""
-    manual = tuple(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()) or ())
+    get_abstract_mesh = getattr(jax.sharding, "get_abstract_mesh", None)
+    if get_abstract_mesh is None:  # jax < 0.7 (0.4.26): no axis check there
+        return (), False  # pragma: no cover
+    manual = tuple(getattr(get_abstract_mesh(), "manual_axes", ()) or ())
     if not manual:
         return (), False
     from jax._src import config
@@ -59,7 +105,9 @@ def cast_varying(x: Any, axes: frozenset[Any]) -> Any:
         return x
     if hasattr(lax, "pcast"):
         return lax.pcast(x, missing, to="varying")
-    return lax.pvary(x, missing)  # type: ignore[attr-defined]  # pragma: no cover
+    if hasattr(lax, "pvary"):  # pragma: no cover
+        return lax.pvary(x, missing)
+    return x  # pragma: no cover  # jax < 0.7 (0.4.26): no varying types, nothing to cast
 
 
 def cond_varying(pred: jax.Array, true_fn: Callable[[], Any],

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -25,16 +24,7 @@ class LossScaledState(NamedTuple):
     inner_state: Any
 
 
-class LossScaledTransformation(NamedTuple):
-    """An optax gradient transformation with Praxis's ``init_partition_spec``."""
-
-    init: Callable[..., Any]
-    update: Callable[..., Any]
-    init_partition_spec: Callable[..., Any]
-
-
-def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
-                axis_name: Any = None) -> LossScaledTransformation:
+def loss_scaled(inner: Any, scaler: JaxGradScaler, *, axis_name: Any = None) -> Any:
     """Wraps an optax transformation with dynamic loss scaling.
 
     ``update`` takes the gradients of the *scaled* loss, unscales them, checks
@@ -51,6 +41,11 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
         scaler: The initial :class:`JaxGradScaler`.
         axis_name: Inside ``shard_map``/``pmap``, the axis whose devices must agree
             (``()``: the gradients already agree; see :func:`all_finite`).
+
+    Returns:
+        An ``optax.GradientTransformationExtraArgs`` whose state is a
+        :class:`LossScaledState`. For Praxis and PaxML, which need a
+        ``ShardedGradientTransformation``, use :func:`unifiedamp.backends.jax.praxis.loss_scaled`.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax
@@ -78,8 +73,9 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
                   if scaler.is_enabled() else jnp.array(True))
 
         def apply() -> tuple[Any, Any]:
-            # Unscaling inside the branch lets XLA fuse it into the inner update.
-            grads = scaler.unscale(updates)[0]
+            # Unscaling inside the branch lets XLA fuse it into the inner update. Its flag
+            # is unused (the one above decided): axis_name=() adds no collective, no warning.
+            grads = scaler.unscale(updates, axis_name=())[0]
             return inner_tx.update(grads, state.inner_state, params, **extra_args)
 
         def skip() -> tuple[Any, Any]:
@@ -89,14 +85,7 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
         new_updates, new_inner = cond_varying(finite, apply, skip)
         return new_updates, LossScaledState(scaler.update(finite), new_inner)
 
-    def init_partition_spec(params_spec: Any) -> LossScaledState:
-        if not hasattr(inner, "init_partition_spec"):
-            raise TypeError("init_partition_spec needs an inner transformation that has one "
-                            "(a Praxis ShardedGradientTransformation)")
-        replicated = jax.tree.map(lambda _: jax.sharding.PartitionSpec(), scaler)
-        return LossScaledState(replicated, inner.init_partition_spec(params_spec))
-
-    return LossScaledTransformation(init, update, init_partition_spec)
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 class LossScaledAccumulateState(NamedTuple):

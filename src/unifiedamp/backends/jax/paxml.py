@@ -1,0 +1,115 @@
+"""PaxML: one dynamic loss scaler for the whole model, through PaxML's own Learner.
+
+:class:`LossScaledLearner` takes the place of ``paxml.learners.Learner``: it takes the
+gradients of the loss scaled by the scale held in its optimizer state
+(``find_scaler(opt_state).scale(loss)``), and everything PaxML's Learner does (clipping,
+the skip on gradient anomalies, the repeat-prefix vectorization of stacked layers,
+summaries) then works on the true, unscaled gradients, while the scaler sits outside what
+the Learner vectorizes and restores.
+
+Runs on PaxML 1.4.0 in its own environment (``tools/praxis_env.sh``,
+``docs/backends/praxis.md``). Importing this module imports PaxML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from paxml import learners
+from praxis import base_layer, py_utils
+
+from unifiedamp.backends.jax import JaxGradScaler, LossScaledState
+from unifiedamp.backends.jax.praxis import loss_scaled
+
+__all__ = ["LossScaledLearner"]
+
+
+class LossScaledLearner(learners.Learner):
+    """PaxML's ``Learner`` with one dynamic loss scaler for the model.
+
+    The optimizer state is ``LossScaledState(scaler, state)``, ``state`` being what
+    ``Learner`` would hold; ``get_grad_tx`` is :func:`unifiedamp.backends.jax.praxis.loss_scaled`
+    around ``Learner``'s transformation, outside its repeat-prefix vectorization, so one
+    scaler serves every layer, stacked ones included. ``update_states`` takes the
+    gradients of ``find_scaler(opt_state).scale(loss)``, unscales them and
+    checks them, then runs ``Learner.update_states`` on the unscaled gradients: its
+    clipping (``clip_gradient_norm_to_value``...) and ``skip_step_gradient_norm_value``
+    see the true gradients. A step with an inf/NaN is skipped (zero updates, the
+    optimizer state kept) whatever ``enable_skip_step_on_gradient_anomalies`` says, and
+    the scaler is updated after ``Learner``'s skip, which would otherwise restore the old
+    scale and never back off.
+
+    Attributes:
+        loss_scaler: The initial :class:`~unifiedamp.backends.jax.JaxGradScaler`
+            (``None``: the spec's defaults, ``JaxGradScaler()``).
+        loss_scaler_axis_name: The ``axis_name`` of the finite check; PaxML's jit and
+            pmap steps hand the Learner gradients that agree already: leave ``None``.
+
+    Example:
+        >>> from praxis import optimizers, pax_fiddle, schedules
+        >>> from unifiedamp.backends.jax import JaxGradScaler
+        >>> learner = pax_fiddle.Config(
+        ...     LossScaledLearner, name="learner", loss_name="loss",
+        ...     loss_scaler=JaxGradScaler(2.0**15, growth_interval=1000),
+        ...     optimizer=pax_fiddle.Config(optimizers.Adam, learning_rate=1e-3,
+        ...                                 clip_gradient_norm_to_value=1.0,
+        ...                                 lr_schedule=pax_fiddle.Config(schedules.Constant)))
+        >>> pax_fiddle.build(learner).loss_scaler.get_scale()
+        32768.0
+    """
+
+    loss_scaler: Any = None
+    loss_scaler_axis_name: Any = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.loss_scaler is None:
+            self.loss_scaler = JaxGradScaler()
+        if not isinstance(self.loss_scaler, JaxGradScaler):
+            raise TypeError(f"loss_scaler must be a unifiedamp.backends.jax.JaxGradScaler, "
+                            f"got {type(self.loss_scaler).__name__}: e.g. "
+                            f"loss_scaler=JaxGradScaler(2.0**15)")
+        # The plain Learner with the same settings: its update_states runs on the
+        # unscaled gradients and the inner state, with its own transformation.
+        fields = {f.name: getattr(self, f.name)
+                  for f in dataclasses.fields(learners.Learner) if f.init}
+        self._unscaled = learners.Learner(**fields)
+
+    def get_grad_tx(self, var_weight_hparams: Any) -> Any:
+        """``loss_scaled`` around ``Learner``'s (vectorized) transformation."""
+        return loss_scaled(self._unscaled.get_grad_tx(var_weight_hparams), self.loss_scaler,
+                           axis_name=self.loss_scaler_axis_name)
+
+    def update_states(self, grads: Any, states: Any, old_vars: Any,
+                      var_weight_hparams: Any) -> tuple[Any, LossScaledState]:
+        """Unscales and checks ``grads`` (of the scaled loss), runs ``Learner``'s update on
+        the unscaled ones, keeps the old optimizer state and returns zero updates if any
+        was inf/NaN, and updates the scaler."""
+        if not isinstance(states, LossScaledState):
+            raise TypeError(f"states must be the LossScaledState that get_grad_tx(...).init "
+                            f"returns, got {type(states).__name__}")
+        scaler = states.scaler
+        unscaled, finite = scaler.unscale(grads, axis_name=self.loss_scaler_axis_name)
+        transformed, inner = self._unscaled.update_states(
+            unscaled, states.inner_state, old_vars, var_weight_hparams)
+
+        # As Learner's own skip: variables that take their gradient as their value
+        # (overwrite_with_gradient) keep it, every other update is zero.
+        def select_update(hparams: Any, update: Any) -> Any:
+            if base_layer.var_overwrite_with_gradient(hparams):
+                return update
+            return jnp.where(finite, update, jnp.zeros_like(update))
+
+        def select_state(new: Any, old: Any) -> Any:
+            if py_utils.is_optax_masked_node(new) or py_utils.is_optax_masked_node(old):
+                return new
+            return jnp.where(finite, new, old)
+
+        transformed = jax.tree.map(select_update, var_weight_hparams, transformed)
+        inner = jax.tree.map(select_state, inner, states.inner_state,
+                             is_leaf=py_utils.is_optax_masked_node)
+        return transformed, LossScaledState(scaler.update(finite), inner)
+
