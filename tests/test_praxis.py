@@ -110,6 +110,64 @@ def test_paxml_accepts_the_state_descriptions():
     del tasks_lib  # imported: the module whose isinstance check the trial failed
 
 
+def test_the_state_goes_through_orbax_as_paxml_checkpoints_it(tmp_path):
+    """PaxML saves and restores the optimizer state with orbax, against a freshly
+    initialized state as the template: the scaler's scale and trackers come back."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from unifiedamp.backends.jax import JaxGradScaler, find_scaler
+    from unifiedamp.backends.jax.praxis import loss_scaled
+
+    tx = loss_scaled(_adam().get_grad_transformation(), JaxGradScaler(1024.0, growth_interval=3))
+    params = {"w": jnp.ones(2)}
+    state = tx.init(params)
+    for grads in ([1.0, jnp.inf], [1.0, 2.0]):  # a backoff, then one good step
+        _, state = tx.update({"w": jnp.array(grads)}, state, params)
+    ocp.PyTreeCheckpointer().save(tmp_path / "opt_state", state)
+    restored = ocp.PyTreeCheckpointer().restore(tmp_path / "opt_state", item=tx.init(params))
+    assert find_scaler(restored).get_scale() == 512.0
+    assert int(find_scaler(restored).growth_tracker) == 1
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_on_jax_0_4_26_shard_map_needs_check_rep_false(example):
+    """The JAX backend on Praxis's jax: under its shard_map, lax.cond has no replication
+    rule (check_rep=True fails in JAX); with check_rep=False and axis_name, an inf on one
+    device skips and backs off on both."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from jax.experimental.shard_map import shard_map
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    from unifiedamp.backends.jax import JaxGradScaler, find_scaler, loss_scaled
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+    params = {"w": jnp.ones(2)}
+
+    def body(params, grads):
+        tx = loss_scaled(optax.sgd(0.1), JaxGradScaler(8.0), axis_name="d")
+        updates, state = tx.update({"w": grads}, tx.init(params), params)
+        return updates["w"], find_scaler(state).loss_scale[None]
+
+    def run(check_rep):
+        return jax.jit(shard_map(body, mesh=mesh, in_specs=(P(), P("d")),
+                                 out_specs=(P(), P("d")), check_rep=check_rep))(
+            params, jnp.array([1.0, 1.0, 1.0, jnp.inf]))
+
+    with pytest.raises(NotImplementedError, match="cond"):
+        run(True)
+    updates, scales = run(False)
+    np.testing.assert_array_equal(scales, [4.0, 4.0])
+    np.testing.assert_array_equal(updates, [0.0, 0.0])
+
+
 def test_loss_scaled_refuses_what_praxis_cannot_take():
     import optax
 
