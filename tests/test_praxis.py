@@ -168,6 +168,15 @@ def test_on_jax_0_4_26_shard_map_needs_check_rep_false(example):
     np.testing.assert_array_equal(updates, [0.0, 0.0])
 
 
+def test_the_facade_gives_the_jax_scaler_for_praxis_names_and_objects():
+    import unifiedamp as ua
+    from unifiedamp.backends.jax import JaxGradScaler
+
+    assert isinstance(ua.GradScaler(1024.0, backend="praxis"), JaxGradScaler)
+    assert isinstance(ua.GradScaler(1024.0, backend="PaxML"), JaxGradScaler)
+    assert isinstance(ua.GradScaler(1024.0, backend=_adam()), JaxGradScaler)  # detected
+
+
 def test_loss_scaled_refuses_what_praxis_cannot_take():
     import optax
 

@@ -71,13 +71,15 @@ BUILTIN: dict[str, BackendInfo] = {
 #: Other names ``backend=`` takes for a built-in backend: the framework's package or its
 #: common name (matched without regard to case: ``"PyTorch"`` is torch).
 BACKEND_ALIASES = {"pytorch": "torch", "tensorflow": "keras", "tf": "keras", "tf.keras": "keras",
-                   "paddlepaddle": "paddle", "flax": "jax", "optax": "jax", "np": "numpy"}
+                   "paddlepaddle": "paddle", "flax": "jax", "optax": "jax", "praxis": "jax",
+                   "paxml": "jax", "np": "numpy"}
 
 # Every framework's top-level modules -> its backend name (tensorflow objects are
 # Keras's), so that detection never silently falls back to NumPy.
 _KNOWN_FRAMEWORKS = {
     "keras": "keras", "tensorflow": "keras", "torch": "torch", "paddle": "paddle",
-    "jax": "jax", "jaxlib": "jax", "optax": "jax", "flax": "jax", "mlx": "mlx",
+    "jax": "jax", "jaxlib": "jax", "optax": "jax", "flax": "jax", "praxis": "jax", "paxml": "jax",
+    "mlx": "mlx",
 }
 
 
