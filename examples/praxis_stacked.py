@@ -31,7 +31,7 @@ from praxis.layers import activations, linears, repeats
 from praxis.py_utils import NestedMap
 
 from unifiedamp import spec
-from unifiedamp.backends.jax import JaxGradScaler, find_scaler
+from unifiedamp.backends.jax import JaxGradScaler
 from unifiedamp.backends.jax.paxml import LossScaledLearner
 
 MESH_SHAPE, MESH_AXES = [1, 2], ["data", "mdl"]
@@ -95,8 +95,8 @@ def train(scaled: bool = True, skip_on_anomalies: bool = True) -> list[dict]:
     model = pax_fiddle.build(pax_fiddle.Config(Net, name="net", ici_mesh_shape=MESH_SHAPE,
                                                mesh_axis_names=MESH_AXES))
     learner_cls = LossScaledLearner if scaled else learners.Learner
-    extra = {"loss_scaler": JaxGradScaler(CONFIG.init_scale,
-                                          growth_interval=CONFIG.growth_interval)}
+    extra = {"loss_scaler": pax_fiddle.Config(JaxGradScaler, CONFIG.init_scale,
+                                              growth_interval=CONFIG.growth_interval)}
     learner = pax_fiddle.build(pax_fiddle.Config(
         learner_cls, name="learner", loss_name="loss", optimizer=optimizer(),
         enable_skip_step_on_gradient_anomalies=skip_on_anomalies, **(extra if scaled else {})))
@@ -115,7 +115,7 @@ def train(scaled: bool = True, skip_on_anomalies: bool = True) -> list[dict]:
     opt_state = jax.device_put(learner.get_grad_tx(var_hparams).init(params), opt_shardings)
 
     def step(params: dict, opt_state: object, batch: NestedMap, poison: jax.Array) -> tuple:
-        scale = find_scaler(opt_state).scale if scaled else lambda loss: loss
+        scale = learner.scaler(opt_state).scale if scaled else lambda loss: loss
 
         def loss(p: dict) -> jax.Array:
             (metrics, _), _ = model.apply(p, batch, method=model.__call__, mutable=True)
@@ -138,7 +138,7 @@ def train(scaled: bool = True, skip_on_anomalies: bool = True) -> list[dict]:
             params, opt_state = step(params, opt_state, batch, poison)
         record = {"kind": kind, "params": jax.tree.map(np.asarray, params)}
         if scaled:
-            scaler = find_scaler(opt_state)
+            scaler = learner.scaler(opt_state)
             record.update(scale=np.float32(scaler.loss_scale),
                           growth_tracker=int(scaler.growth_tracker),
                           hysteresis_tracker=int(scaler.hysteresis_tracker))

@@ -319,6 +319,16 @@ def test_loss_scaled_in_chain_and_multisteps():
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(history[-1][1]))
 
 
+def test_the_former_transformation_type_warns_and_names_what_loss_scaled_returns():
+    import unifiedamp.backends.jax as backend
+
+    with pytest.warns(DeprecationWarning, match="optax.GradientTransformationExtraArgs"):
+        former = backend.LossScaledTransformation
+    assert isinstance(loss_scaled(optax.sgd(0.1), JaxGradScaler()), former)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        backend.nope  # noqa: B018
+
+
 def test_find_scaler_explains_a_missing_scaler():
     with pytest.raises(ValueError, match="build the optimizer with"):
         find_scaler(optax.sgd(0.1).init({"w": jnp.ones(2)}))

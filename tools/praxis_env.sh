@@ -12,4 +12,4 @@ python="${PYTHON:-python3}"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet --no-deps -r constraints-praxis.txt
 "$venv/bin/python" -m pip install --quiet --no-deps -e .
-"$venv/bin/python" -c "import praxis.optimizers, paxml.trainer_lib, unifiedamp.backends.jax.praxis"
+"$venv/bin/python" -c "import praxis.optimizers, paxml.learners, paxml.tasks_lib"

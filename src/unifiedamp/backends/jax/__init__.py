@@ -19,6 +19,8 @@ jitted step), ``_optax`` (:func:`loss_scaled`, :func:`loss_scaled_accumulate`),
 ``_diagnostics`` (:func:`overflow_counts`, the report, history ring and collapse
 check), ``_agreement`` (the trace-time check that the devices sharing a scale agree on
 the finite flag: a missing ``axis_name``) and ``_compat`` (the JAX internals they rely on).
+``praxis`` and ``paxml`` (imported only when named: they import Praxis and PaxML) wrap the
+scaler for Praxis optimizers and PaxML's Learner.
 """
 
 from __future__ import annotations
@@ -60,3 +62,19 @@ for _name in __all__:
     if globals()[_name].__module__.startswith(__name__ + "."):
         show_as_public(globals()[_name], __name__)
 del _name
+
+
+def __getattr__(name: str) -> object:
+    # LossScaledTransformation (loss_scaled's former return type, whose Praxis
+    # init_partition_spec PaxML could not use) is now optax's own type.
+    if name == "LossScaledTransformation":
+        import warnings
+
+        import optax
+
+        warnings.warn("unifiedamp.backends.jax.LossScaledTransformation is deprecated: "
+                      "loss_scaled returns an optax.GradientTransformationExtraArgs; for "
+                      "Praxis use unifiedamp.backends.jax.praxis.loss_scaled",
+                      DeprecationWarning, stacklevel=2)
+        return optax.GradientTransformationExtraArgs
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,9 +18,11 @@ from unifiedamp.backends.jax._scaler import JaxGradScaler, _all_finite
 
 class LossScaledState(NamedTuple):
     """The state of :func:`loss_scaled`: the scaler (its scale scales the loss) and the
-    inner transformation's state."""
+    inner transformation's state. In a Praxis or PaxML state
+    (:mod:`unifiedamp.backends.jax.praxis`), ``scaler`` holds the scaler's arrays as a dict
+    (``scaler.tree()``), which PaxML's checkpointer can name."""
 
-    scaler: JaxGradScaler
+    scaler: JaxGradScaler | dict[str, Any]
     inner_state: Any
 
 
@@ -69,6 +71,10 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *, axis_name: Any = None) -> 
     def update(updates: Any, state: LossScaledState, params: Any = None,
                **extra_args: Any) -> tuple[Any, LossScaledState]:
         scaler = state.scaler
+        if not isinstance(scaler, JaxGradScaler):
+            raise TypeError(f"state.scaler is a {type(scaler).__name__}, not a JaxGradScaler: "
+                            f"a Praxis state; update it with the transformation that made it, "
+                            f"unifiedamp.backends.jax.praxis.loss_scaled")
         finite = (_all_finite(updates, axis_name, "loss_scaled") & scaler._reciprocal_finite()
                   if scaler.is_enabled() else jnp.array(True))
 
@@ -219,10 +225,17 @@ def find_scaler(opt_state: Any) -> JaxGradScaler:
     """The scaler inside an optimizer state (also within chain, MultiSteps, flax nnx).
 
     Raises:
-        ValueError: There is none (the transformation was not built with :func:`loss_scaled`).
+        ValueError: There is none (the transformation was not built with :func:`loss_scaled`),
+            or only a Praxis state's arrays (read those with ``tx.scaler(opt_state)``).
     """
     found = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(
         x, JaxGradScaler)) if isinstance(x, JaxGradScaler)]
+    states = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, LossScaledState))
+    if not found and any(isinstance(x, LossScaledState) and isinstance(x.scaler, dict)
+                         for x in states):
+        raise ValueError("this optimizer state keeps the scaler's arrays as a dict (a Praxis "
+                         "or PaxML one: unifiedamp.backends.jax.praxis): read the scaler "
+                         "with tx.scaler(opt_state) or learner.scaler(opt_state)")
     if not found:
         raise ValueError("no JaxGradScaler in this optimizer state: build the optimizer with "
                          "unifiedamp.backends.jax.loss_scaled(inner, scaler) or "
