@@ -107,8 +107,8 @@ def test_a_closed_pipe_ends_the_command_quietly(command, frameworks):
 
 @pytest.mark.parametrize("name, message", [
     ("nmpy", "Unknown backend 'nmpy' (did you mean 'numpy'?); available: ['jax', 'keras', "
-             "'mlx', 'numpy', 'paddle', 'torch'] (also flax, np, optax, paddlepaddle, pytorch, "
-             "tensorflow, tf, tf.keras), or 'module:Class'"),
+             "'mlx', 'numpy', 'paddle', 'torch'] (also flax, np, optax, paddlepaddle, paxml, "
+             "praxis, pytorch, tensorflow, tf, tf.keras), or 'module:Class'"),
     (":", "backend ':' is not a 'module:Class' target"),
 ])
 def test_a_backend_that_cannot_exist_is_a_one_line_usage_error(name, message):
