@@ -230,13 +230,12 @@ def find_scaler(opt_state: Any) -> JaxGradScaler:
     """
     found = [x for x in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(
         x, JaxGradScaler)) if isinstance(x, JaxGradScaler)]
-    states = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, LossScaledState))
-    if not found and any(isinstance(x, LossScaledState) and isinstance(x.scaler, dict)
-                         for x in states):
-        raise ValueError("this optimizer state keeps the scaler's arrays as a dict (a Praxis "
-                         "or PaxML one: unifiedamp.backends.jax.praxis): read the scaler "
-                         "with tx.scaler(opt_state) or learner.scaler(opt_state)")
     if not found:
+        states = jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, LossScaledState))
+        if any(isinstance(x, LossScaledState) and isinstance(x.scaler, dict) for x in states):
+            raise ValueError("this optimizer state keeps the scaler's arrays as a dict (a "
+                             "Praxis or PaxML one: unifiedamp.backends.jax.praxis): read the "
+                             "scaler with tx.scaler(opt_state) or learner.scaler(opt_state)")
         raise ValueError("no JaxGradScaler in this optimizer state: build the optimizer with "
                          "unifiedamp.backends.jax.loss_scaled(inner, scaler) or "
                          "loss_scaled_accumulate(inner, scaler, every_k)")

@@ -24,7 +24,7 @@ from paxml import learners
 from praxis import base_layer, py_utils
 
 from unifiedamp.backends.jax import JaxGradScaler, LossScaledState
-from unifiedamp.backends.jax.praxis import loss_scaled
+from unifiedamp.backends.jax.praxis import _held_scaler, loss_scaled
 
 __all__ = ["LossScaledLearner"]
 
@@ -99,10 +99,7 @@ class LossScaledLearner(learners.Learner):
             TypeError: ``opt_state`` is not the ``LossScaledState`` that
                 ``get_grad_tx(...).init`` returns.
         """
-        if not isinstance(opt_state, LossScaledState) or not isinstance(opt_state.scaler, dict):
-            raise TypeError(f"opt_state must be the LossScaledState that get_grad_tx(...).init "
-                            f"returns, got {type(opt_state).__name__}")
-        return self.loss_scaler.with_tree(opt_state.scaler)
+        return _held_scaler(self.loss_scaler, opt_state)
 
     def update_states(self, grads: Any, states: Any, old_vars: Any,
                       var_weight_hparams: Any) -> tuple[Any, LossScaledState]:

@@ -116,10 +116,7 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
     tx = _optax_loss_scaled(inner, scaler, axis_name=axis_name)
 
     def held(state: LossScaledState) -> JaxGradScaler:
-        if not isinstance(state, LossScaledState) or not isinstance(state.scaler, dict):
-            raise TypeError(f"expected the LossScaledState this transformation's init "
-                            f"returns, got {type(state).__name__}")
-        return scaler.with_tree(state.scaler)
+        return _held_scaler(scaler, state)
 
     def init(params: Any) -> LossScaledState:
         _refuse_vmap(params)
@@ -140,6 +137,20 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
     return LossScaledShardedTransformation(init=init, update=update,
                                            init_partition_spec=init_partition_spec,
                                            scaler=held)
+
+
+def _held_scaler(scaler: JaxGradScaler, state: Any) -> JaxGradScaler:
+    """``scaler``'s config with the arrays ``state`` holds (a :func:`loss_scaled` state:
+    ``LossScaledState(scaler.tree(), inner_state)``).
+
+    Raises:
+        TypeError: ``state`` is not such a state.
+    """
+    if not isinstance(state, LossScaledState) or not isinstance(state.scaler, dict):
+        raise TypeError(f"expected the LossScaledState this transformation's init returns "
+                        f"(a LossScaledLearner's: get_grad_tx(...).init), got "
+                        f"{type(state).__name__}")
+    return scaler.with_tree(state.scaler)
 
 
 def scaler_weight_hparams(scaler: JaxGradScaler) -> dict[str, Any]:
