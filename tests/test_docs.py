@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import re
+import textwrap
 
 import pytest
 
@@ -19,13 +20,19 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 OWN_ENVIRONMENT = {"docs/backends/praxis.md": ("praxis", "paxml")}
 
 
+def code_blocks(text: str, language: str = "python") -> list[str]:
+    """The ``language`` fenced blocks of a page, those indented in a tab or list included."""
+    fence = re.compile(rf"^( *)```{language}\n(.*?)^\1```", re.S | re.M)
+    return [textwrap.dedent(match[2]) for match in fence.finditer(text)]
+
+
 def python_blocks():
     for page in PAGES:
         name = str(page.relative_to(ROOT))
         missing = [m for m in OWN_ENVIRONMENT.get(name, ()) if importlib.util.find_spec(m) is None]
         reason = f"{name} runs where {', '.join(missing)} import: tools/praxis_env.sh builds it"
         marks = [pytest.mark.skip(reason=reason)] if missing else []
-        for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.S)):
+        for i, block in enumerate(code_blocks(page.read_text())):
             yield pytest.param(block, id=f"{name}#{i}", marks=marks)
 
 
@@ -75,7 +82,6 @@ def test_the_distributed_page_names_tests_and_settings_that_exist():
     command in the docs names an engine and a scaler its framework runs, and every engine
     has a row."""
     import importlib
-    import re
 
     page = (ROOT / "docs" / "distributed.md").read_text()
     defined = set()
