@@ -906,6 +906,33 @@ def test_functional_unscale_counts_towards_the_update(paddle):
     assert scaler.state == spec.ScalerState(512.0, 0, 0)
 
 
+@pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
+def test_functional_unscale_keeps_the_graph_of_gradients_that_have_one(paddle, enabled):
+    """A gradient penalty (docs/recipes/penalty.md): the gradients of
+    paddle.grad(scaler.scale(loss), params, create_graph=True), unscaled by unscale(),
+    stay differentiable, as on JAX, MLX and Keras. A detached copy would leave the penalty
+    out of the parameters' gradients without an error."""
+    model = mlp()
+    scaler = scaler_of(1024.0, enabled=enabled)
+    params = list(model.parameters())
+    x, y = batch()
+
+    def penalty_grads(unscale):
+        scaled = paddle.grad(scaler.scale(loss_of(model, x, y)), params, create_graph=True)
+        unscaled = unscale(scaled)
+        penalty = sum(g.pow(2).sum() for g in unscaled)
+        return [g.numpy() for g in unscaled], [g.numpy() for g in paddle.grad(penalty, params)]
+
+    inv_scale = 1.0 / scaler.get_scale()
+    by_hand = penalty_grads(lambda scaled: [g * inv_scale for g in scaled])
+    via_unscale = penalty_grads(lambda scaled: scaler.unscale(scaled)[0])
+    for a, b in zip([*by_hand[0], *by_hand[1]], [*via_unscale[0], *via_unscale[1]],
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
+    scaler.update()
+    assert scaler.get_scale() == (1024.0 if enabled else 1.0)
+
+
 def test_update_clears_the_functional_checks_so_one_inf_skips_one_update(paddle):
     model = mlp()
     scaler = scaler_of(1024.0, growth_interval=1)

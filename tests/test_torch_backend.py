@@ -469,6 +469,35 @@ def test_functional_unscale_of_several_dtypes_counts_one_inf_for_the_rule():
         assert bool(finite) is not found and scaler.state == expected, (scaler.state, expected)
 
 
+@pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
+def test_functional_unscale_keeps_the_graph_of_gradients_that_have_one(enabled):
+    """A gradient penalty (docs/recipes/penalty.md): the gradients of
+    autograd.grad(scaler.scale(loss), params, create_graph=True), unscaled by unscale(),
+    stay differentiable, as on JAX, MLX and Keras. A detached copy would leave the penalty
+    out of the parameters' gradients without an error."""
+    model = mlp()
+    scaler = ua.GradScaler(1024.0, backend="torch", enabled=enabled)
+    params = list(model.parameters())
+    x, y = batch()
+
+    def penalty_grads(unscale):
+        scaled = torch.autograd.grad(scaler.scale(loss_of(model, x, y)), params,
+                                     create_graph=True)
+        unscaled = unscale(scaled)
+        penalty = sum(g.pow(2).sum() for g in unscaled)
+        return [g.detach() for g in unscaled], torch.autograd.grad(penalty, params)
+
+    inv_scale = 1.0 / scaler.get_scale()
+    by_hand = penalty_grads(lambda scaled: [g * inv_scale for g in scaled])
+    via_unscale = penalty_grads(lambda scaled: scaler.unscale(scaled)[0])
+    for a, b in zip([*by_hand[0], *by_hand[1]], [*via_unscale[0], *via_unscale[1]],
+                    strict=True):
+        assert torch.equal(a, b)
+    # The checks still count: finite gradients, one growth-free update.
+    scaler.update()
+    assert scaler.get_scale() == (1024.0 if enabled else 1.0)
+
+
 def test_collapse_check_reads_the_device_once_per_period():
     model = mlp()
     opt = torch.optim.AdamW(model.parameters(), fused=True)

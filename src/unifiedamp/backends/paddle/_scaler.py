@@ -515,7 +515,9 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
 
         ``grads`` is a tensor or a list/tuple/dict of them; ``all finite`` is a bool
         tensor (or a Python bool when the scale's reciprocal overflows). The check
-        counts towards the next ``update()``.
+        counts towards the next ``update()``. A gradient that carries an autograd graph
+        (``paddle.grad(..., create_graph=True)``, as for a gradient penalty) comes back as
+        a differentiable product with the same values, as on the functional backends.
         """
         for leaf in leaves(grads):
             if not isinstance(leaf, paddle.Tensor):
@@ -524,13 +526,31 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
                     f"{type(leaf).__name__} leaf ({leaf!r}); convert it with paddle.to_tensor")
         out = tree_map(lambda g: g.detach().clone(), grads)
         if not self._config.enabled:
-            return out, True
+            return self._with_graph(grads, out), True
         self._claim()
         found = self._check_and_unscale(leaves(out))
         self._functional_found_inf.append(found)
+        out = self._with_graph(grads, out)
         if isinstance(found, bool):
             return out, paddle.to_tensor(not found)
         return out, paddle.logical_not(found.reshape([]))
+
+    def _with_graph(self, grads: Any, out: Any) -> Any:
+        """``out`` (the kernel's detached, unscaled copies), with each gradient that carries
+        an autograd graph replaced by the same product in differentiable ops: without it, a
+        penalty computed on ``unscale()``'s result would drop out of the parameters'
+        gradients without an error."""
+        if all(g.stop_gradient for g in leaves(grads)):
+            return out
+
+        def one(grad: Any, copy: Any) -> Any:
+            if grad.stop_gradient:
+                return copy
+            if not self._config.enabled:                  # the gradient as it is
+                return grad.clone()
+            return self._multiply(grad, reciprocal=True)
+
+        return tree_map(one, grads, out)
 
     def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
         """``new`` where ``finite`` (the bool tensor :meth:`unscale` returns, or a bool),

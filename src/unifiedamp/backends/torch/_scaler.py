@@ -567,7 +567,10 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         """Functional unscale: ``(unscaled copies of grads, all finite)``, no host sync.
 
         ``grads`` is a tensor or a list/tuple/dict of them; ``all finite`` is a 0-dim
-        bool tensor. The check counts towards the next ``update()``.
+        bool tensor. The check counts towards the next ``update()``. A gradient that
+        carries an autograd graph (``torch.autograd.grad(..., create_graph=True)``, as for a
+        gradient penalty) comes back as a differentiable product with the same values, as
+        on the functional backends.
         """
         for leaf in leaves(grads):
             if not isinstance(leaf, torch.Tensor):
@@ -578,7 +581,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         out = tree_map(lambda grad: grad.detach().clone(), grads)
         copies = leaves(out)
         if not self._enabled:
-            return out, torch.tensor(True)
+            return _with_graph(grads, out, None), torch.tensor(True)
         scale = self._scale
         if scale is None:
             scale = self._make_scale(copies[0].device if copies else torch.device("cpu"))
@@ -596,7 +599,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         if self._updates >= self._check_unscalable_from or traced(self._device):
             self._found_inf_if_reciprocal_overflows([found])
         self._functional_found_inf.append(found)
-        return out, found == 0
+        return _with_graph(grads, out, inv), found == 0
 
     def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
         """``new`` where ``finite`` (the 0-d bool tensor :meth:`unscale` returns, or a
@@ -795,3 +798,23 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
     def devices(cls) -> list[str]:
         """``cpu`` and every CUDA device torch sees."""
         return devices()
+
+
+def _with_graph(grads: Any, out: Any, inv: torch.Tensor | None) -> Any:
+    """``out`` (the kernel's detached, unscaled copies), with each gradient that carries an
+    autograd graph replaced by the same product in autograd's ops: without it, a penalty
+    computed on ``unscale()``'s result would drop out of the parameters' gradients without
+    an error. Low-precision gradients are multiplied in float32 and rounded back, as the
+    kernel does, so the values are the copies' bits."""
+    if not any(g.requires_grad for g in leaves(grads)):
+        return out
+
+    def one(grad: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+        if not grad.requires_grad:
+            return copy
+        if inv is None:                                   # disabled: the gradient as it is
+            return grad.clone()
+        wide = torch.promote_types(grad.dtype, torch.float32)
+        return (grad.to(wide) * inv.to(grad.device)).to(grad.dtype)
+
+    return tree_map(one, grads, out)
