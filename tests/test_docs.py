@@ -16,8 +16,12 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 #: Pages whose examples run in an environment of their own, where these modules import
-#: (.ci/run runs them there: ``-k praxis``).
+#: (.ci/run runs them there: ``-k "praxis or paxml"``).
 OWN_ENVIRONMENT = {"docs/backends/praxis.md": ("praxis", "paxml")}
+#: A block of another page that imports one of these (or unifiedamp's module of that name)
+#: runs there too; its id ends with the modules' names, which ``-k`` selects.
+_OWN_IMPORT = re.compile(r"^\s*(?:from|import)\s+(?:unifiedamp\.backends\.jax\.)?(praxis|paxml)\b",
+                         re.M)
 
 
 def code_blocks(text: str, language: str = "python") -> list[str]:
@@ -29,11 +33,14 @@ def code_blocks(text: str, language: str = "python") -> list[str]:
 def python_blocks():
     for page in PAGES:
         name = str(page.relative_to(ROOT))
-        missing = [m for m in OWN_ENVIRONMENT.get(name, ()) if importlib.util.find_spec(m) is None]
-        reason = f"{name} runs where {', '.join(missing)} import: tools/praxis_env.sh builds it"
-        marks = [pytest.mark.skip(reason=reason)] if missing else []
         for i, block in enumerate(code_blocks(page.read_text())):
-            yield pytest.param(block, id=f"{name}#{i}", marks=marks)
+            needs, test_id = OWN_ENVIRONMENT.get(name, ()), f"{name}#{i}"
+            if not needs and (imported := sorted(set(_OWN_IMPORT.findall(block)))):
+                needs, test_id = tuple(imported), f"{test_id}-{'-'.join(imported)}"
+            missing = [m for m in needs if importlib.util.find_spec(m) is None]
+            reason = f"{test_id} runs where {', '.join(missing)} import: tools/praxis_env.sh"
+            marks = [pytest.mark.skip(reason=reason)] if missing else []
+            yield pytest.param(block, id=test_id, marks=marks)
 
 
 @pytest.mark.parametrize("code", list(python_blocks()))
@@ -102,3 +109,180 @@ def test_the_distributed_page_names_tests_and_settings_that_exist():
         module = importlib.import_module(f"unifiedamp.conformance.engines.{framework}")
         missing = [e for e in module.ENGINES if f"`{e}`" not in page]
         assert not missing, f"{framework} engines without a row in docs/distributed.md: {missing}"
+
+
+# The site (mkdocs.yml): every page in the nav, every link between pages to a page and a
+# heading that exist, every `unifiedamp` command of a ```bash block one the CLI takes.
+
+DOCS = ROOT / "docs"
+_FENCE = re.compile(r"^( *)(`{3,}|~{3,}).*?^\1\2 *$", re.S | re.M)
+_CODE_SPAN = re.compile(r"(`+).+?\1", re.S)
+_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def nav_pages(config: str) -> list[str]:
+    """The pages mkdocs.yml's ``nav`` names (read as text: the nav is a list of
+    ``- [Title: ]page.md`` lines, and the test needs no YAML reader)."""
+    nav = re.search(r"^nav:\n(.*?)(?=^\S)", config, re.S | re.M)
+    assert nav, "mkdocs.yml has no nav"
+    return re.findall(r"^\s*-\s+(?:.*:\s+)?([\w./-]+\.md)\s*$", nav[1], re.M)
+
+
+def prose(text: str) -> str:
+    """A page without its code blocks and code spans, where links are not links."""
+    return _CODE_SPAN.sub("", _FENCE.sub("", text))
+
+
+def slug(heading: str) -> str:
+    """The anchor MkDocs gives a heading (Python-Markdown's toc slugify), from its text."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = re.sub(r"[`*]|<[^>]+>", "", text)
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(page: pathlib.Path) -> set[str]:
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", _FENCE.sub("", page.read_text()),
+                              re.M):
+        explicit = re.search(r"\{\s*#([\w-]+)[^}]*\}\s*$", heading)
+        base = explicit[1] if explicit else slug(heading)
+        anchor, n = base, 0
+        while anchor in found:  # a repeated heading gets _1, _2...
+            n += 1
+            anchor = f"{base}_{n}"
+        found.add(anchor)
+    return found
+
+
+def test_every_page_is_in_the_nav():
+    named = nav_pages((ROOT / "mkdocs.yml").read_text())
+    pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
+    missing = [p for p in pages if p not in named]
+    assert not missing, f"pages missing from mkdocs.yml's nav: {missing}"
+    absent = [p for p in named if not (DOCS / p).is_file()]
+    assert not absent and len(set(named)) == len(named), (absent, named)
+
+
+def test_nav_pages_reads_the_nav_as_mkdocs_does():
+    config = "site_name: x\nnav:\n  - Home: index.md\n  - Guides:\n      - A: a/b.md\n" \
+             "  # - Old: old.md\n  - c.md\ntheme:\n  name: material\n"
+    assert nav_pages(config) == ["index.md", "a/b.md", "c.md"]
+    # the repository's: a page dropped from it is reported
+    config = (ROOT / "mkdocs.yml").read_text()
+    assert "backends/paddle.md" in nav_pages(config)
+    dropped = re.sub(r"^.*: backends/paddle\.md\n", "", config, flags=re.M)
+    assert "backends/paddle.md" not in nav_pages(dropped)
+
+
+def test_links_between_pages_point_to_pages_and_headings_that_exist():
+    checked, broken = 0, []
+    for page in PAGES:
+        name = str(page.relative_to(ROOT))
+        for target in _LINK.findall(prose(page.read_text())):
+            if re.match(r"^[a-z][\w+.-]*:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            checked += 1
+            if page.is_relative_to(DOCS) and not linked.is_relative_to(DOCS):
+                broken.append(f"{name}: {target} is outside docs/, so not on the site")
+            elif not linked.exists():
+                broken.append(f"{name}: {target} does not exist")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                broken.append(f"{name}: {target}: no heading #{anchor} in {linked.name}")
+    assert checked >= 100, f"only {checked} links found: is the link pattern right?"
+    assert not broken, "\n".join(broken)
+
+
+def test_slugs_are_mkdocs_anchors():
+    assert slug("`unifiedamp conformance`") == "unifiedamp-conformance"
+    assert slug("Devices: shard_map, pmap and several processes") == \
+        "devices-shard_map-pmap-and-several-processes"
+    assert slug("PaxML: what LossScaledLearner changes, and why") == \
+        "paxml-what-lossscaledlearner-changes-and-why"
+
+
+def bash_commands() -> list[tuple[str, list[str]]]:
+    """Each `unifiedamp ...` command line of the ```bash blocks: (where, its arguments)."""
+    import shlex
+
+    commands = []
+    for page in PAGES:
+        name = str(page.relative_to(ROOT))
+        for block in code_blocks(page.read_text(), "bash"):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                command: list[str] = []
+                for word in [*words, "&&"]:
+                    if word not in ("&&", "||", ";", "|"):
+                        command.append(word)
+                        continue
+                    while command and re.match(r"^\w+=", command[0]):  # VAR=value cmd
+                        command.pop(0)
+                    if command and command[0].rsplit("/", 1)[-1] == "unifiedamp":
+                        commands.append((f"{name}: {shlex.join(command)}", command[1:]))
+                    command = []
+    return commands
+
+
+def test_bash_blocks_run_unifiedamp_commands_the_cli_parses(capsys):
+    """A renamed subcommand or option fails here, not in a reader's shell."""
+    from unifiedamp.cli import _parser
+
+    commands = bash_commands()
+    assert len(commands) >= 8, commands
+    parser = _parser()
+    refused = []
+    for where, argv in commands:
+        try:
+            parser.parse_args(argv)
+        except SystemExit:
+            refused.append(f"{where}\n    {capsys.readouterr().err.strip()}")
+    assert not refused, "\n".join(refused)
+    with pytest.raises(SystemExit):  # what a stale option does
+        parser.parse_args(["conformance", "--backends", "numpy"])
+
+
+#: The public modules and the API reference page that documents each (docs/api/).
+API_PAGES = {
+    "unifiedamp": "unifiedamp.md", "unifiedamp.backends.torch": "torch.md",
+    "unifiedamp.backends.paddle": "paddle.md", "unifiedamp.backends.keras": "keras.md",
+    "unifiedamp.backends.jax": "jax.md", "unifiedamp.backends.jax.praxis": "jax.md",
+    "unifiedamp.backends.jax.paxml": "jax.md", "unifiedamp.backends.mlx": "mlx.md",
+    "unifiedamp.backends.numpy": "numpy.md", "unifiedamp.diagnostics": "diagnostics.md",
+    "unifiedamp.callbacks.lightning": "callbacks.md", "unifiedamp.callbacks.keras": "callbacks.md",
+    "unifiedamp.porting": "porting.md", "unifiedamp.spec": "spec.md",
+    "unifiedamp.conformance": "conformance.md", "unifiedamp.conformance.contract": "conformance.md",
+    "unifiedamp.conformance.strategies": "conformance.md",
+}
+
+
+def public_names(module: str) -> list[str]:
+    """A module's ``__all__``, read from its source (importing it would import a framework):
+    a list of names, or ``sorted(_LAZY)`` over a dict of lazily loaded names."""
+    import ast
+
+    path = ROOT / "src" / module.replace(".", "/")
+    tree = ast.parse((path / "__init__.py" if path.is_dir() else path.with_suffix(".py"))
+                     .read_text())
+    values = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+              for target in node.targets if isinstance(target, ast.Name)}
+    names = values["__all__"]
+    if isinstance(names, ast.Call):  # sorted(_LAZY)
+        names = ast.List([*values[names.args[0].id].keys])  # type: ignore[attr-defined]
+    return [n for n in ast.literal_eval(names) if not n.startswith("__")]
+
+
+def test_the_api_reference_documents_every_public_name():
+    """Each name of a public module's ``__all__`` is in its docs/api page: a ``::: path``
+    directive, or a ``- name`` of a directive's ``members`` list."""
+    missing = []
+    for module, page in API_PAGES.items():
+        text = (DOCS / "api" / page).read_text()
+        documented = set(re.findall(r"^:::\s+[\w.]*?(\w+)\s*$", text, re.M))
+        documented |= set(re.findall(r"^\s+-\s+(\w+)\s*$", text, re.M))
+        names = public_names(module)
+        assert names, module
+        missing += [f"{module}.{n} (docs/api/{page})" for n in names if n not in documented]
+    assert not missing, "public names the API reference leaves out: " + ", ".join(missing)

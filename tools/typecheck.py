@@ -18,13 +18,15 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-# The same blocks, in the same order, as tests/test_docs.py.
-BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+# The same blocks, in the same order, as tests/test_docs.py: those indented in a tab or a
+# list too, closed by a fence of the same indent.
+BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)
 # mypy's "path:line: severity: message" (with --show-column-numbers off, the default).
 MESSAGE = re.compile(r"^(?P<path>[^:\n]+\.py):(?P<line>\d+):(?P<rest> .*)$")
 
@@ -43,9 +45,9 @@ def doc_blocks() -> list[Block]:
         rel = page.relative_to(ROOT).as_posix()
         text = page.read_text(encoding="utf-8")
         for i, match in enumerate(BLOCK.finditer(text)):
-            first_line = text.count("\n", 0, match.start(1)) + 1
+            first_line = text.count("\n", 0, match.start(2)) + 1
             module = re.sub(r"\W", "_", rel) + f"_{i}.py"
-            blocks.append(Block(module, rel, i, first_line, match.group(1)))
+            blocks.append(Block(module, rel, i, first_line, textwrap.dedent(match.group(2))))
     return blocks
 
 

@@ -271,8 +271,8 @@ class JaxGradScaler(FunctionalGradScaler):
                 flags) raises ``TypeError``/``ValueError`` rather than being read as
                 true or reshaping the scaler's arrays; the check reads only static
                 type, dtype and shape, so it costs nothing under jit.
-            new_scale: Instead, a scaler whose scale is this host number (finite and
-                > 0 in float32), trackers and counters kept, as torch's
+            new_scale: Instead, a scaler whose scale is this host number (finite
+                and > 0 in float32), trackers and counters kept, as torch's
                 ``update(new_scale)``; not counted as an update.
 
         Raises:

@@ -629,8 +629,8 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
 
         ``new_scale`` sets the scale instead, leaving the trackers, as torch does (a
         number as the first argument is ``new_scale``, as in torch):
-        a Python or NumPy number, or a 1-element NumPy array (checked: finite and
-        > 0 in float32), or a 1-element floating-point tensor (not checked: that
+        a Python or NumPy number, or a 1-element NumPy array (checked: finite
+        and > 0 in float32), or a 1-element floating-point tensor (not checked: that
         would wait for the device). Such a manual update is not counted as an update:
         it is not recorded in :meth:`history`, and :meth:`overflow_report` returns
         None after it (it did not skip).
