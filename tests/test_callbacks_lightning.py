@@ -52,12 +52,12 @@ def data(batches=32):
 
 
 def fit(tmp_path, model, scaler=None, steps=12, every=3, precision=None, device="cpu",
-        **trainer_options):
+        callbacks=None, **trainer_options):
     logger = CSVLogger(tmp_path)
     plugins = [] if scaler is None else [MixedPrecision("16-mixed", device, scaler=scaler)]
     trainer = L.Trainer(max_steps=steps, accelerator=device, devices=1, logger=logger,
                         precision=precision, plugins=plugins,
-                        callbacks=[ScaleLogger(every_n_steps=every)],
+                        callbacks=callbacks or [ScaleLogger(every_n_steps=every)],
                         enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, log_every_n_steps=1, **trainer_options)
     trainer.fit(model, data())
@@ -142,6 +142,9 @@ def test_every_n_steps_is_validated():
     for bad in (0, -1, 2.5, True, "50"):
         with pytest.raises(ValueError, match=rf"every_n_steps must be an int >= 1, got {bad!r}"):
             ScaleLogger(every_n_steps=bad)
+    for name in ("prog_bar", "logger"):
+        with pytest.raises(TypeError, match=rf"{name} must be True or False, got 1"):
+            ScaleLogger(**{name: 1})
 
 
 def test_every_logger_of_the_trainer_gets_the_rows(tmp_path):
@@ -208,3 +211,173 @@ def test_skipped_steps_count_over_every_fit_of_the_callback(tmp_path):
         assert [(int(r["step"]), int(r["skipped_steps"])) for r in rows(logger)] == [
             [(2, 1)], [(2, 2), (4, 3)]][run]
     assert scaler.num_skipped_steps == 3
+
+
+# ---------------------------------------------------------------- Lightning's logging
+
+
+class Probe(L.Callback):
+    """Records what the progress bar would show after each batch (after ScaleLogger)."""
+
+    def __init__(self):
+        self.shown = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        bar = trainer.progress_bar_callback
+        metrics = bar.get_metrics(trainer, pl_module) if bar else trainer.progress_bar_metrics
+        self.shown.append((trainer.global_step, metrics.get("loss_scale"),
+                           metrics.get("skipped_steps")))
+
+
+@pytest.mark.parametrize("logger", [True, False], ids=["with-logger", "trainer-logger-false"])
+def test_the_progress_bar_shows_the_last_row(tmp_path, logger):
+    scaler = ua.GradScaler(64.0, growth_interval=2, backend="torch")
+    probe = Probe()
+    trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=1,
+                        logger=CSVLogger(tmp_path) if logger else False,
+                        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+                        callbacks=[ScaleLogger(every_n_steps=2), probe],
+                        enable_checkpointing=False, enable_progress_bar=True,
+                        enable_model_summary=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(Model(poison=[3]), data())
+    assert not [w for w in caught if "ScaleLogger" in str(w.message)]
+    # Rows at steps 2, 4, 6 (the scale after each); the bar keeps a row until the next.
+    assert probe.shown == [(1, None, None), (2, 128.0, 0.0), (3, 128.0, 0.0), (4, 64.0, 1.0),
+                           (5, 64.0, 1.0), (6, 128.0, 1.0)]
+    assert trainer.callback_metrics["loss_scale"] == 128.0
+
+
+def test_prog_bar_false_and_logger_false_leave_each_out(tmp_path):
+    def scaler():
+        return ua.GradScaler(64.0, growth_interval=2, backend="torch")
+
+    trainer, got = fit(tmp_path / "a", Model(), scaler(), steps=4,
+                       callbacks=[ScaleLogger(every_n_steps=2, prog_bar=False)])
+    assert [(r["step"], r["loss_scale"]) for r in got] == [("2", "128.0"), ("4", "256.0")]
+    assert "loss_scale" not in trainer.progress_bar_metrics
+    trainer, got = fit(tmp_path / "b", Model(), scaler(), steps=4,
+                       callbacks=[ScaleLogger(every_n_steps=2, logger=False)])
+    assert got == [] and trainer.progress_bar_metrics["loss_scale"] == 256.0
+    with pytest.warns(UserWarning, match="ScaleLogger logs nothing: prog_bar=False and logger"):
+        fit(tmp_path / "c", Model(), scaler(), steps=2,
+            callbacks=[ScaleLogger(prog_bar=False, logger=False)])
+
+
+def test_16_mixed_on_a_cpu_is_bf16_with_no_scaler():
+    """What the docs say Lightning does with precision="16-mixed" on a CPU."""
+    with pytest.warns(UserWarning, match="fp16 is not supported on CPU. Using "
+                      "`precision='bf16-mixed'` instead"):
+        trainer = L.Trainer(accelerator="cpu", precision="16-mixed", logger=False,
+                            enable_progress_bar=False, enable_checkpointing=False)
+    plugin = trainer.precision_plugin
+    assert isinstance(plugin, MixedPrecision) and plugin.precision == "bf16-mixed"
+    assert plugin.scaler is None
+
+
+# ---------------------------------------------------------------- clipping, accumulation
+
+
+class Elementwise(L.LightningModule):
+    """``y = sum(x * w) + b``: elementwise products, which autocast leaves in float32, so
+    the run under ``MixedPrecision("16-mixed")`` computes what a float32 run computes
+    and the scale is the only difference. Loss times inf at the optimizer steps
+    ``poison`` (from 1)."""
+
+    def __init__(self, poison=()):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(4))
+        self.b = torch.nn.Parameter(torch.zeros(1))
+        self.poison = set(poison)
+
+    def forward(self, x):
+        return (x * self.w).sum(-1, keepdim=True) + self.b
+
+    def training_step(self, batch, index):
+        loss = torch.nn.functional.mse_loss(self(batch[0]), batch[1])
+        return loss * math.inf if self.global_step + 1 in self.poison else loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+
+def float32_run(steps, accumulate, clip, algorithm, poison):
+    """The run without a scaler: plain torch, skipping the ``poison`` steps."""
+    model = Elementwise()
+    opt = model.configure_optimizers()
+    batches = iter(data())
+    for step in range(1, steps + 1):
+        for _ in range(accumulate):
+            x, y = next(batches)
+            if step not in poison:
+                (torch.nn.functional.mse_loss(model(x), y) / accumulate).backward()
+        if step not in poison:
+            if algorithm == "norm":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            else:
+                torch.nn.utils.clip_grad_value_(model.parameters(), clip)
+            opt.step()
+        opt.zero_grad()
+    return list(model.parameters())
+
+
+@pytest.mark.parametrize(("algorithm", "accumulate"),
+                         [("norm", 1), ("value", 1), ("norm", 3)],
+                         ids=["norm", "value", "norm-accumulate-3"])
+def test_gradient_clipping_clips_the_unscaled_gradients(tmp_path, algorithm, accumulate):
+    clip = {"norm": 1.0, "value": 0.25}[algorithm]  # both bite: gradient norms of 5 to 10
+    scaler = ua.GradScaler(1024.0, growth_interval=2, backend="torch")
+    model = Elementwise(poison=[3])
+    trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False,
+                        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+                        gradient_clip_val=clip, gradient_clip_algorithm=algorithm,
+                        accumulate_grad_batches=accumulate, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model, data())
+    expected = float32_run(6, accumulate, clip, algorithm, poison={3})
+    for got, want in zip(model.parameters(), expected, strict=True):
+        assert torch.equal(got, want), (got, want)
+    assert scaler.num_skipped_steps == 1
+    assert scaler.get_scale() == spec_scales(scaler.config, 6, poison={3})[-1] == 2048.0
+
+
+class ManualElementwise(Elementwise):
+    """Manual optimization, clipping where ``clip_in`` says: ``"hook"``, in
+    ``on_before_optimizer_step`` (Lightning calls it after ``scaler.unscale_``), or
+    ``"training_step"``, between ``manual_backward`` and ``opt.step()``."""
+
+    def __init__(self, clip_in, poison=()):
+        super().__init__(poison)
+        self.automatic_optimization = False
+        self.clip_in = clip_in
+
+    def training_step(self, batch, index):
+        opt = self.optimizers()
+        self.manual_backward(super().training_step(batch, index))
+        if self.clip_in == "training_step":
+            self.clip_gradients(opt, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+        opt.step()
+        opt.zero_grad()
+
+    def on_before_optimizer_step(self, optimizer):
+        if self.clip_in == "hook":
+            self.clip_gradients(optimizer, gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+
+
+@pytest.mark.parametrize("clip_in", ["hook", "training_step"])
+def test_manual_optimization_clips_unscaled_gradients_in_on_before_optimizer_step(clip_in):
+    scaler = ua.GradScaler(1024.0, growth_interval=2, backend="torch")
+    model = ManualElementwise(clip_in, poison=[3])
+    trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False,
+                        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)],
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(model, data())
+    expected = float32_run(6, 1, 1.0, "norm", poison={3})
+    same = all(torch.equal(g, w) for g, w in zip(model.parameters(), expected, strict=True))
+    # Lightning unscales inside opt.step(): clipping before it clips the scaled gradients
+    # (with Lightning's own scaler too), which the docs say.
+    assert same == (clip_in == "hook")
+    assert scaler.num_skipped_steps == 1

@@ -252,6 +252,7 @@ API_PAGES = {
     "unifiedamp.backends.jax.paxml": "jax.md", "unifiedamp.backends.mlx": "mlx.md",
     "unifiedamp.backends.numpy": "numpy.md", "unifiedamp.diagnostics": "diagnostics.md",
     "unifiedamp.callbacks.lightning": "callbacks.md", "unifiedamp.callbacks.keras": "callbacks.md",
+    "unifiedamp.callbacks.accelerate": "callbacks.md",
     "unifiedamp.porting": "porting.md", "unifiedamp.spec": "spec.md",
     "unifiedamp.conformance": "conformance.md", "unifiedamp.conformance.contract": "conformance.md",
     "unifiedamp.conformance.strategies": "conformance.md",

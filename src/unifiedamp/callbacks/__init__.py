@@ -1,3 +1,4 @@
-"""Loggers of the scale and of skipped steps for trainers: ``unifiedamp.callbacks.lightning``
-(a Lightning ``Callback``) and ``unifiedamp.callbacks.keras`` (a Keras ``Callback``). Each
-module imports its framework; this package imports none."""
+"""Trainer integrations: ``unifiedamp.callbacks.lightning`` (a Lightning ``Callback`` that
+logs the scale), ``unifiedamp.callbacks.keras`` (the same for Keras) and
+``unifiedamp.callbacks.accelerate`` (``use_scaler``, which hands the torch scaler to a Hugging
+Face ``Accelerator``). Each module imports its framework; this package imports none."""

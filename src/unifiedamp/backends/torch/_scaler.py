@@ -556,12 +556,41 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             raise self._scale_not_called("step")
         if self._scale is None:
             self._lazy_init_scale_growth_tracker(device_of(optimizer))
+        if not self._unscaled_by_accelerator and not self._accelerate_warned:
+            self._warn_if_accelerate_clips_scaled(optimizer)
         fused = getattr(optimizer, STEPS_ON_DEVICE, False)
         if fused and not torch.compiler.is_compiling() and not takes_grad_scaler(optimizer):
             retval = fused_step(self, optimizer, *args, **kwargs)
         else:
             retval = super().step(optimizer, *args, **kwargs)
         return retval
+
+    #: Set by ``unifiedamp.callbacks.accelerate.use_scaler``: the Accelerator that steps
+    #: this scaler unscales through it before it clips.
+    _unscaled_by_accelerator = False
+    _accelerate_warned = False
+
+    def _warn_if_accelerate_clips_scaled(self, optimizer: torch.optim.Optimizer) -> None:
+        # accelerate's AcceleratedOptimizer.step puts its own wrapper of the optimizer's
+        # step on the instance while it calls scaler.step (accelerate/optimizer.py): a
+        # scaler set by hand as accelerator.scaler, whose Accelerator unscales only in its
+        # own fp16 mode on a GPU. A check of the step's module: no import of accelerate.
+        wrapper = vars(optimizer).get("step")
+        if getattr(wrapper, "__module__", None) != "accelerate.optimizer":
+            return
+        checked = self._checking.get(id(optimizer))
+        if checked is not None and checked[1]:
+            return  # unscale_ ran for this step: accelerate's fp16 mode did it
+        self._accelerate_warned = True
+        warnings.warn(
+            "This scaler steps an optimizer prepared by Hugging Face accelerate that was "
+            "handed the scaler as `accelerator.scaler = scaler`. The Accelerator then "
+            "unscales only in its own fp16 mode on a GPU, so accelerator.clip_grad_norm_ "
+            "and clip_grad_value_ (and the Hugging Face Trainer, which clips by default) "
+            "clip the scaled gradients and the update is up to `scale` times too small. "
+            "Fix: `from unifiedamp.callbacks.accelerate import use_scaler` and call "
+            "use_scaler(accelerator, scaler) before accelerator.prepare(...).",
+            UserWarning, stacklevel=4)
 
     def unscale(self, grads: Any) -> tuple[Any, torch.Tensor]:
         """Functional unscale: ``(unscaled copies of grads, all finite)``, no host sync.
