@@ -18,7 +18,9 @@ The package's modules: ``_scaler`` (:class:`JaxGradScaler` and the helpers of a
 jitted step), ``_optax`` (:func:`loss_scaled`, :func:`loss_scaled_accumulate`),
 ``_diagnostics`` (:func:`overflow_counts`, the report, history ring and collapse
 check), ``_agreement`` (the trace-time check that the devices sharing a scale agree on
-the finite flag: a missing ``axis_name``) and ``_compat`` (the JAX internals they rely on).
+the finite flag: a missing ``axis_name``), ``_flax`` (the scaler registered with
+``flax.serialization``, now or when Flax is imported, so msgpack checkpoints take it) and
+``_compat`` (the JAX internals they rely on).
 ``praxis`` and ``paxml`` (imported only when named: they import Praxis and PaxML) wrap the
 scaler for Praxis optimizers and PaxML's Learner.
 """
@@ -36,6 +38,7 @@ from unifiedamp.backends.jax._diagnostics import (
     overflow_report,
     scale_history,
 )
+from unifiedamp.backends.jax._flax import register_with_flax
 from unifiedamp.backends.jax._optax import (
     LossScaledAccumulateState,
     LossScaledState,
@@ -57,6 +60,9 @@ __all__ = ["JaxGradScaler", "LeafCounts", "LossScaledAccumulateState", "LossScal
            "loss_scaled_accumulate", "overflow_counts", "overflow_report", "replace_scaler",
            "scale_history", "step_if_finite", "where_finite"]
 
+
+# Flax's msgpack (to_bytes, from_bytes) writes only registered types; this does not import Flax.
+register_with_flax()
 
 for _name in __all__:
     if globals()[_name].__module__.startswith(__name__ + "."):
