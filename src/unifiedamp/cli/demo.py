@@ -6,9 +6,9 @@ Each framework trains in a child process of its own (``python -m
 unifiedamp.cli._demo_child NAME STEPS``, where the training loops are), as ``unifiedamp
 conformance`` does, because some frameworks cannot share a process (tensorflow then paddle
 segfaults). The child prints one JSON line per step; this module, the parent, holds the
-scenario (:data:`CONFIG`, the forced overflows, the spec's :func:`reference`), draws the
-progress bar, compares, plots (matplotlib, the ``demo`` extra) and prints the summary.
-``docs/demo.md`` describes the output.
+scenario (:data:`CONFIG`, the forced overflows, the spec's :func:`reference`), shows the
+progress (on a terminal), compares, plots (matplotlib, the ``demo`` extra) and prints the
+summary. ``docs/demo.md`` describes the output.
 """
 
 from __future__ import annotations
@@ -25,7 +25,13 @@ import time
 from typing import Any
 
 from unifiedamp import _registry, spec
-from unifiedamp.cli._shared import is_installed, print_table
+from unifiedamp.cli._shared import (
+    Progress,
+    add_progress_option,
+    is_installed,
+    print_table,
+    progress_wanted,
+)
 from unifiedamp.diagnostics import _image_path_error, _save_figure
 
 __all__ = ["BACKENDS", "CONFIG", "OVERFLOW_STEPS", "PERIOD", "demo_report", "expected_history",
@@ -110,33 +116,10 @@ def _found(name: str) -> bool:
     return is_installed(_registry.BUILTIN[name].modules[0])
 
 
-class _Progress:
-    """One line per backend on stderr: redrawn in place on a terminal, printed once when
-    it is finished otherwise (a log file gets no carriage returns)."""
-
-    def __init__(self, name: str, steps: int, stream: Any = None) -> None:
-        self.name, self.steps, self.stream = name, steps, stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.start = time.monotonic()
-
-    def _line(self, done: int, note: str) -> str:
-        filled = 30 * done // self.steps
-        return (f"{self.name:<7} [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.steps} "
-                f"{time.monotonic() - self.start:5.1f} s {note}").rstrip()
-
-    def update(self, done: int, note: str = "") -> None:
-        if self.tty:
-            self.stream.write("\r" + self._line(done, note))
-            self.stream.flush()
-
-    def finish(self, done: int, note: str) -> None:
-        self.stream.write(("\r" if self.tty else "") + self._line(done, note) + "\n")
-        self.stream.flush()
-
-
-def _run_child(name: str, steps: int) -> dict[str, Any]:
-    """Runs one backend's child, drawing its progress; its header, records and status."""
-    progress = _Progress(name, steps)
+def _run_child(name: str, steps: int, progress: Progress | None = None) -> dict[str, Any]:
+    """Runs one backend's child (its steps done go to ``progress``); its header, records
+    and status."""
+    start = time.monotonic()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     cmd = [sys.executable, "-m", "unifiedamp.cli._demo_child", name, str(steps)]
     result: dict[str, Any] = {"status": "ok", "records": []}
@@ -159,7 +142,8 @@ def _run_child(name: str, steps: int) -> dict[str, Any]:
                 row = json.loads(line)
                 if "step" in row:
                     result["records"].append(row)
-                    progress.update(len(result["records"]))
+                    if progress is not None:
+                        progress.note(name, f"{len(result['records'])}/{steps} steps")
                 else:
                     result.update(row)
             proc.wait()
@@ -167,13 +151,11 @@ def _run_child(name: str, steps: int) -> dict[str, Any]:
             timer.cancel()
         err.seek(0)
         lines = err.read().strip().splitlines()
-    result["seconds"] = round(time.monotonic() - progress.start, 1)
+    result["seconds"] = round(time.monotonic() - start, 1)
     if proc.returncode != 0:
         why = f"timed out after {_CHILD_TIMEOUT_S} s" if timed_out.is_set() else "exited with"
         result.update(status="error", detail=f"child {why} {proc.returncode}: "
                                              f"{lines[-1] if lines else 'no output'}")
-    done = len(result["records"])
-    progress.finish(done, "" if result["status"] == "ok" else "error")
     return result
 
 
@@ -191,7 +173,8 @@ def expected_history(records: list[dict[str, Any]]) -> list[list[Any]]:
                                                                              strict=True))]
 
 
-def demo_report(names: list[str] | None = None, steps: int = PERIOD) -> dict[str, Any]:
+def demo_report(names: list[str] | None = None, steps: int = PERIOD,
+                show_progress: bool = False) -> dict[str, Any]:
     """Trains every backend in ``names`` (default: every one installed) for ``steps`` steps,
     each in its own process, and compares each trajectory with :func:`reference`.
 
@@ -211,25 +194,41 @@ def demo_report(names: list[str] | None = None, steps: int = PERIOD) -> dict[str
     requested = names is not None
     names = list(BACKENDS) if names is None else list(dict.fromkeys(names))
     backends: dict[str, Any] = {}
-    for name in names:
-        if not _found(name):
-            backends[name] = {"status": "not installed", "detail": _registry.BUILTIN[name].install}
-            continue
-        result = _run_child(name, steps)
-        records = result["records"]
-        diverged = first_divergence(records, steps)
-        result.update(matches_spec=result["status"] == "ok" and diverged is None,
-                      history_matches=result.get("history") == expected_history(records),
-                      first_divergence=diverged,
-                      skips=sum(r["skipped"] for r in records),
-                      final_scale=records[-1]["scale"] if records else None)
-        backends[name] = result
+    found = [name for name in names if _found(name)]
+    with Progress("demo", found, enabled=show_progress) as progress:
+        for name in names:
+            if name not in found:
+                backends[name] = {"status": "not installed",
+                                  "detail": _registry.BUILTIN[name].install}
+                continue
+            progress.start(name)
+            progress.note(name, "starting")
+            result = _run_child(name, steps, progress)
+            records = result["records"]
+            diverged = first_divergence(records, steps)
+            result.update(matches_spec=result["status"] == "ok" and diverged is None,
+                          history_matches=result.get("history") == expected_history(records),
+                          first_divergence=diverged,
+                          skips=sum(r["skipped"] for r in records),
+                          final_scale=records[-1]["scale"] if records else None)
+            backends[name] = result
+            progress.finish(name, _outcome(result, steps))
     not_run = [n for n, r in backends.items() if r["status"] == "not installed"]
     passed = all(r.get("matches_spec", False) and r.get("history_matches", False)
                  for n, r in backends.items() if n not in not_run)
     return {"config": CONFIG, "overflow_steps": [s for s in range(steps) if forced_overflow(s)],
             "steps": steps, "passed": passed and not (requested and not_run),
             "not_run": not_run, "backends": backends}
+
+
+def _outcome(result: dict[str, Any], steps: int) -> str:
+    """How a backend's run ended, for its progress line."""
+    if result["status"] != "ok":
+        return f"error after {len(result['records'])}/{steps} steps"
+    d = result["first_divergence"]
+    spec_ = "matches the spec" if d is None else f"DIVERGES from the spec at step {d['step']}"
+    history = "" if result["history_matches"] else ", its history() DIFFERS"
+    return f"{len(result['records'])} steps, {result['skips']} skipped, {spec_}{history}"
 
 
 _STYLES = [  # widest first, so that every line of a perfect overlap still shows
@@ -299,7 +298,8 @@ def _print_summary(report: dict[str, Any]) -> None:
     print_table(rows)
     for name, r in report["backends"].items():
         if r["status"] == "error":
-            print(f"\n{name}: {r['detail']}")
+            print(f"\n{name}: {r['detail']} (its whole output: `python -m "
+                  f"unifiedamp.cli._demo_child {name} {report['steps']}`)")
         elif r.get("first_divergence"):
             d = r["first_divergence"]
             print(f"\n{name}: diverged at step {d['step']}: expected {d['expected']}, "
@@ -333,7 +333,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"unifiedamp demo: {exc}", file=sys.stderr)
         return 2
-    report = demo_report(args.backend, args.steps)
+    report = demo_report(args.backend, args.steps, show_progress=progress_wanted(args))
     if out is not None:
         _plot(report, out)
     report["plot"] = out
@@ -364,8 +364,20 @@ def add_parser(sub: Any) -> None:
         >>> args.backend, args.steps, args.out, args.history
         (['numpy'], 40, 'none', None)
     """
-    p = sub.add_parser("demo", help="train one fp16 model in every installed framework and "
-                                    "plot the scale trajectories")
+    p = sub.add_parser(
+        "demo", help="train one fp16 model in every installed framework and plot the scale "
+                     "trajectories",
+        description="Trains the same small float16 model in every installed framework (each "
+                    "in a process of its own) with one scaler config and overflows forced at "
+                    "fixed steps, compares each scale trajectory and each scaler's history() "
+                    "with the spec's reference bit for bit, prints a table and draws the "
+                    "trajectories on one chart: at step n (the n-th update, from 1) the scale "
+                    "after that update. On a terminal, stderr says which framework trains, "
+                    "its steps done and its time.",
+        epilog="exit status: 0 when every framework that ran follows the spec (one not "
+               "installed is listed, and fails the run only when named with --backend); 1 "
+               "otherwise; 2 for a usage error, a plot path that cannot be written or a "
+               "missing matplotlib.")
     p.add_argument("--backend", action="append", choices=BACKENDS,
                    help="a framework to train in (repeatable; default: every installed one, "
                         "where one that is not installed does not fail the run; one named "
@@ -378,7 +390,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--history", default=None, metavar="DIR",
                    help="write each framework's scaler history to DIR/NAME.json "
                         "(`unifiedamp plot DIR/NAME.json` draws one)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--json", action="store_true", help="print the report as JSON, no progress")
+    add_progress_option(p)
     p.set_defaults(func=_cmd_demo)
 
 

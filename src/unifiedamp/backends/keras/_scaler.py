@@ -462,5 +462,15 @@ class KerasGradScaler(HostCounters, GradScaler):
 
     @classmethod
     def devices(cls) -> list[str]:
-        """Keras's backend and its devices."""
-        return [f"{keras.backend.backend()}"]
+        """The devices of the framework Keras computes with (``keras.backend.backend()``:
+        tensorflow, jax or torch), where the scale and the train step run: ``cpu:0``,
+        ``gpu:0`` as Keras names them; torch's own names (``cpu``, ``cuda:0``) under torch,
+        which Keras's distribution API does not cover."""
+        backend = keras.backend.backend()
+        if backend == "torch":
+            import torch
+
+            return ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        if backend in ("tensorflow", "jax"):
+            return list(keras.distribution.list_devices())
+        return ["cpu"]  # Keras's numpy and openvino backends compute on the host

@@ -76,6 +76,9 @@ _PICKLED_NAMES = {"_skipped_on_host": "_skip_count_host", "_host_skips": "_conse
                   "_skipped_on_device": "_skip_count_device",
                   "_consecutive_skips": "_consecutive_skips_device"}
 
+#: torch's assertion in step() when none of the optimizer's parameters had a gradient.
+_NO_CHECKS_FOR_OPTIMIZER = "No inf checks were recorded for this optimizer."
+
 class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
     """``torch.amp.GradScaler`` with the unifiedamp spec, config, state and reporting.
 
@@ -557,10 +560,16 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         if self._scale is None:
             self._lazy_init_scale_growth_tracker(device_of(optimizer))
         fused = getattr(optimizer, STEPS_ON_DEVICE, False)
-        if fused and not torch.compiler.is_compiling() and not takes_grad_scaler(optimizer):
-            retval = fused_step(self, optimizer, *args, **kwargs)
-        else:
-            retval = super().step(optimizer, *args, **kwargs)
+        try:
+            if fused and not torch.compiler.is_compiling() and not takes_grad_scaler(optimizer):
+                retval = fused_step(self, optimizer, *args, **kwargs)
+            else:
+                retval = super().step(optimizer, *args, **kwargs)
+        except AssertionError as exc:
+            # torch's assertion when no parameter had a gradient: its words, and the fix.
+            if str(exc) == _NO_CHECKS_FOR_OPTIMIZER:
+                raise NoInfChecksError.for_optimizer() from None
+            raise
         return retval
 
     def unscale(self, grads: Any) -> tuple[Any, torch.Tensor]:
@@ -674,7 +683,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             if finite is not None:
                 found_infs.append(not_finite(finite, scale.device))
             elif not found_infs:
-                raise NoInfChecksError("No inf checks were recorded prior to update.")
+                raise NoInfChecksError.prior_to_update()
             host_found = (self._host_found if self._host_reads == checked and not functional
                           and finite is None else None)
             if len(found_infs) > 1:
