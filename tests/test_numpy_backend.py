@@ -133,8 +133,8 @@ def test_update_clears_the_functional_checks_so_one_inf_skips_one_update():
             opt.step()
         scaler.update()
     # backed off once, then grew at each finite update
-    assert scaler.history().as_list() == [(1, 1024.0, True), (2, 512.0, False),
-                                          (3, 1024.0, False)]
+    assert scaler.history().as_list() == [(1, 512.0, True), (2, 1024.0, False),
+                                          (3, 2048.0, False)]
     assert scaler.get_scale() == 2048.0 and opt.step_count == 2
 
 

@@ -383,7 +383,7 @@ class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
             scale = self._state.scale
             self._state = self._next_state(found_inf)
             self._count(found_inf)
-            self._record(scale, found_inf)
+            self._record(self._state.scale, found_inf)  # the scale the update left
             self._remember_update(LastUpdate(
                 self._updates, scale, list(self._checked.values()), self._scale_input,
                 not any(self._found_inf.values())) if found_inf else None)

@@ -1,4 +1,5 @@
-"""``unifiedamp plot``: a scale history file drawn on a log axis, skipped steps marked."""
+"""``unifiedamp plot``: a scale history file drawn on a log axis, skipped steps marked: at step
+n (the n-th update, from 1) the scale after it, as ``unifiedamp demo`` draws."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         return 2
     print(f"wrote {args.output}: {len(history)} updates (from {history.iterations[0]} to "
           f"{history.iterations[-1]}), {sum(history.skipped)} skipped, scale "
-          f"{min(history.scales):g} to {max(history.scales):g}")
+          f"{min(history.scales):g} to {max(history.scales):g}, {history.scales[-1]:g} after "
+          "the last")
     return 0
 
 

@@ -368,11 +368,10 @@ class KerasGradScaler(HostCounters, GradScaler):
                 "none. Pass the flag unscale() returned: grads, finite = scaler.unscale(grads); "
                 "scaler.update(finite) (or let a wrapped optimizer's apply() update)")
         found_inf = not _host_flag(finite)
-        scale = self._state.scale
         self._state = spec.update(self._config, self._state, found_inf)
         self._count(found_inf)
-        if self._history_size:
-            self._host_history.append((self._updates, scale, found_inf))
+        if self._history_size:  # the scale the update left
+            self._host_history.append((self._updates, self._state.scale, found_inf))
             del self._host_history[:-self._history_size]
         return self
 

@@ -587,7 +587,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             scale = self._state.scale
             self._set_state(spec.update(self._config, self._state, found_inf))
             self._count(found_inf)
-            self._record(scale, found_inf)
+            self._record(self._state.scale, found_inf)  # the scale the update left
             self._remember_update(LastUpdate(
                 self._updates, scale, list(self._checked.values()), self._scale_input,
                 not any(bool(flag) for flag in optimizer_checks), self._across_ranks(),

@@ -354,7 +354,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             raise mid_iteration_load_error()
         config, state = spec.parse_state_dict(state_dict, base=self._config)
         if (self._diag_found is not None and not self._diag_report_ready
-                and self._ring is None and self._scale is not None
+                and not self._ring_holds_scale_before() and self._scale is not None
                 and self._diag_loads == self._loads):
             # A skip not reported yet: its scale is inferred from the state the update
             # left, which the load replaces; infer it now (one read, at load time only).
@@ -374,6 +374,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         self._hysteresis_may_be_set = state.hysteresis_tracker > 0
         self._scale_known(state.scale)
         self._loads += 1
+        self._scale_set = True
 
     def __getstate__(self) -> dict[str, Any]:
         d = super().__getstate__()
@@ -665,6 +666,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         if new_scale is not None:
             self._set_scale(scale, new_scale)
             self._diag_found = None  # not a skip; overflow_report() is None after it
+            self._scale_set = True
         else:
             # One pass: the flags, and how many optimizers checked. Every check since
             # the last update was read by a plain step() when there is one read per
@@ -690,13 +692,13 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
                 found = torch.stack(found_infs).sum().clamp_(max=1.0)
             else:
                 found = found_infs[0]  # 0.0 or 1.0
-            # Both before the update changes the scale in place.
-            if self._ring is not None:
-                self._record(scale, found)
+            # Before the update changes the scale in place.
             # Not inside a traced graph: a replay would not run this Python.
             diagnosed = self._diagnose and not traced(self._device)
             report = self._diagnose_now(scale, found, host_found) if diagnosed else None
             self._apply_update(scale, growth, found)
+            if self._ring is not None:
+                self._record(scale, found)  # the scale the update left
             self._updates += 1
             if host_found is not None:
                 self._last_skipped = host_found
