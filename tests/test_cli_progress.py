@@ -153,6 +153,21 @@ def test_keras_devices_are_those_of_the_framework_keras_runs_on(tmp_path, capsys
         f"keras {keras['version']} on jax {jax['version']}", "cpu:0"], row
 
 
+def test_a_frameworks_version_is_found_under_the_distribution_that_installs_it():
+    # Keras may run on tensorflow installed as tensorflow-cpu: its version, by the module.
+    import importlib.metadata
+    import importlib.util
+
+    from unifiedamp.cli.backends import _framework_version
+
+    if importlib.util.find_spec("tensorflow") is None:  # found, not imported
+        pytest.skip("tensorflow is not installed")
+    dists = importlib.metadata.packages_distributions()["tensorflow"]
+    assert _framework_version("tensorflow") == importlib.metadata.version(dists[0])
+    assert _framework_version("numpy") == importlib.metadata.version("numpy")
+    assert _framework_version("no-such-framework") is None
+
+
 # ---------------------------------------------------------------- demo
 
 

@@ -70,10 +70,18 @@ def _import_command(name: str) -> str:
 
 
 def _framework_version(framework: str) -> str | None:
+    """The installed version of ``framework``, a distribution's name, or else a module's
+    (tensorflow comes as tensorflow-cpu too)."""
     try:
         return importlib.metadata.version(framework)
     except importlib.metadata.PackageNotFoundError:
-        return None
+        pass
+    for name in importlib.metadata.packages_distributions().get(framework, []):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def backends_report(show_progress: bool = False) -> list[dict[str, Any]]:

@@ -434,8 +434,9 @@ class KerasGradScaler(HostCounters, GradScaler):
     def history(self) -> ScaleHistory:
         """The last ``history`` updates (oldest first), a
         :class:`unifiedamp.diagnostics.ScaleHistory`: iteration (the wrapped optimizer's
-        updates since it was built, from 1), the scale that update used, whether it
-        skipped. Empty before the optimizer is built (and when disabled).
+        updates since it was built, from 1), the scale that update left (what
+        :meth:`get_scale` returns after it), whether it skipped. Empty before the optimizer
+        is built (and when disabled).
 
         Raises:
             ValueError: Built with ``history=0`` (the default).
@@ -447,8 +448,8 @@ class KerasGradScaler(HostCounters, GradScaler):
             >>> model.compile(optimizer=scaler.wrap(keras.optimizers.SGD()), loss="mse")
             >>> for x in ([[1.0, 1.0]], [[np.inf, 1.0]], [[1.0, 1.0]]):
             ...     _ = model.train_on_batch(np.array(x), np.ones((1, 1)))
-            >>> scaler.history().as_list()
-            [(2, 16.0, True), (3, 8.0, False)]
+            >>> scaler.history().as_list()  # 8 -> 16, backed off to 8, -> 16
+            [(2, 8.0, True), (3, 16.0, False)]
         """
         if not self._history_size:
             raise ValueError("this scaler keeps no history: build it with history=N (e.g. "
