@@ -90,7 +90,8 @@ def check_batch_and_epoch_logs_reach_csv_logger_and_history():
     for k, logs in enumerate(seen):
         if logs:
             assert (logs["loss_scale"], logs["skipped_steps"]) == reference[k], (k, logs)
-            assert type(logs["loss_scale"]) is float and type(logs["skipped_steps"]) is int
+            assert isinstance(logs["loss_scale"], float)
+            assert isinstance(logs["skipped_steps"], int)
     # Epoch logs: History and CSVLogger.
     ends = [reference[7], reference[15]]
     assert history.history["loss_scale"] == [e[0] for e in ends]
@@ -128,6 +129,37 @@ def check_steps_per_execution_counts_every_step():
     assert history.history["skipped_steps"] == [3]
 
 
+def check_the_progress_bar_shows_the_numbers_plainly():
+    """model.fit(verbose=1): Keras's progress bar prints every log value with .4f (.4e at
+    0.001 and below); the logger's values print as they are, and stay numbers."""
+    import contextlib
+    import io
+    import re
+
+    from unifiedamp.callbacks.keras import ScaleLogger
+
+    epoch = "FIFFFIIF"
+    model, x, y = _model_and_data(epoch)
+    reference = _reference(epoch * 2)
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        history = model.fit(x, y, batch_size=1, epochs=2, shuffle=False, verbose=1,
+                            callbacks=[ScaleLogger(every_n_steps=3)])
+    # The bar is rewritten in place; each epoch's last state ends its line.
+    ends = [line.rpartition("\r")[2].rstrip() for line in shown.getvalue().split("\n")
+            if "skipped_steps" in line]
+    assert len(ends) == 2, shown.getvalue()
+    for end, (scale, skipped) in zip(ends, [reference[7], reference[15]], strict=True):
+        assert re.search(rf" - loss_scale: {int(scale)} - skipped_steps: {skipped}$", end), end
+    assert "e+00" not in shown.getvalue() and ".0000 - skipped" not in shown.getvalue()
+    assert history.history["loss_scale"] == [reference[7][0], reference[15][0]]
+    assert history.history["skipped_steps"] == [3, 6]
+    assert all(isinstance(v, int) for v in history.history["skipped_steps"])
+    # Still numbers for whatever computes with them.
+    assert history.history["loss_scale"][0] / 2 == reference[7][0] / 2
+    assert f"{history.history['loss_scale'][0]:>8}" == f"{reference[7][0]:>8}"
+
+
 def check_an_unwrapped_optimizer_is_refused():
     import keras
 
@@ -153,6 +185,7 @@ def check_an_unwrapped_optimizer_is_refused():
 
 CHECKS = {backend: ["check_batch_and_epoch_logs_reach_csv_logger_and_history",
                     "check_steps_per_execution_counts_every_step",
+                    "check_the_progress_bar_shows_the_numbers_plainly",
                     "check_an_unwrapped_optimizer_is_refused"]
           for backend in ("tensorflow", "jax")}
 

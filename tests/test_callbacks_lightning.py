@@ -89,9 +89,10 @@ def test_rows_follow_the_scalers_history_and_count_a_forced_skip(tmp_path, fused
     trainer, got = fit(tmp_path, Model(poison=[5], fused=fused), scaler)
     assert trainer.global_step == 12 and scaler.num_skipped_steps == 1
     assert [int(r["step"]) for r in got] == [3, 6, 9, 12]
-    # The scale after update k is the one update k + 1 used, in the scaler's ring.
+    # The scale after update k, in the scaler's ring (the last one: get_scale()).
     history = {i: s for i, s, _ in scaler.history().as_list()}
-    after = [history[k + 1] for k in (3, 6, 9)] + [scaler.get_scale()]
+    after = [history[k] for k in (3, 6, 9, 12)]
+    assert after[-1] == scaler.get_scale()
     assert [float(r["loss_scale"]) for r in got] == after
     expected = spec_scales(scaler.config, 12, poison={5})
     assert after == [expected[k - 1] for k in (3, 6, 9, 12)]

@@ -61,7 +61,7 @@ BROKEN = {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
 def test_conformance_reports_every_diverging_test_by_rule_and_fails():
     proc = cli("conformance", "--backend", "numpy", "--backend",
                "broken_scalers:NeverBacksOff", "--max-examples", "20", env=BROKEN)
-    assert proc.returncode == 1
+    assert proc.returncode == 1 and proc.stderr == ""  # piped: the report, no progress
     out = proc.stdout
     assert cells(out.splitlines(), "test_vector[backoff_resets_growth]") == [
         "pass", "FAIL at step 1"]
@@ -94,31 +94,6 @@ def test_native_torch_through_a_plain_adapter_and_a_relative_pythonpath():
     assert cells(lines, "test_vector[growth_on_nth_finite]") == ["pass"]
     assert "compares full; fixed: hysteresis=1, min_scale=None, max_scale=None, dynamic=True" \
         in out
-
-
-def test_progress_on_a_terminal_and_none_under_json():
-    import pty
-
-    primary, secondary = pty.openpty()
-    proc = subprocess.run([sys.executable, "-m", "unifiedamp.cli", "conformance", "--backend",
-                           "numpy", "--max-examples", "2"], stdout=subprocess.PIPE,
-                          stderr=secondary, text=True, timeout=600)
-    os.close(secondary)
-    shown = b""
-    while True:
-        try:
-            chunk = os.read(primary, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        shown += chunk
-    os.close(primary)
-    assert proc.returncode == 0
-    total = len(re.findall(r"^test_", proc.stdout, re.M))
-    assert re.search(rf"conformance \(\d+ s\): numpy {total}/{total} done", shown.decode()), shown
-    proc = cli("conformance", "--backend", "numpy", "--max-examples", "2", "--json")
-    assert proc.stderr == "" and json.loads(proc.stdout)["passed"] is True
 
 
 def test_conformance_json_report():

@@ -40,12 +40,12 @@ def test_numpy_torch_and_jax_follow_the_spec_and_the_plot_is_written(tmp_path):
         assert [r["scale_hex"] for r in result["records"]] == [
             spec.f32_hex(s.scale) for s in expected]
         assert [r["step"] for r in result["records"] if r["skipped"]] == list(demo.OVERFLOW_STEPS)
-        # The scaler's own ring (device-side on torch and JAX) holds each step's number,
-        # the scale it ran with and whether it skipped; --history wrote it for `plot`.
-        before = [demo.CONFIG["init_scale"]] + [s.scale for s in expected[:-1]]
+        # The scaler's own ring (device-side on torch and JAX) holds each step's number
+        # (from 1), the scale its update left and whether it skipped; --history wrote it
+        # for `plot`.
         assert result["history_matches"]
-        assert result["history"] == [[k + 1, b, demo.forced_overflow(k)]
-                                     for k, b in enumerate(before)], name
+        assert result["history"] == [[k, s.scale, demo.forced_overflow(k)]
+                                     for k, s in enumerate(expected, start=1)], name
         saved = ScaleHistory.from_json(histories / f"{name}.json")
         assert saved.as_list() == [tuple(row) for row in result["history"]]
         # It trains: the loss of the finite steps goes down.
@@ -53,8 +53,8 @@ def test_numpy_torch_and_jax_follow_the_spec_and_the_plot_is_written(tmp_path):
         assert sum(losses[-5:]) < sum(losses[:5]), name
     data = png.read_bytes()
     assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
-    # The progress bar goes to stderr, one finished line per backend off a terminal.
-    assert "numpy   [" + "#" * 30 + "] 40/40" in proc.stderr
+    # --json: the report alone (test_cli_progress.py has the progress on a terminal).
+    assert proc.stderr == ""
 
 
 def test_the_config_shows_growth_hysteresis_and_backoff():
@@ -113,25 +113,27 @@ def test_an_output_it_could_not_write_is_refused_before_the_run(tmp_path, capsys
 
 def test_a_diverging_trajectory_is_reported_with_its_step():
     records = [{"scale_hex": spec.f32_hex(s.scale), "growth_tracker": s.growth_tracker,
-                "hysteresis_tracker": s.hysteresis_tracker, "skipped": demo.forced_overflow(i)}
-               for i, s in enumerate(demo.reference(20))]
+                "hysteresis_tracker": s.hysteresis_tracker, "skipped": demo.forced_overflow(k)}
+               for k, s in enumerate(demo.reference(20), start=1)]
     assert demo.first_divergence(records, 20) is None
-    # A scaler that backs off at the first overflow (hysteresis ignored): scale from step 9.
-    records[9] = {**records[9], "scale_hex": spec.f32_hex(2048.0), "hysteresis_tracker": 0}
+    # A scaler that backs off at the first overflow (hysteresis ignored): scale from step 10.
+    records[10 - 1] = {**records[10 - 1], "scale_hex": spec.f32_hex(2048.0),
+                       "hysteresis_tracker": 0}
     diverged = demo.first_divergence(records, 20)
-    assert diverged["step"] == 9
+    assert diverged["step"] == 10
     assert diverged["expected"]["scale_hex"] == "0x45800000"
     assert diverged["got"]["scale_hex"] == "0x45000000"
 
 
 def test_a_history_that_differs_from_the_records_fails_the_run(monkeypatch, capsys):
-    # A scaler whose ring recorded the scale after the update instead of the one used.
+    # A scaler whose ring recorded the scale an update started from, not the one it left.
     real = demo._run_child
 
-    def shifted(name, steps):
-        result = real(name, steps)
-        result["history"] = [[k, r["scale"], s] for (k, _, s), r in
-                             zip(result["history"], result["records"], strict=True)]
+    def shifted(name, steps, *progress):
+        result = real(name, steps, *progress)
+        before = [demo.CONFIG["init_scale"]] + [r["scale"] for r in result["records"][:-1]]
+        result["history"] = [[k, b, s] for (k, _, s), b in
+                             zip(result["history"], before, strict=True)]
         return result
 
     monkeypatch.setattr(demo, "_run_child", shifted)
@@ -144,3 +146,40 @@ def test_a_crashing_child_is_reported_not_fatal():
     result = demo._run_child("nosuch", 3)  # the child has no trainer of that name: KeyError
     assert result["status"] == "error" and result["records"] == []
     assert result["detail"] == "child exited with 1: KeyError: 'nosuch'"
+
+
+def test_demo_plot_and_history_number_steps_and_scales_alike(tmp_path, capsys):
+    """One convention: at step n (the n-th update, from 1) the scale after it. The demo's
+    records, the scaler's history() it wrote, what `plot` draws from that file and what the
+    demo draws are the same (step, scale) pairs, and the last scale is among them."""
+    pytest.importorskip("matplotlib")
+    from unifiedamp.diagnostics import _history_figure
+
+    histories = tmp_path / "histories"
+    assert cli.main(["demo", "--backend", "numpy", "--steps", "12", "--out",
+                     str(tmp_path / "demo.png"), "--history", str(histories), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    records = report["backends"]["numpy"]["records"]
+    pairs = [(r["step"], r["scale"]) for r in records]
+    final = report["backends"]["numpy"]["final_scale"]
+    assert [n for n, _ in pairs] == list(range(1, 13)) and pairs[-1] == (12, final)
+    assert [s for _, s in pairs] == [s.scale for s in demo.reference(12)]
+    assert report["overflow_steps"] == [10]
+    assert [r["step"] for r in records if r["skipped"]] == [10]
+    # The scaler's history(), through the file `plot` reads.
+    history = ScaleHistory.from_json(histories / "numpy.json")
+    assert [(n, s) for n, s, _ in history.as_list()] == pairs
+    assert [n for n, _, skipped in history.as_list() if skipped] == [10]
+    # What `plot` draws from it: every pair, the last one marked.
+    line, last = _history_figure(history).axes[0].lines
+    assert list(zip(line.get_xdata(), line.get_ydata(), strict=True)) == pairs
+    assert (last.get_xdata()[0], last.get_ydata()[0]) == (12, final)
+    # What the demo draws: the same pairs after the initial scale at step 0.
+    drawn = {ln.get_label(): ln for ln in demo._figure(report).axes[0].lines}
+    numpy_line = next(ln for label, ln in drawn.items() if label.startswith("numpy "))
+    assert list(zip(numpy_line.get_xdata(), numpy_line.get_ydata(), strict=True)) == [
+        (0, demo.CONFIG["init_scale"])] + pairs
+    assert cli.main(["plot", str(histories / "numpy.json"), "-o",
+                     str(tmp_path / "plot.png")]) == 0
+    assert (f"12 updates (from 1 to 12), 1 skipped, scale 1024 to 4096, {final:g} after the "
+            "last") in capsys.readouterr().out

@@ -189,3 +189,20 @@ def test_a_report_that_counted_nothing_does_not_blame_the_scale():
     assert empty.cause() == "" and "as designed" not in str(empty)
     nan_loss = OverflowReport(4, 1024.0, [], checked=0, loss_finite=False)
     assert "the model, not the scale" in nan_loss.cause()
+
+
+def test_a_history_file_of_an_earlier_release_is_read_as_the_scale_after_each_update(tmp_path):
+    # An earlier release wrote the scale each update started from, with no marker: that is
+    # the scale the update before it left. Record n takes record n + 1's scale; the last
+    # (and one before a gap in the iterations) has no scale after it in the file.
+    old = tmp_path / "old.json"
+    old.write_text('{"iteration": [1, 2, 3, 5, 6], "scale": [8.0, 8.0, 4.0, 4.0, 8.0], '
+                   '"skipped": [false, true, false, false, false]}')
+    assert ScaleHistory.from_json(old).as_list() == [(1, 8.0, False), (2, 4.0, True),
+                                                     (5, 8.0, False)]
+    new = ScaleHistory([1, 2, 3], [8.0, 4.0, 4.0], [False, True, False])
+    assert json.loads(new.to_json())["scale_after_update"] is True
+    assert ScaleHistory.from_json(new.to_json()).as_list() == new.as_list()
+    with pytest.raises(ValueError, match="scale_after_update must be true or false"):
+        ScaleHistory.from_json('{"iteration": [1], "scale": [8.0], "skipped": [false], '
+                               '"scale_after_update": "yes"}')

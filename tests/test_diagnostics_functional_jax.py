@@ -236,7 +236,7 @@ def test_nnx_state_paths_are_dotted_without_value():
     assert find_scaler(optimizer.opt_state).get_scale() == 512.0
     counts, history, loss, grads = train_step(model, optimizer, history, x, y, False)
     assert overflow_report(counts) is None
-    assert scale_history(history).as_list() == [(1, 1024.0, True), (2, 512.0, False)]
+    assert scale_history(history).as_list() == [(1, 512.0, True), (2, 512.0, False)]
 
 
 def test_history_across_a_ring_wrap_around_is_the_spec_s_trajectory_step_by_step():
@@ -253,8 +253,8 @@ def test_history_across_a_ring_wrap_around_is_the_spec_s_trajectory_step_by_step
     expected, records = spec.ScalerState.initial(config), []
     for i, bad in enumerate(poison):
         *state, counts, loss, grads = step(*state, x, y, bad)
-        records.append((i + 1, expected.scale, bad))
         expected = spec.update(config, expected, bad)
+        records.append((i + 1, expected.scale, bad))  # the scale the update left
         got = scale_history(state[3]).as_list()
         want = records[-5:]
         assert [(it, sk) for it, _, sk in got] == [(it, sk) for it, _, sk in want]
@@ -278,8 +278,8 @@ def test_the_diagnosed_step_is_one_jit_with_no_host_transfer():
     with jax.transfer_guard("disallow"):
         for poison in (bad, good, bad, bad):
             *state, counts, loss, _ = step(*state, x, y, poison)
-    assert scale_history(state[3]).as_list() == [(3, 512.0, False), (4, 512.0, True),
-                                                 (5, 256.0, True)]
+    assert scale_history(state[3]).as_list() == [(3, 512.0, False), (4, 256.0, True),
+                                                 (5, 128.0, True)]
     assert overflow_report(counts).names == ["dense2.bias"]
 
 
@@ -385,17 +385,27 @@ def test_history_and_collapse_refuse_what_they_cannot_use():
         collapse_message(scaler, "report")
 
 
-def test_history_records_the_scale_before_the_update_and_one_when_disabled():
+def test_history_records_the_scale_after_the_update_and_one_when_disabled():
     history = history_init(3)
     scaler = JaxGradScaler(8.0, growth_interval=1)
     history = history_record(history, scaler, jnp.array(True))
     scaler = scaler.update(jnp.array(True))
+    assert scale_history(history).as_list() == [(1, scaler.get_scale(), False)] == [
+        (1, 16.0, False)]
     history = history_record(history, scaler, False)
-    assert scale_history(history).as_list() == [(1, 8.0, False), (2, 16.0, True)]
+    scaler = scaler.update(False)
+    assert scale_history(history).as_list() == [(1, 16.0, False), (2, 8.0, True)]
+    # The report of the skipped update: the scale it started from, kept beside the ring.
+    report = overflow_report(overflow_counts({"w": jnp.array([INF])}), history=history)
+    assert (report.step, report.scale) == (2, 16.0)
     off = history_record(history_init(2), JaxGradScaler(8.0, enabled=False), False)
     assert scale_history(off).as_list() == [(1, 1.0, True)]
     ring = history_init(4)
-    assert len({id(v) for v in ring.values()}) == 4  # four buffers: all donatable
+    assert len({id(v) for v in ring.values()}) == 5  # five buffers: all donatable
+    # A ring of an earlier release held the scale each update started from: refused.
+    old = {k: v for k, v in ring.items() if k != "scale_used"}
+    with pytest.raises(TypeError, match=r"made by an earlier unifiedamp.*history_init\(size\)"):
+        history_record(old, scaler, True)
 
 
 def test_the_last_skip_can_be_carried_in_the_train_state_until_the_next_one():

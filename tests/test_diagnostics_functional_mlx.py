@@ -195,8 +195,8 @@ def test_history_across_a_ring_wrap_around_is_the_spec_s_trajectory_step_by_step
     for i, bad in enumerate(poison):
         tree, history, counts, loss, _ = step(tree, history, x, y, mx.array(bad))
         mx.eval(tree, history, state)
-        records.append((i + 1, expected.scale, bad))
         expected = spec.update(config, expected, bad)
+        records.append((i + 1, expected.scale, bad))  # the scale the update left
         got, want = scale_history(history).as_list(), records[-5:]
         assert [(it, sk) for it, _, sk in got] == [(it, sk) for it, _, sk in want]
         assert [spec.f32_hex(s) for _, s, _ in got] == [spec.f32_hex(s) for _, s, _ in want]
@@ -262,7 +262,7 @@ def test_inputs_defaults_and_refusals():
         history_record(history_init(2), 8.0, True)
     history = history_record(history_init(3), scaler, mx.array(True))
     history = history_record(history, scaler.update(mx.array(True)), False)
-    assert scale_history(history).as_list() == [(1, 8.0, False), (2, 16.0, True)]
+    assert scale_history(history).as_list() == [(1, 16.0, False), (2, 8.0, True)]
     skipped = MlxGradScaler(8.0).update(False).update(False)
     assert collapse_message(skipped, max_consecutive_skips=2).startswith(
         "Loss scale collapsed: scale 2.0 (0x40000000)")

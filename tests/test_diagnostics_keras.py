@@ -151,11 +151,11 @@ def _state(scaler) -> tuple[np.float32, int, int]:
 
 
 def _spec_trajectory(config: ScalerConfig, skipped: list[bool]) -> list[tuple[int, float, bool]]:
-    """(iteration, scale used, skipped) of each update by the reference rule."""
+    """(iteration, scale the update left, skipped) of each update by the reference rule."""
     state, out = ScalerState.initial(config), []
     for i, skip in enumerate(skipped, start=1):
-        out.append((i, state.scale, skip))
         state = spec.update(config, state, skip)
+        out.append((i, state.scale, skip))
     return out
 
 
@@ -312,7 +312,7 @@ def check_diagnose_on_and_off_give_identical_scales_and_weights():
 
 def check_history_wraps_around_like_the_spec():
     """A ring of 4 over 11 compiled steps (train_on_batch): after every step, the last
-    min(k, 4) records equal the reference rule's (iteration, scale used, skipped)."""
+    min(k, 4) records equal the reference rule's (iteration, scale left, skipped)."""
     import keras
 
     pattern = "FFIFIIFFFIF"
@@ -360,6 +360,14 @@ def check_report_without_diagnose():
         assert "diagnose=True" in report.note and "diagnose=True" in str(report)
         model.train_on_batch(x, y)
         assert scaler.overflow_report() is None
+        # The records hold the scale each update left; with no record before the skip the
+        # scale it started from is inferred from the state it left.
+        scaler = _scaler(128.0, history=1)
+        model = _mlp()
+        model.compile(optimizer=scaler.wrap(keras.optimizers.SGD()), loss="mse")
+        model.train_on_batch(_with_inf(x), y)
+        assert scaler.overflow_report().step == 1 and scaler.overflow_report().scale == 128.0
+        assert scaler.history().as_list() == [(1, 64.0, True)]
         return
     scaler = _scaler(128.0)
     model = _mlp()
@@ -437,7 +445,7 @@ def check_save_and_load_keep_diagnostics_out_of_the_file():
                         strict=True):
             np.testing.assert_array_equal(a, b)
         assert again.overflow_report() is None and again.history().as_list() == [
-            (1, 512.0, True), (2, 256.0, False)]
+            (1, 256.0, True), (2, 256.0, False)]
 
         # The same file into an optimizer without diagnostics.
         with warnings.catch_warnings():
@@ -518,7 +526,7 @@ def check_xla_custom_loop_records_the_report():
     assert report.overflows[0] == _expected("net/out/bias", grads[3], 2048.0)
     step(x, y, clean)
     assert scaler.overflow_report() is None
-    assert scaler.history().as_list() == [(1, 2048.0, False), (2, 2048.0, True),
+    assert scaler.history().as_list() == [(1, 2048.0, False), (2, 1024.0, True),
                                           (3, 1024.0, False)]
 
 
@@ -552,8 +560,8 @@ def check_mirrored_strategy_sums_the_replicas_counts():
     assert all(0 < o.max_finite < np.inf for o in one.overflows)  # replica 0's
     assert (both.step, both.scale) == (4, 512.0)
     assert [(o.inf, o.nan, o.max_finite) for o in both.overflows] == [(6, 0, 0.0), (2, 0, 0.0)]
-    assert scaler.history().as_list() == [(2, 1024.0, True), (3, 512.0, False),
-                                          (4, 512.0, True)]
+    assert scaler.history().as_list() == [(2, 512.0, True), (3, 512.0, False),
+                                          (4, 256.0, True)]
 
 
 ALL = ["check_custom_loop_report_names_the_poisoned_variable",
@@ -682,4 +690,4 @@ def test_under_keras_backend(backend, check, children):
 def test_spec_trajectory_reference_backs_off_and_grows():
     config = ScalerConfig(8.0, growth_interval=2)
     assert _spec_trajectory(config, [False, True, False, False, False]) == [
-        (1, 8.0, False), (2, 8.0, True), (3, 4.0, False), (4, 4.0, False), (5, 8.0, False)]
+        (1, 8.0, False), (2, 4.0, True), (3, 4.0, False), (4, 8.0, False), (5, 8.0, False)]

@@ -240,12 +240,21 @@ def test_numpy_diagnose_and_history_change_no_scale_and_no_weight():
 
 
 def reference_history(config, skips):
-    """[(iteration, scale used, skipped)] by unifiedamp.spec, one update at a time."""
+    """[(iteration, scale the update left, skipped)] by unifiedamp.spec, one update at a
+    time."""
     state, out = spec.ScalerState.initial(config), []
     for i, skipped in enumerate(skips, start=1):
-        out.append((i, state.scale, skipped))
         state = spec.update(config, state, skipped)
+        out.append((i, state.scale, skipped))
     return out
+
+
+def reference_state(config, skips):
+    """The spec's state after ``skips``."""
+    state = spec.ScalerState.initial(config)
+    for skipped in skips:
+        state = spec.update(config, state, skipped)
+    return state
 
 
 def test_numpy_history_wraps_around_like_the_spec_step_by_step():
@@ -263,7 +272,10 @@ def test_numpy_history_wraps_around_like_the_spec_step_by_step():
     assert scaler.history().as_list() == reference[-5:]
     assert scaler.overflow_report() is None
     numpy_iteration(scaler, model, opt)
-    assert scaler.history().as_list()[-1] == (14, 3.0, False)
+    # the next update's record: the scale it left, what get_scale() says after it
+    assert scaler.history().as_list()[-1] == (14, scaler.get_scale(), False)
+    assert scaler.get_scale() == spec.update(scaler.config, spec.ScalerState(
+        3.0, *reference_state(scaler.config, skips)[1:]), False).scale
 
 
 def test_numpy_manual_set_after_a_skip_leaves_no_report_as_on_torch():
@@ -297,7 +309,7 @@ def test_numpy_pickle_of_the_previous_release_keeps_its_history_and_report():
     old["_last_output"] = old.pop("_scale_input")
     clone = NumpyGradScaler.__new__(NumpyGradScaler)
     clone.__setstate__(old)
-    assert clone.history().as_list() == scaler.history().as_list() == [(1, 1024.0, True)]
+    assert clone.history().as_list() == scaler.history().as_list() == [(1, 512.0, True)]
     assert clone.overflow_report() == scaler.overflow_report()
     numpy_iteration(clone, model, opt)
     assert len(clone.history()) == 2 and clone.state.scale == 512.0
@@ -690,7 +702,7 @@ def test_paddle_watch_report_and_history_on_a_linear_layer():
     scaler = PaddleGradScaler(8.0, history=2)
     for poison in (1.0, INF, 1.0):
         step(scaler, model, opt, paddle.full([1, 2], poison))
-    assert scaler.history().as_list() == [(2, 8.0, True), (3, 4.0, False)]
+    assert scaler.history().as_list() == [(2, 4.0, True), (3, 4.0, False)]
 
 
 @on_paddle

@@ -292,6 +292,21 @@ def test_with_history_the_lazy_report_has_the_exact_scale_whatever_the_backoff()
     assert scaler.overflow_report().scale == spec.f32(1024.0 * spec.f32(0.7))
 
 
+@pytest.mark.parametrize("set_scale", ["update", "load_state_dict"])
+def test_a_scale_set_between_two_updates_is_not_read_from_the_ring(set_scale):
+    # The ring holds the scale each update left: the record before a skip holds the scale
+    # the skip started from, unless the scale was set in between.
+    model, opt, scaler = setup(history=4)
+    iteration(model, opt, scaler, inputs())
+    if set_scale == "update":
+        scaler.update(new_scale=64.0)
+    else:
+        scaler.load_state_dict({**scaler.state_dict(), "scale": 64.0})
+    iteration(model, opt, scaler, inputs(poison=math.inf))
+    assert scaler.history().as_list() == [(1, 1024.0, False), (2, 32.0, True)]
+    assert scaler.overflow_report().scale == 64.0
+
+
 def test_scale_before_skip_is_exact_when_it_says_so():
     rng = random.Random(0)
     for backoff in (0.5, 0.25, 0.7, 0.3, 0.9, 0.999):
@@ -391,8 +406,8 @@ def test_history_wraps_around_and_follows_the_spec_step_by_step(device, kind, co
     assert scaler.history().as_list() == []
     for step in range(13):
         poisoned = step in (3, 4, 5, 9)
-        records.append((step + 1, expected_state.scale, poisoned))
         expected_state = spec.update(scaler.config, expected_state, poisoned)
+        records.append((step + 1, expected_state.scale, poisoned))  # the scale it left
         iteration(model, opt, scaler, inputs(device, seed=step,
                                              poison=math.inf if poisoned else None))
         history = scaler.history()
@@ -462,10 +477,10 @@ def test_state_dict_is_unchanged_and_copies_start_history_and_reports_afresh():
         assert clone.history().as_list() == []
         iteration(model, opt, clone, inputs())
         assert clone.history().as_list() == [(2, 512.0, False)]  # its second update
-    assert scaler.history().as_list() == [(1, 1024.0, True)]
+    assert scaler.history().as_list() == [(1, 512.0, True)]
     # Loading a state dict leaves them too.
     scaler.load_state_dict(plain.state_dict())
-    assert scaler.history().as_list() == [(1, 1024.0, True)]
+    assert scaler.history().as_list() == [(1, 512.0, True)]
     assert scaler.overflow_report().names == ["fc2.weight"]
 
 
@@ -542,7 +557,7 @@ def test_update_with_history_and_diagnose_traces_into_a_full_graph():
     assert compiled[2] == run(True)[2]  # no graph per slot
     # The inf input meets fc1.weight's gradient only (ReLU zeroes the -inf it makes).
     assert eager[1][2:4] == [["fc1.weight"]] * 2 and eager[1][4] is None
-    assert eager[0] == [(4, 1024.0, True), (5, 512.0, False), (6, 512.0, False),
+    assert eager[0] == [(4, 512.0, True), (5, 512.0, False), (6, 1024.0, False),
                         (7, 1024.0, False)]
 
 

@@ -133,8 +133,8 @@ def test_update_clears_the_functional_checks_so_one_inf_skips_one_update():
             opt.step()
         scaler.update()
     # backed off once, then grew at each finite update
-    assert scaler.history().as_list() == [(1, 1024.0, True), (2, 512.0, False),
-                                          (3, 1024.0, False)]
+    assert scaler.history().as_list() == [(1, 512.0, True), (2, 1024.0, False),
+                                          (3, 2048.0, False)]
     assert scaler.get_scale() == 2048.0 and opt.step_count == 2
 
 
@@ -171,8 +171,11 @@ CALL_ORDER = [
      r"^unscale_\(\) is being called after step\(\)\.$"),
     ("step twice", lambda s, o: (s.step(o), s.step(o)), RuntimeError,
      r"^step\(\) has already been called since the last update\(\)\.$"),
+    # torch's sentence, then the cause and the fix
     ("update without checks", lambda s, o: s.update(), AssertionError,
-     r"^No inf checks were recorded prior to update\.$"),
+     r"^No inf checks were recorded prior to update\. Nothing checked the gradients since the "
+     r"last update\(\): call scaler\.step\(optimizer\) \(or scaler\.unscale_\(optimizer\)\) "
+     r"before scaler\.update\(\), once per iteration"),
     ("closure", lambda s, o: s.step(o, closure=lambda: 0.0), RuntimeError,
      r"^Closure use is not currently supported if GradScaler is enabled\.$"),
 ]
@@ -193,7 +196,11 @@ def test_update_without_checks_is_also_a_runtime_error():
 
 def test_step_with_no_gradients_at_all_says_so():
     scaler, opt = make()
-    with pytest.raises(AssertionError, match="No inf checks were recorded for this optimizer."):
+    with pytest.raises(AssertionError, match=r"^No inf checks were recorded for this optimizer\. "
+                                             r"None of its parameters has a gradient.*: set "
+                                             r"optimizer\.grads to the gradients of "
+                                             r"scaler\.scale\(loss\) before "
+                                             r"scaler\.step\(optimizer\)"):
         scaler.step(opt)
 
 

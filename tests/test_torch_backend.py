@@ -323,6 +323,32 @@ def test_fp16_gradients_get_torchs_error_with_the_fix():
         scaler.step(opt)
 
 
+def test_no_inf_checks_keep_torchs_sentence_and_say_the_cause_and_the_fix():
+    # torch's own step() asserts "No inf checks were recorded for this optimizer." when no
+    # parameter has a gradient (here: zero_grad between backward and step); its update()
+    # "... prior to update." when nothing was checked. Both start as torch's do.
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters())
+    native, ours = torch.amp.GradScaler("cpu"), ua.GradScaler(backend="torch", device="cpu")
+    messages = []
+    for scaler in (native, ours):
+        scaler.scale(loss_of(model, *batch())).backward()
+        opt.zero_grad()  # too early: nothing left to check
+        with pytest.raises(AssertionError) as step_error:
+            scaler.step(opt)
+        with pytest.raises(AssertionError) as update_error:
+            scaler.update()
+        messages.append((str(step_error.value), str(update_error.value)))
+    (native_step, native_update), (step, update) = messages
+    assert isinstance(step_error.value, ua.NoInfChecksError)
+    assert step.startswith(native_step + " None of its parameters has a gradient")
+    assert "call scaler.scale(loss).backward() before scaler.step(optimizer)" in step
+    assert "not between the backward pass and step()" in step
+    assert update.startswith(native_update + " Nothing checked the gradients")
+    assert "call scaler.step(optimizer) (or scaler.unscale_(optimizer)) before " \
+           "scaler.update()" in update
+
+
 def test_fp16_gradients_with_a_fused_optimizer_are_supported():
     p = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
     opt = torch.optim.Adam([p], lr=0.1, fused=True)

@@ -214,10 +214,13 @@ def _is_real(value: Any) -> bool:
 
 
 class ScaleHistory:
-    """The scale at each recorded update, and whether that update skipped its step.
+    """Per recorded update: its number (counted from 1), the scale it left (what
+    ``get_scale()`` returns after it) and whether it skipped its step.
 
-    Backends keep the last N records in a ring on the device (no host read per step)
-    and build this from it: :meth:`from_ring`.
+    One convention with ``unifiedamp plot``, ``unifiedamp demo`` and the loggers
+    (``docs/diagnostics.md``, "Steps and scales"): at step n, the scale after the n-th
+    update. Backends keep the last N records in a ring on the device (no host read per
+    step) and build this from it: :meth:`from_ring`.
 
     Example:
         >>> # a ring of 3 slots after 4 records: record 4 overwrote record 1 in slot 0
@@ -283,32 +286,61 @@ class ScaleHistory:
                 "skipped": np.asarray(self.skipped, bool)}
 
     def to_json(self, path: str | os.PathLike[str] | None = None) -> str:
-        """The history as JSON (what ``unifiedamp plot`` reads); written to ``path`` if given."""
+        """The history as JSON (what ``unifiedamp plot`` reads); written to ``path`` if given.
+
+        ``"scale_after_update": true`` says what the scales are: a file without it was
+        written by an earlier release (:meth:`from_json` reads both).
+        """
         text = json.dumps({"iteration": self.iterations, "scale": self.scales,
-                           "skipped": self.skipped})
+                           "skipped": self.skipped, "scale_after_update": True})
         if path is not None:
             write_bytes(path, (text + "\n").encode())
         return text
 
     @classmethod
     def from_json(cls, text_or_path: str | os.PathLike[str]) -> ScaleHistory:
-        """Reads :meth:`to_json`'s output: a JSON string or a file's path."""
+        """Reads :meth:`to_json`'s output: a JSON string or a file's path.
+
+        A file of an earlier release (no ``"scale_after_update"``) recorded the scale each
+        update *started* from, which is the scale the update before it left: each record
+        takes the scale of the record after it, and the last one (whose scale after its
+        update the file does not hold) is left out.
+
+        Example:
+            >>> old = '{"iteration": [1, 2, 3], "scale": [8.0, 8.0, 4.0], ' \\
+            ...       '"skipped": [false, true, false]}'
+            >>> ScaleHistory.from_json(old).as_list()
+            [(1, 8.0, False), (2, 4.0, True)]
+        """
         text = str(text_or_path)
         if not text.lstrip().startswith(("{", "[")):
             with open(text_or_path, encoding="utf-8") as f:
                 text = f.read()
         try:
             d = json.loads(text)
-            return cls(d["iteration"], d["scale"], d["skipped"])
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            history = cls(d["iteration"], d["scale"], d["skipped"])
+            after = d.get("scale_after_update", False)
+            if not isinstance(after, bool):
+                raise ValueError(f"scale_after_update must be true or false, got {after!r}")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise ValueError(f"not a scale history (a JSON object with 'iteration', 'scale' "
                              f"and 'skipped' lists, as ScaleHistory.to_json writes): {exc}"
                              ) from None
+        return history if after else history._from_scales_before()
+
+    def _from_scales_before(self) -> ScaleHistory:
+        """This history read as an earlier release wrote it, each scale the one its update
+        started from: record n gets record n + 1's scale, where n + 1 is the next record."""
+        records = self.as_list()
+        kept = [(i, following[1], skipped) for (i, _, skipped), following
+                in zip(records, records[1:], strict=False) if following[0] == i + 1]
+        return ScaleHistory([r[0] for r in kept], [r[1] for r in kept], [r[2] for r in kept])
 
 
 def plot_history(history: ScaleHistory, output: str | os.PathLike[str],
                  title: str | None = None) -> None:
-    """Draws the scale on a log axis with skipped steps marked, into ``output`` (PNG, SVG...).
+    """Draws the scale on a log axis with skipped steps marked, into ``output`` (PNG, SVG...):
+    at step n (the n-th update, from 1) the scale that update left, the last one included.
 
     Needs matplotlib (``pip install 'unifiedamp[demo]'``).
 
@@ -319,6 +351,13 @@ def plot_history(history: ScaleHistory, output: str | os.PathLike[str],
         >>> open(path, "rb").read(4)
         b'\x89PNG'
     """
+    if not len(history):
+        raise ValueError("the history is empty: no update was recorded")
+    _save_figure(_history_figure(history, title), output)
+
+
+def _history_figure(history: ScaleHistory, title: str | None = None) -> Any:
+    """:func:`plot_history`'s figure (matplotlib, Agg)."""
     try:
         import matplotlib
     except ImportError:
@@ -326,10 +365,8 @@ def plot_history(history: ScaleHistory, output: str | os.PathLike[str],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    if not len(history):
-        raise ValueError("the history is empty: no update was recorded")
     fig, ax = plt.subplots(figsize=(7, 3.2), dpi=100)
-    ax.step(history.iterations, history.scales, where="post", color="tab:blue", label="scale")
+    _draw_scale(ax, history.iterations, history.scales, color="tab:blue", label="scale")
     skips = [(i, s) for i, s, k in history.as_list() if k]
     if skips:
         ax.scatter(*zip(*skips, strict=True), marker="x", color="tab:red", zorder=3,
@@ -337,16 +374,27 @@ def plot_history(history: ScaleHistory, output: str | os.PathLike[str],
     ax.set_yscale("log", base=2)
     # The linear axis's locator is an AutoLocator, a MaxNLocator: its set_params takes integer.
     ax.xaxis.get_major_locator().set_params(integer=True)  # type: ignore[call-arg]
-    ax.set_xlabel("update")
-    ax.set_ylabel("loss scale")
+    ax.set_xlabel("step (the n-th update)")
+    ax.set_ylabel("loss scale after the update")
     finite = [s for s in history.scales if math.isfinite(s) and s > 0]
     if finite and min(finite) == max(finite):  # a flat line still gets an axis
         ax.set_ylim(min(finite) / 2, max(finite) * 2)
-    ax.set_title(title or f"loss scale over {len(history)} updates")
+    ax.set_title(title or f"loss scale after each of {len(history)} updates")
     ax.legend(loc="best")
     ax.grid(True, which="major", alpha=0.3)
     fig.tight_layout()
-    _save_figure(fig, output)
+    return fig
+
+
+def _draw_scale(ax: Any, steps: Sequence[int], scales: Sequence[float], **style: Any) -> Any:
+    """Draws scales against steps on a matplotlib axis, as ``unifiedamp plot`` and ``unifiedamp
+    demo`` do: a step line that takes the scale after update n at step n and holds it to the
+    next step, and a dot on the last point, whose level has no next step to span. Returns
+    the line (``style``: its matplotlib properties)."""
+    (line,) = ax.step(steps, scales, where="post", **style)
+    ax.plot(steps[-1:], scales[-1:], marker="o", markersize=4, linestyle="",
+            color=line.get_color(), alpha=style.get("alpha"))
+    return line
 
 
 def _image_path_error(output: str | os.PathLike[str]) -> None:

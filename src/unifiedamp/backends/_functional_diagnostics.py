@@ -91,8 +91,9 @@ def build_report(named: list[tuple[str, Any]], host: Any, *, step: Any, scale: A
     """The :class:`OverflowReport` of ``named`` ``(path, LeafCounts)`` pairs, read to the host
     with ``host`` (a tree of arrays -> the same tree of NumPy arrays, in one transfer).
 
-    None when no gradient held inf/NaN. ``step``/``scale`` default to the last record of
-    ``history`` (a :func:`history_init` ring), else to 0 and NaN (unknown).
+    None when no gradient held inf/NaN. ``step`` defaults to the last record of ``history``
+    (a :func:`history_init` ring), ``scale`` to its ``scale_used``, else to 0 and NaN
+    (unknown).
     """
     _check_counts(named)
     records = host([record for _, record in named])
@@ -111,7 +112,7 @@ def build_report(named: list[tuple[str, Any]], host: Any, *, step: Any, scale: A
         count = int(ring["count"])
         if count:
             slot = (count - 1) % len(ring["scale"])
-            last_step, last_scale = int(ring["iteration"][slot]), float(ring["scale"][slot])
+            last_step, last_scale = int(ring["iteration"][slot]), float(ring["scale_used"])
     step = last_step if step is None else _host_int(step, "overflow_report(step=...)")
     scale = last_scale if scale is None else _host_float(scale, "overflow_report(scale=...)")
     return OverflowReport(step, scale, overflows, checked=len(named), loss_finite=loss_finite)
@@ -128,12 +129,14 @@ def loss_is_finite(xp: Any, loss: Any) -> bool | None:
 
 
 #: The arrays of a history ring (:func:`history_init`).
-HISTORY_KEYS = ("iteration", "scale", "skipped", "count")
+HISTORY_KEYS = ("iteration", "scale", "skipped", "count", "scale_used")
 
 
 def history_init(backend: type[FunctionalGradScaler], size: Any) -> dict[str, Any]:
     """An empty ring of ``size`` records: int32 ``iteration``, float32 ``scale``, bool
-    ``skipped`` (each ``(size,)``) and the int32 0-d ``count`` of records written."""
+    ``skipped`` (each ``(size,)``), the int32 0-d ``count`` of records written, and the
+    float32 0-d ``scale_used``, the scale the last recorded update started from (what its
+    report needs: the records hold the scale each update left)."""
     if isinstance(size, bool) or not isinstance(size, numbers.Integral):
         raise TypeError(f"history_init(size) takes the number of updates to keep, an int >= 1, "
                         f"got {size!r} of type {type(size).__name__}: e.g. history_init(1000)")
@@ -144,30 +147,38 @@ def history_init(backend: type[FunctionalGradScaler], size: Any) -> dict[str, An
     xp, n = backend.xp, int(size)
     # One buffer per array: a jitted step may donate them all.
     return {"iteration": xp.zeros((n,), xp.int32), "scale": xp.zeros((n,), xp.float32),
-            "skipped": xp.zeros((n,), xp.bool_), "count": backend._array(0, xp.int32)}
+            "skipped": xp.zeros((n,), xp.bool_), "count": backend._array(0, xp.int32),
+            "scale_used": backend._array(0.0, xp.float32)}
 
 
 def _check_history(history: Any, verb: str) -> None:
     # Static facts only (keys and shapes), so the check is free under tracing.
     hint = ("build it with history_init(size) and keep what history_record(history, scaler, "
             "finite) returns")
+    if isinstance(history, dict) and set(history) == set(HISTORY_KEYS[:4]):
+        raise TypeError(f"{verb}: this history ring was made by an earlier unifiedamp, whose "
+                        "records hold the scale each update started from (they now hold the "
+                        "scale it left, what get_scale() returns after it); start a new one "
+                        "with history_init(size)")
     if not isinstance(history, dict) or set(history) != set(HISTORY_KEYS):
         got = sorted(history) if isinstance(history, dict) else type(history).__name__
         raise TypeError(f"{verb} takes a history (a dict of {', '.join(HISTORY_KEYS)}), got "
                         f"{got}; {hint}")
     shapes = [tuple(getattr(history[k], "shape", (-1, -1))) for k in HISTORY_KEYS[:3]]
-    if len(set(shapes)) != 1 or len(shapes[0]) != 1 or tuple(
-            getattr(history["count"], "shape", (-1,))) != ():
+    if len(set(shapes)) != 1 or len(shapes[0]) != 1 or any(
+            tuple(getattr(history[k], "shape", (-1,))) != () for k in HISTORY_KEYS[3:]):
+        scalars = [getattr(history[k], "shape", None) for k in HISTORY_KEYS[3:]]
         raise ValueError(f"{verb}: a history's iteration, scale and skipped are 1-d arrays of one "
-                         f"length and count is 0-d, got shapes {shapes} and "
-                         f"{getattr(history['count'], 'shape', None)}; {hint}")
+                         f"length and count and scale_used are 0-d, got shapes {shapes} and "
+                         f"{scalars}; {hint}")
 
 
 def history_record(backend: type[FunctionalGradScaler], set_slot: Any, history: dict[str, Any],
                    scaler: Any, finite: Any) -> dict[str, Any]:
-    """``history`` with one more record: iteration ``count + 1``, the scale of ``scaler``
-    (before ``update(finite)``; 1.0 when disabled) and ``not finite``, in slot
-    ``count % size``. ``set_slot(ring, slot, value)`` writes one element, traceably."""
+    """``history`` with one more record: iteration ``count + 1``, the scale
+    ``scaler.update(finite)`` leaves (1.0 when disabled) and ``not finite``, in slot
+    ``count % size``; ``scale_used``, the scale of ``scaler``. ``set_slot(ring, slot,
+    value)`` writes one element, traceably."""
     _check_history(history, "history_record")
     if not isinstance(scaler, backend):
         raise TypeError(f"history_record(history, scaler, finite) takes a {backend.__name__} "
@@ -177,13 +188,15 @@ def history_record(backend: type[FunctionalGradScaler], set_slot: Any, history: 
     count = history["count"]
     slot = (count % history["scale"].shape[0]).astype(xp.int32)
     new_count = (count + 1).astype(xp.int32)
-    scale = (backend._array(scaler.loss_scale, xp.float32) if scaler.config.enabled
-             else backend._array(1.0, xp.float32))
+    used = scale = backend._array(1.0, xp.float32)  # disabled: no scaling
+    if scaler.config.enabled:  # the rule once more, on 3 scalars, as the caller's update()
+        used = backend._array(scaler.loss_scale, xp.float32)
+        scale = backend._array(scaler.update(finite).loss_scale, xp.float32)
     skipped = xp.logical_not(backend._array(finite, xp.bool_))
     return {"iteration": set_slot(history["iteration"], slot, new_count),
             "scale": set_slot(history["scale"], slot, scale),
             "skipped": set_slot(history["skipped"], slot, skipped),
-            "count": new_count}
+            "count": new_count, "scale_used": used}
 
 
 def scale_history(host: Any, history: dict[str, Any]) -> ScaleHistory:
@@ -322,7 +335,7 @@ Args:
         (unknown).
     scale: The scale the loss was multiplied by (the scaler's before ``update``):
         return ``scaler.loss_scale`` from the step, or pass ``history``. Default: the
-        last record of ``history``, else NaN (unknown).
+        ``scale_used`` of ``history``, else NaN (unknown).
     loss: The unscaled loss (an array or a number) returned from the step, or a bool
         (``{alias}.isfinite(loss)``): sets ``loss_finite``; None leaves it unknown.
     history: A :func:`history_init` ring that recorded this step last.
@@ -339,8 +352,9 @@ Example:
 """
 
 _HISTORY_INIT = """An empty ring of the last ``size`` updates, to {keep}: a dict of ``iteration``
-(int32), ``scale`` (float32), ``skipped`` (bool), each ``(size,)``, and ``count`` (int32 0-d,
-records written), one buffer each.
+(int32), ``scale`` (float32: the scale each update left), ``skipped`` (bool), each
+``(size,)``, ``count`` (int32 0-d, records written) and ``scale_used`` (float32 0-d, the scale
+the last recorded update started from, for its report), one buffer each.
 
 Raises:
     TypeError: ``size`` is not an int (a bool neither).
@@ -349,13 +363,13 @@ Raises:
 Example:
     >>> sorted((k, v.shape, str(v.dtype)) for k, v in history_init(4).items())
     [('count', (), {int32}), ('iteration', (4,), {int32}), ('scale', (4,), {float32}),
-     ('skipped', (4,), {bool_})]
+     ('scale_used', (), {float32}), ('skipped', (4,), {bool_})]
 """
 
 _HISTORY_RECORD = """``history`` with this update recorded, {traced}: iteration
-``count + 1``, the scale of ``scaler`` *before* ``scaler.update(finite)`` (the scale this
-step's loss was multiplied by; 1.0 when disabled) and whether the step was skipped
-(``not finite``), in slot ``count % size``.
+``count + 1``, the scale ``scaler.update(finite)`` leaves (what ``get_scale()`` returns
+after the update; 1.0 when disabled) and whether the step was skipped (``not finite``), in
+slot ``count % size``.
 
 Call it with the scaler the step started with, next to ``update``::
 
@@ -364,11 +378,11 @@ Call it with the scaler the step started with, next to ``update``::
 
 Example:
     >>> scaler, history = {scaler}(8.0, growth_interval=1), history_init(2)
-    >>> for finite in [True, False, True]:
+    >>> for finite in [True, False, True]:  # 8 -> 16, backed off to 8, -> 16
     ...     history = history_record(history, scaler, finite)
     ...     scaler = scaler.update(finite)
     >>> scale_history(history).as_list()     # the last 2 of 3: iterations 2 and 3
-    [(2, 16.0, True), (3, 8.0, False)]
+    [(2, 8.0, True), (3, 16.0, False)]
 """
 
 _SCALE_HISTORY = """The ring as a :class:`~unifiedamp.diagnostics.ScaleHistory`, oldest record

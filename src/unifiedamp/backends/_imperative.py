@@ -33,9 +33,44 @@ from typing import Any
 
 import numpy as np
 
+from unifiedamp import spec
 from unifiedamp._scaler import MAX_HISTORY, check_flag, is_flag
 from unifiedamp.diagnostics import OverflowReport, ScaleHistory
 from unifiedamp.spec import ScalerConfig, ScalerState, unscale_overflows
+
+
+def scale_before_skip(config: ScalerConfig, after: float, hysteresis_after: int
+                      ) -> tuple[float, bool]:
+    """The scale a skipped update started from, from the state it left: ``(scale, exact)``.
+
+    After an inf the spec multiplies the scale by ``f32(backoff_factor)`` when the
+    hysteresis tracker reaches ``hysteresis`` (the tracker is then 0; it is >= 1 when it
+    held) and clamps at ``min_scale``. The product is inverted in float32; it is exact
+    when one float32 maps to ``after`` (always for a power-of-two backoff such as 0.5),
+    and not at the ``min_scale`` clamp. Used when no history ring holds the value and
+    ``diagnose`` did not read it before the update.
+
+    Example:
+        >>> scale_before_skip(ScalerConfig(), 32768.0, 0)
+        (65536.0, True)
+        >>> scale_before_skip(ScalerConfig(hysteresis=2), 1024.0, 1)  # held: no backoff
+        (1024.0, True)
+    """
+    if not config.dynamic or (config.hysteresis > 1 and hysteresis_after != 0):
+        return after, True
+    backoff = spec.f32(config.backoff_factor)
+    guess = np.float32(spec.f32(after / backoff))
+    if config.min_scale is not None and after == spec.f32(config.min_scale):
+        return float(guess), False  # anything from min_scale to min_scale / backoff
+    nearby = [guess]
+    for direction in (-np.inf, np.inf):
+        x = guess
+        for _ in range(2):
+            x = np.nextafter(x, np.float32(direction))
+            nearby.append(x)
+    # A float32 product of float32 values, rounded once: as the update computes it.
+    sources = {float(x) for x in nearby if spec.f32(float(x) * backoff) == after}
+    return (sources.pop(), True) if len(sources) == 1 else (float(guess), False)
 
 
 def update_arguments(finite: Any, new_scale: Any) -> tuple[Any, Any]:
@@ -448,8 +483,8 @@ class ImperativeDiagnostics(WatchedNames):
 
     def history(self) -> ScaleHistory:
         """The last ``history`` updates (oldest first): iteration (counted from 1), the scale
-        that iteration used (before the update changed it), and whether it skipped. A
-        manual ``update(new_scale)`` is not recorded.
+        that update left (what :meth:`get_scale` returns after it), and whether it skipped.
+        A manual ``update(new_scale)`` is not recorded.
 
         Raises:
             ValueError: The scaler was built with ``history=0`` (the default).
@@ -461,8 +496,8 @@ class ImperativeDiagnostics(WatchedNames):
             >>> for g in (1.0, np.inf, 1.0):
             ...     opt.grads = [np.array([g], np.float32)]
             ...     scaler.step(opt); _ = scaler.update()
-            >>> scaler.history().as_list()
-            [(2, 4.0, True), (3, 2.0, False)]
+            >>> scaler.history().as_list()  # 4 -> 4, backed off to 2, -> 2 (no growth yet)
+            [(2, 2.0, True), (3, 2.0, False)]
         """
         if not len(self._ring_iterations):
             raise ValueError("this scaler keeps no history (history=0): build it with "
@@ -471,7 +506,8 @@ class ImperativeDiagnostics(WatchedNames):
                                       self._from_ring(self._ring_skipped), self._ring_count)
 
     def _record(self, scale: float, skipped: bool) -> None:
-        """Writes update ``_updates`` (made from ``scale``) into the ring, if there is one."""
+        """Writes update ``_updates`` (``scale``: the scale it left) into the ring, if there
+        is one."""
         size = len(self._ring_iterations)
         if size:
             slot = self._ring_count % size

@@ -343,7 +343,8 @@ class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
         if stage is _Stage.READY:
             self.unscale_(optimizer)
         if id(optimizer) not in self._found_inf:
-            raise NoInfChecksError("No inf checks were recorded for this optimizer.")
+            raise NoInfChecksError.for_optimizer(
+                "set optimizer.grads to the gradients of scaler.scale(loss)")
         skipped = self._found_inf[id(optimizer)]
         retval = None if skipped else optimizer.step(*args, **kwargs)
         self._stages[id(optimizer)] = _Stage.STEPPED
@@ -377,12 +378,12 @@ class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
             if finite is not None:
                 checks.append(not bool(finite))
             if not checks:
-                raise NoInfChecksError("No inf checks were recorded prior to update.")
+                raise NoInfChecksError.prior_to_update()
             found_inf = any(checks)
             scale = self._state.scale
             self._state = self._next_state(found_inf)
             self._count(found_inf)
-            self._record(scale, found_inf)
+            self._record(self._state.scale, found_inf)  # the scale the update left
             self._remember_update(LastUpdate(
                 self._updates, scale, list(self._checked.values()), self._scale_input,
                 not any(self._found_inf.values())) if found_inf else None)

@@ -18,6 +18,39 @@ from unifiedamp.backends.keras import SpecLossScaleOptimizer
 __all__ = ["ScaleLogger"]
 
 
+class _Plain:
+    """What keeps a logged number plain in Keras's progress bar, which shows every log value
+    as ``f"{v / 1:.4f}"`` (``.4e`` at 0.001 and below; ``np.mean(v)`` first, unless ``v``
+    is a float): ``65536.0000`` for a scale, ``0.0000e+00`` for no skip. Everything else
+    (CSVLogger, History, TensorBoard, arithmetic) sees the number itself."""
+
+    def mean(self, *args: Any, **kwargs: Any) -> Any:
+        return self  # np.mean(v) calls v.mean(): the value itself, not a float64
+
+    def __truediv__(self, other: Any) -> Any:
+        return self if other == 1 else super().__truediv__(other)  # type: ignore[misc]
+
+    def __format__(self, spec: str) -> str:
+        # Fixed and exponent notations (Keras's) print the number as it is; others as usual.
+        if spec.startswith(".") and spec[-1:] in ("f", "e"):
+            return _plain(self)
+        return super().__format__(spec)
+
+
+def _plain(value: Any) -> str:
+    """``65536``, ``0.5``, ``3``: a whole number without a fraction, else its repr."""
+    number = float(value)
+    return str(int(number)) if number.is_integer() and abs(number) < 2**53 else repr(number)
+
+
+class _Scale(_Plain, float):
+    """The logged ``loss_scale``: a float; ``65536`` in the progress bar."""
+
+
+class _Count(_Plain, int):
+    """The logged ``skipped_steps``: an int; ``0`` in the progress bar."""
+
+
 class ScaleLogger(keras.callbacks.Callback):
     """Puts ``loss_scale`` and ``skipped_steps`` into the train logs every ``every_n_steps``
     steps, and at the end of every epoch.
@@ -28,12 +61,17 @@ class ScaleLogger(keras.callbacks.Callback):
     epoch. Keras hands each callback the same dict in list order: put ``ScaleLogger``
     before the loggers that should see its values.
 
-    - ``loss_scale``: the wrapped optimizer's scale when the logs were written.
+    - ``loss_scale``: the wrapped optimizer's scale when the logs were written: the scale
+      the logged step's update left (``docs/diagnostics.md``, "Steps and scales"), a float.
     - ``skipped_steps``: the train steps skipped since this callback's first training
-      began (over every ``fit`` it is used in): the steps it saw less the growth of the
-      inner optimizer's iteration count, which Keras advances on applied steps only. No
-      counter is added to the optimizer, and nothing is read from it between the logged
-      steps (under JAX, reading syncs the train state: once every N steps).
+      began (over every ``fit`` it is used in), an int: the steps it saw less the growth
+      of the inner optimizer's iteration count, which Keras advances on applied steps
+      only. No counter is added to the optimizer, and nothing is read from it between
+      the logged steps (under JAX, reading syncs the train state: once every N steps).
+
+    Keras's progress bar shows both as they are (``loss_scale: 32768 - skipped_steps:
+    1``), where it would print any other number as ``32768.0000`` and a 0 as
+    ``0.0000e+00``; ``CSVLogger`` and ``History`` get the numbers.
 
     The model must be compiled with the optimizer ``KerasGradScaler.wrap`` returns (a
     :class:`~unifiedamp.backends.keras.SpecLossScaleOptimizer`); ``fit`` raises a
@@ -109,8 +147,8 @@ class ScaleLogger(keras.callbacks.Callback):
         self.loss_scale = float(keras.ops.convert_to_numpy(opt.dynamic_scale))
         self.skipped_steps = self._skipped_before + steps - applied
         if logs is not None:
-            logs["loss_scale"] = self.loss_scale
-            logs["skipped_steps"] = self.skipped_steps
+            logs["loss_scale"] = _Scale(self.loss_scale)
+            logs["skipped_steps"] = _Count(self.skipped_steps)
 
     # ------------------------------------------------------------ Keras's hooks
 

@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="unifiedamp", description="One dynamic loss scaler for every framework.")
     parser.add_argument("--version", action="version", version=f"unifiedamp {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="one of these (unifiedamp COMMAND --help says more):")
     for command in (backends, spec, conformance, plot, port, port_state, demo):
         command.add_parser(sub)
     return parser

@@ -35,7 +35,7 @@ def _data(steps: int) -> tuple[list[Any], list[tuple[Any, Any]]]:
               np.zeros(1, np.float32)]
     target = rng.normal(size=(_INPUTS, 1)).astype(np.float32)
     batches = []
-    for step in range(steps):
+    for step in range(1, steps + 1):
         x = rng.normal(size=(_BATCH, _INPUTS)).astype(np.float32)
         y = np.tanh(x @ target)
         if forced_overflow(step):
@@ -284,11 +284,11 @@ _TRAINERS = {"numpy": _train_numpy, "torch": _train_torch, "paddle": _train_padd
 
 
 class _Emitter:
-    """Prints the child's JSON lines: a header, then one line per step, flushed at once so
-    that the parent's progress bar moves."""
+    """Prints the child's JSON lines: a header, then one line per step (its number from 1,
+    the state its update left), flushed at once so that the parent's progress moves."""
 
     def __init__(self) -> None:
-        self.step = 0
+        self.step = 1
 
     def _print(self, obj: dict[str, Any]) -> None:
         print(json.dumps(obj), flush=True)

@@ -15,11 +15,18 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from typing import Any, NamedTuple
 
 from unifiedamp import __version__, _files, _registry, spec
-from unifiedamp.cli._shared import WORKER_TIMEOUT_S, is_installed, last_line, print_table
+from unifiedamp.cli._shared import (
+    WORKER_TIMEOUT_S,
+    Progress,
+    add_progress_option,
+    is_installed,
+    last_line,
+    print_table,
+    progress_wanted,
+)
 from unifiedamp.conformance._pytest_process import run_pytest
 from unifiedamp.conformance._report import cell, compact, tests_of
 
@@ -46,13 +53,18 @@ def run_suite(target: str, max_examples: int | None = None, env: dict[str, str] 
             args += ["--unifiedamp-max-examples", str(max_examples)]
         if progress is not None:
             args += ["--unifiedamp-progress", progress]
+        # The whole output of a column that did not finish, with the test it was in:
+        # the suite run directly.
+        rerun = f"python -m pytest --pyargs unifiedamp.conformance --unifiedamp-backend {target}"
         try:
             proc = run_pytest(args, timeout=WORKER_TIMEOUT_S, env=env)
         except subprocess.TimeoutExpired:
-            return {"status": "error", "detail": f"timed out after {WORKER_TIMEOUT_S} s"}
+            return {"status": "error", "detail": f"timed out after {WORKER_TIMEOUT_S} s (run "
+                                                 f"`{rerun} -v` to see the test that hangs)"}
         if not os.path.exists(out):
             return {"status": "error",
-                    "detail": f"pytest exited with {proc.returncode}: {last_line(proc)}"}
+                    "detail": f"pytest exited with {proc.returncode}: {last_line(proc)} (the "
+                              f"whole output: `{rerun}`)"}
         with open(out) as f:
             report = json.load(f)
     report.setdefault("status", "ok")
@@ -112,51 +124,66 @@ def conformance_report(names: list[str] | None = None, max_examples: int | None 
         max_examples: Hypothesis examples per property (default 200).
         jobs: The columns to run instead of ``names`` (``--zoo``); one that is
             not installed does not fail the report.
-        show_progress: Keep a line on stderr with each column's tests done.
+        show_progress: Say on stderr what runs (each column's tests done, its time)
+            and how each column ended (:class:`~unifiedamp.cli._shared.Progress`).
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    requested = names is not None and jobs is None
+    requested, zoo = names is not None and jobs is None, jobs is not None
     jobs = jobs if jobs is not None else backend_jobs(names)
     # Each backend is a subprocess of its own, mostly spent importing and compiling, so
     # they run side by side, one per CPU (docs/conformance.md has the time it saves). The
     # report keeps the order of the columns.
-    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(
-            max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+    with tempfile.TemporaryDirectory() as tmp:
         files = {job.name: os.path.join(tmp, f"{i}.progress") for i, job in enumerate(jobs)}
-        futures = {job.name: pool.submit(_run_job, job, max_examples, files[job.name])
-                   for job in jobs}
-        if show_progress:
-            _show_progress(futures, files)
-        results = {name: future.result() for name, future in futures.items()}
+        seen: dict[str, str] = {}
+
+        def note(name: str) -> str:
+            # A read while pytest rewrites the file finds it empty: keep the last count.
+            seen[name] = _tests_done(files[name]) or seen.get(name, "starting")
+            return seen[name]
+
+        progress = Progress("conformance", [job.name for job in jobs], enabled=show_progress,
+                            note=note)
+
+        def run(job: Job) -> dict[str, Any]:
+            progress.start(job.name)
+            result = _run_job(job, max_examples, files[job.name])
+            progress.finish(job.name, _outcome(result, zoo))
+            return result
+
+        with progress, ThreadPoolExecutor(
+                max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+            futures = {job.name: pool.submit(run, job) for job in jobs}
+            results = {name: future.result() for name, future in futures.items()}
     not_run = {n: r["status"] for n, r in results.items() if r["status"] in _NOT_RUN}
     return {"unifiedamp": __version__, "spec_version": spec.SPEC_VERSION,
             "passed": not any(_failed(r, requested) for r in results.values()),
             "requested": requested, "not_run": not_run, "backends": results}
 
 
-def _show_progress(futures: dict[str, Any], files: dict[str, str]) -> None:
-    """``conformance: numpy 65/65 done, torch 12/71, jax waiting`` on one line of stderr,
-    rewritten until every column is done."""
-    started, width = time.monotonic(), 0
-    while True:
-        cells = []
-        for name, future in futures.items():
-            try:
-                with open(files[name]) as f:
-                    done, total = f.read().split()
-                count = f"{done}/{total}"
-            except (OSError, ValueError):
-                count = "starting" if future.running() else "waiting"
-            cells.append(f"{name} {count}{' done' if future.done() else ''}")
-        line = f"conformance ({time.monotonic() - started:.0f} s): {', '.join(cells)}"
-        sys.stderr.write("\r" + line.ljust(width))
-        sys.stderr.flush()
-        width = len(line)
-        if all(f.done() for f in futures.values()):
-            sys.stderr.write("\n")
-            return
-        time.sleep(0.5)
+def _tests_done(path: str) -> str:
+    """``12/71 tests`` from a column's progress file; empty before pytest has collected
+    (the framework's import, mostly), or while it rewrites the file."""
+    try:
+        with open(path) as f:
+            done, total = f.read().split()
+    except (OSError, ValueError):
+        return ""
+    return f"{done}/{total} tests"
+
+
+def _outcome(result: dict[str, Any], zoo: bool) -> str:
+    """How a column ended, for its progress line: ``PASS, 71 tests``, ``FAIL: 3 of 71
+    tests differ``, ``not installed``..."""
+    if result["status"] != "ok":
+        return result["status"]
+    tests = result.get("tests", {}).values()
+    differ = sum(t["outcome"] in ("failed", "error", "xpassed") for t in tests)
+    if zoo:
+        return f"ran {len(tests)} tests, {differ} differ from the spec"
+    return f"FAIL: {differ} of {len(tests)} tests differ" if differ else \
+        f"PASS, {len(tests)} tests"
 
 
 _NOT_RUN = ("not installed", "not importable")
@@ -175,7 +202,7 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
         return 2
     jobs = zoo_jobs(args.zoo) if args.zoo is not None else None
     report = conformance_report(None if jobs else args.backend, args.max_examples, jobs=jobs,
-                                show_progress=not args.json and sys.stderr.isatty())
+                                show_progress=progress_wanted(args))
     if args.zoo is not None:
         report["passed"] = not any(r["status"] == "error" for r in report["backends"].values())
     if args.json:
@@ -304,7 +331,18 @@ def _examples_arg(value: str) -> int:
 def add_parser(sub: Any) -> None:
     """Adds ``unifiedamp conformance [--backend NAME ...] [--zoo [NAMES]] [--max-examples N]
     [--json] [--markdown FILE] [--check FILE]``."""
-    p = sub.add_parser("conformance", help="run the conformance suite on every installed backend")
+    p = sub.add_parser(
+        "conformance", help="run the conformance suite on every installed backend",
+        description="Runs the shipped conformance suite (pytest, hypothesis) on each backend, "
+                    "each in a subprocess of its own, as many at a time as there are CPUs, and "
+                    "prints a matrix: a row per test with the rule it checks, a column per "
+                    "backend, then what differs, by backend and rule. On a terminal, stderr "
+                    "says what runs and how each backend ended, with its time.",
+        epilog="exit status: 0 when every backend that ran follows the spec (a backend not "
+               "installed is listed, and fails the run only when named with --backend); 1 "
+               "when a test differs or a requested backend did not run (--zoo: only when a "
+               "column could not run, or --check found a difference); 2 for a usage error or "
+               "a missing pytest/hypothesis.")
     p.add_argument("--backend", action="append", type=_backend_arg,
                    help="a backend name or module:Class (a unifiedamp.GradScaler subclass or an "
                         "adapter class); repeatable; default: all known, where one that is not "
@@ -317,6 +355,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-examples", type=_examples_arg, default=None, metavar="N",
                    help="hypothesis examples per property, at least 1 (default 200)")
     p.add_argument("--json", action="store_true", help="print the report as JSON, no progress")
+    add_progress_option(p)
     p.add_argument("--markdown", metavar="FILE",
                    help="with --zoo: write the zoo's matrix and its explained differences "
                         "(docs/scalers.md)")

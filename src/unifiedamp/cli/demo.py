@@ -6,9 +6,9 @@ Each framework trains in a child process of its own (``python -m
 unifiedamp.cli._demo_child NAME STEPS``, where the training loops are), as ``unifiedamp
 conformance`` does, because some frameworks cannot share a process (tensorflow then paddle
 segfaults). The child prints one JSON line per step; this module, the parent, holds the
-scenario (:data:`CONFIG`, the forced overflows, the spec's :func:`reference`), draws the
-progress bar, compares, plots (matplotlib, the ``demo`` extra) and prints the summary.
-``docs/demo.md`` describes the output.
+scenario (:data:`CONFIG`, the forced overflows, the spec's :func:`reference`), shows the
+progress (on a terminal), compares, plots (matplotlib, the ``demo`` extra) and prints the
+summary. ``docs/demo.md`` describes the output.
 """
 
 from __future__ import annotations
@@ -25,8 +25,14 @@ import time
 from typing import Any
 
 from unifiedamp import _registry, spec
-from unifiedamp.cli._shared import is_installed, print_table
-from unifiedamp.diagnostics import _image_path_error, _save_figure
+from unifiedamp.cli._shared import (
+    Progress,
+    add_progress_option,
+    is_installed,
+    print_table,
+    progress_wanted,
+)
+from unifiedamp.diagnostics import _draw_scale, _image_path_error, _save_figure
 
 __all__ = ["BACKENDS", "CONFIG", "OVERFLOW_STEPS", "PERIOD", "demo_report", "expected_history",
            "first_divergence", "forced_overflow", "reference"]
@@ -37,9 +43,10 @@ __all__ = ["BACKENDS", "CONFIG", "OVERFLOW_STEPS", "PERIOD", "demo_report", "exp
 CONFIG: dict[str, Any] = {"init_scale": 2.0**10, "growth_interval": 4, "hysteresis": 2,
                           "min_scale": 1.0, "max_scale": 2.0**13}
 
-#: Steps whose input batch holds an inf (the pattern repeats every ``PERIOD`` steps): a
-#: lone one (hysteresis absorbs it), a pair (one backoff), a run of six (three backoffs).
-OVERFLOW_STEPS = (9, 14, 15, 22, 23, 24, 25, 26, 27, 35)
+#: Steps (updates, counted from 1) whose input batch holds an inf (the pattern repeats every
+#: ``PERIOD`` steps): a lone one (hysteresis absorbs it), a pair (one backoff), a run of six
+#: (three backoffs).
+OVERFLOW_STEPS = (10, 15, 16, 23, 24, 25, 26, 27, 28, 36)
 PERIOD = 40
 
 #: The frameworks the demo knows how to train, in the order they run and are listed.
@@ -50,56 +57,58 @@ _MAX_STEPS = 10_000
 
 
 def forced_overflow(step: int) -> bool:
-    """Whether the demo puts an inf into the input batch of ``step`` (0-based).
+    """Whether the demo puts an inf into the input batch of ``step``: the update it makes,
+    counted from 1, as everywhere in the demo (``docs/diagnostics.md``, "Steps and scales").
 
     Example:
-        >>> [s for s in range(16) if forced_overflow(s)], forced_overflow(49)
-        ([9, 14, 15], True)
+        >>> [s for s in range(1, 17) if forced_overflow(s)], forced_overflow(50)
+        ([10, 15, 16], True)
     """
-    return step % PERIOD in OVERFLOW_STEPS
+    return (step - 1) % PERIOD + 1 in OVERFLOW_STEPS
 
 
 def reference(steps: int) -> list[spec.ScalerState]:
-    """The spec's state after each step's update, for the demo's config and overflows.
+    """The spec's state after each step's update, for the demo's config and overflows:
+    ``reference(n)[k]`` is the state after step ``k + 1``.
 
     Example:
-        >>> [s.scale for s in reference(16)][2:5]
+        >>> [s.scale for s in reference(16)][2:5]  # after steps 3, 4 and 5
         [1024.0, 2048.0, 2048.0]
-        >>> reference(16)[9]  # the lone overflow: held by hysteresis
+        >>> reference(16)[10 - 1]  # step 10, the lone overflow: held by hysteresis
         ScalerState(scale=4096.0, growth_tracker=0, hysteresis_tracker=1)
     """
     config = spec.ScalerConfig(**CONFIG)
     state, out = spec.ScalerState.initial(config), []
-    for step in range(steps):
+    for step in range(1, steps + 1):
         state = spec.update(config, state, forced_overflow(step))
         out.append(state)
     return out
 
 
 def first_divergence(records: list[dict[str, Any]], steps: int) -> dict[str, Any] | None:
-    """The first step where a child's records differ from :func:`reference` (scale bits,
-    both trackers, whether the step was skipped), or ``None`` when all ``steps`` match.
+    """The first step (from 1) where a child's records differ from :func:`reference` (scale
+    bits, both trackers, whether the step was skipped), or ``None`` when all ``steps`` match.
 
     Example:
         >>> records = [{"scale_hex": spec.f32_hex(s.scale), "growth_tracker": s.growth_tracker,
         ...             "hysteresis_tracker": s.hysteresis_tracker,
-        ...             "skipped": forced_overflow(i)} for i, s in enumerate(reference(12))]
+        ...             "skipped": forced_overflow(k)} for k, s in enumerate(reference(12), 1)]
         >>> first_divergence(records, 12) is None
         True
-        >>> records[9]["skipped"] = False
+        >>> records[10 - 1]["skipped"] = False
         >>> first_divergence(records, 12)["step"]
-        9
+        10
         >>> first_divergence(records[:5], 12)["got"]
         'no record (the run stopped after 5 steps)'
     """
-    for step, want in enumerate(reference(steps)):
+    for step, want in enumerate(reference(steps), start=1):
         expected = {"scale_hex": spec.f32_hex(want.scale), "growth_tracker": want.growth_tracker,
                     "hysteresis_tracker": want.hysteresis_tracker,
                     "skipped": forced_overflow(step)}
-        if step >= len(records):
+        if step > len(records):
             return {"step": step, "expected": expected,
                     "got": f"no record (the run stopped after {len(records)} steps)"}
-        got = {key: records[step][key] for key in expected}
+        got = {key: records[step - 1][key] for key in expected}
         if got != expected:
             return {"step": step, "expected": expected, "got": got}
     return None
@@ -110,33 +119,10 @@ def _found(name: str) -> bool:
     return is_installed(_registry.BUILTIN[name].modules[0])
 
 
-class _Progress:
-    """One line per backend on stderr: redrawn in place on a terminal, printed once when
-    it is finished otherwise (a log file gets no carriage returns)."""
-
-    def __init__(self, name: str, steps: int, stream: Any = None) -> None:
-        self.name, self.steps, self.stream = name, steps, stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.start = time.monotonic()
-
-    def _line(self, done: int, note: str) -> str:
-        filled = 30 * done // self.steps
-        return (f"{self.name:<7} [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.steps} "
-                f"{time.monotonic() - self.start:5.1f} s {note}").rstrip()
-
-    def update(self, done: int, note: str = "") -> None:
-        if self.tty:
-            self.stream.write("\r" + self._line(done, note))
-            self.stream.flush()
-
-    def finish(self, done: int, note: str) -> None:
-        self.stream.write(("\r" if self.tty else "") + self._line(done, note) + "\n")
-        self.stream.flush()
-
-
-def _run_child(name: str, steps: int) -> dict[str, Any]:
-    """Runs one backend's child, drawing its progress; its header, records and status."""
-    progress = _Progress(name, steps)
+def _run_child(name: str, steps: int, progress: Progress | None = None) -> dict[str, Any]:
+    """Runs one backend's child (its steps done go to ``progress``); its header, records
+    and status."""
+    start = time.monotonic()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     cmd = [sys.executable, "-m", "unifiedamp.cli._demo_child", name, str(steps)]
     result: dict[str, Any] = {"status": "ok", "records": []}
@@ -159,7 +145,8 @@ def _run_child(name: str, steps: int) -> dict[str, Any]:
                 row = json.loads(line)
                 if "step" in row:
                     result["records"].append(row)
-                    progress.update(len(result["records"]))
+                    if progress is not None:
+                        progress.note(name, f"{len(result['records'])}/{steps} steps")
                 else:
                     result.update(row)
             proc.wait()
@@ -167,31 +154,29 @@ def _run_child(name: str, steps: int) -> dict[str, Any]:
             timer.cancel()
         err.seek(0)
         lines = err.read().strip().splitlines()
-    result["seconds"] = round(time.monotonic() - progress.start, 1)
+    result["seconds"] = round(time.monotonic() - start, 1)
     if proc.returncode != 0:
         why = f"timed out after {_CHILD_TIMEOUT_S} s" if timed_out.is_set() else "exited with"
         result.update(status="error", detail=f"child {why} {proc.returncode}: "
                                              f"{lines[-1] if lines else 'no output'}")
-    done = len(result["records"])
-    progress.finish(done, "" if result["status"] == "ok" else "error")
     return result
 
 
 def expected_history(records: list[dict[str, Any]]) -> list[list[Any]]:
-    """What a scaler's history ring must hold after the steps of ``records`` (from 0): per
-    update, its number from 1, the scale that step ran with and whether it was skipped.
+    """What a scaler's history ring must hold after the steps of ``records``: per update,
+    its number from 1, the scale it left and whether it was skipped; the records' own
+    (step, scale, skipped), one convention for both.
 
     Example:
-        >>> expected_history([{"scale": 512.0, "skipped": True},
-        ...                   {"scale": 512.0, "skipped": False}])
-        [[1, 1024.0, True], [2, 512.0, False]]
+        >>> expected_history([{"step": 1, "scale": 512.0, "skipped": True},
+        ...                   {"step": 2, "scale": 512.0, "skipped": False}])
+        [[1, 512.0, True], [2, 512.0, False]]
     """
-    before = [spec.f32(CONFIG["init_scale"])] + [r["scale"] for r in records[:-1]]
-    return [[k + 1, scale, r["skipped"]] for k, (scale, r) in enumerate(zip(before, records,
-                                                                             strict=True))]
+    return [[r["step"], r["scale"], r["skipped"]] for r in records]
 
 
-def demo_report(names: list[str] | None = None, steps: int = PERIOD) -> dict[str, Any]:
+def demo_report(names: list[str] | None = None, steps: int = PERIOD,
+                show_progress: bool = False) -> dict[str, Any]:
     """Trains every backend in ``names`` (default: every one installed) for ``steps`` steps,
     each in its own process, and compares each trajectory with :func:`reference`.
 
@@ -211,25 +196,42 @@ def demo_report(names: list[str] | None = None, steps: int = PERIOD) -> dict[str
     requested = names is not None
     names = list(BACKENDS) if names is None else list(dict.fromkeys(names))
     backends: dict[str, Any] = {}
-    for name in names:
-        if not _found(name):
-            backends[name] = {"status": "not installed", "detail": _registry.BUILTIN[name].install}
-            continue
-        result = _run_child(name, steps)
-        records = result["records"]
-        diverged = first_divergence(records, steps)
-        result.update(matches_spec=result["status"] == "ok" and diverged is None,
-                      history_matches=result.get("history") == expected_history(records),
-                      first_divergence=diverged,
-                      skips=sum(r["skipped"] for r in records),
-                      final_scale=records[-1]["scale"] if records else None)
-        backends[name] = result
+    found = [name for name in names if _found(name)]
+    with Progress("demo", found, enabled=show_progress) as progress:
+        for name in names:
+            if name not in found:
+                backends[name] = {"status": "not installed",
+                                  "detail": _registry.BUILTIN[name].install}
+                continue
+            progress.start(name)
+            progress.note(name, "starting")
+            result = _run_child(name, steps, progress)
+            records = result["records"]
+            diverged = first_divergence(records, steps)
+            result.update(matches_spec=result["status"] == "ok" and diverged is None,
+                          history_matches=result.get("history") == expected_history(records),
+                          first_divergence=diverged,
+                          skips=sum(r["skipped"] for r in records),
+                          final_scale=records[-1]["scale"] if records else None)
+            backends[name] = result
+            progress.finish(name, _outcome(result, steps))
     not_run = [n for n, r in backends.items() if r["status"] == "not installed"]
     passed = all(r.get("matches_spec", False) and r.get("history_matches", False)
                  for n, r in backends.items() if n not in not_run)
-    return {"config": CONFIG, "overflow_steps": [s for s in range(steps) if forced_overflow(s)],
+    return {"config": CONFIG,
+            "overflow_steps": [s for s in range(1, steps + 1) if forced_overflow(s)],
             "steps": steps, "passed": passed and not (requested and not_run),
             "not_run": not_run, "backends": backends}
+
+
+def _outcome(result: dict[str, Any], steps: int) -> str:
+    """How a backend's run ended, for its progress line."""
+    if result["status"] != "ok":
+        return f"error after {len(result['records'])}/{steps} steps"
+    d = result["first_divergence"]
+    spec_ = "matches the spec" if d is None else f"DIVERGES from the spec at step {d['step']}"
+    history = "" if result["history_matches"] else ", its history() DIFFERS"
+    return f"{len(result['records'])} steps, {result['skips']} skipped, {spec_}{history}"
 
 
 _STYLES = [  # widest first, so that every line of a perfect overlap still shows
@@ -244,6 +246,13 @@ _MARKERS = ["o", "s", "D", "^", "v", "x"]
 
 
 def _plot(report: dict[str, Any], path: str) -> None:
+    _save_figure(_figure(report), path, dpi=110)
+
+
+def _figure(report: dict[str, Any]) -> Any:
+    """The demo's chart: per framework, at step n (the n-th update, from 1) the scale after
+    it, from the initial scale at step 0 (as ``unifiedamp plot`` draws a history); the
+    skips in a strip below."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed, and none is picked up from the environment
@@ -251,36 +260,38 @@ def _plot(report: dict[str, Any], path: str) -> None:
 
     fig, (ax, skips) = plt.subplots(2, 1, figsize=(11, 6.5), sharex=True,
                                     gridspec_kw={"height_ratios": [3, 1]})
-    steps = list(range(report["steps"]))
     for axis in (ax, skips):
         for step in report["overflow_steps"]:
             axis.axvspan(step - 0.5, step + 0.5, color="0.9", zorder=0)
+    init = spec.f32(CONFIG["init_scale"])
     ran = {n: r for n, r in report["backends"].items() if r.get("records")}
     for i, (name, result) in enumerate(ran.items()):
         records, style = result["records"], _STYLES[i % len(_STYLES)]
         label = f"{name} ({result.get('device', '?')}, {result.get('dtype', '?')})"
         if not result["matches_spec"]:
             label += " DIVERGES"
-        ax.step(steps[:len(records)], [r["scale"] for r in records], where="post", label=label,
-                **style)
+        _draw_scale(ax, [0] + [r["step"] for r in records], [init] + [r["scale"] for r in records],
+                    label=label, **style)
         # Skips in a strip of their own, one row per framework: on the scale line the
         # marks of coinciding frameworks would hide each other.
         skipped = [r["step"] for r in records if r["skipped"]]
         skips.scatter(skipped, [i] * len(skipped), marker=_MARKERS[i % len(_MARKERS)],
                       color=style["color"], s=30)
-    ax.step(steps, [s.scale for s in reference(report["steps"])], where="post", color="black",
-            linewidth=0.8, label="spec reference")
+    _draw_scale(ax, list(range(report["steps"] + 1)),
+                [init] + [s.scale for s in reference(report["steps"])], color="black",
+                linewidth=0.8, label="spec reference")
     ax.set_yscale("log", base=2)
-    ax.set_ylabel("loss scale after the step's update")
+    ax.set_ylabel("loss scale after the update")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     skips.set_yticks(range(len(ran)), list(ran))
     skips.set_ylim(len(ran) - 0.5, -0.5)
     skips.set_ylabel("skipped steps")
-    skips.set_xlabel("step (shaded: an inf in the input batch)")
+    skips.set_xlabel("step: the n-th update (0: the initial scale; shaded: an inf in the "
+                     "input batch)")
     config = ", ".join(f"{k}={v:g}" for k, v in CONFIG.items())
     ax.set_title(f"unifiedamp demo: one config in every framework\n{config}", fontsize=10)
     fig.tight_layout()
-    _save_figure(fig, path, dpi=110)
+    return fig
 
 
 def _print_summary(report: dict[str, Any]) -> None:
@@ -299,7 +310,8 @@ def _print_summary(report: dict[str, Any]) -> None:
     print_table(rows)
     for name, r in report["backends"].items():
         if r["status"] == "error":
-            print(f"\n{name}: {r['detail']}")
+            print(f"\n{name}: {r['detail']} (its whole output: `python -m "
+                  f"unifiedamp.cli._demo_child {name} {report['steps']}`)")
         elif r.get("first_divergence"):
             d = r["first_divergence"]
             print(f"\n{name}: diverged at step {d['step']}: expected {d['expected']}, "
@@ -333,7 +345,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"unifiedamp demo: {exc}", file=sys.stderr)
         return 2
-    report = demo_report(args.backend, args.steps)
+    report = demo_report(args.backend, args.steps, show_progress=progress_wanted(args))
     if out is not None:
         _plot(report, out)
     report["plot"] = out
@@ -364,8 +376,20 @@ def add_parser(sub: Any) -> None:
         >>> args.backend, args.steps, args.out, args.history
         (['numpy'], 40, 'none', None)
     """
-    p = sub.add_parser("demo", help="train one fp16 model in every installed framework and "
-                                    "plot the scale trajectories")
+    p = sub.add_parser(
+        "demo", help="train one fp16 model in every installed framework and plot the scale "
+                     "trajectories",
+        description="Trains the same small float16 model in every installed framework (each "
+                    "in a process of its own) with one scaler config and overflows forced at "
+                    "fixed steps, compares each scale trajectory and each scaler's history() "
+                    "with the spec's reference bit for bit, prints a table and draws the "
+                    "trajectories on one chart: at step n (the n-th update, from 1) the scale "
+                    "after that update. On a terminal, stderr says which framework trains, "
+                    "its steps done and its time.",
+        epilog="exit status: 0 when every framework that ran follows the spec (one not "
+               "installed is listed, and fails the run only when named with --backend); 1 "
+               "otherwise; 2 for a usage error, a plot path that cannot be written or a "
+               "missing matplotlib.")
     p.add_argument("--backend", action="append", choices=BACKENDS,
                    help="a framework to train in (repeatable; default: every installed one, "
                         "where one that is not installed does not fail the run; one named "
@@ -378,7 +402,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--history", default=None, metavar="DIR",
                    help="write each framework's scaler history to DIR/NAME.json "
                         "(`unifiedamp plot DIR/NAME.json` draws one)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--json", action="store_true", help="print the report as JSON, no progress")
+    add_progress_option(p)
     p.set_defaults(func=_cmd_demo)
 
 

@@ -1,4 +1,5 @@
-"""``unifiedamp plot``: a scale history file drawn on a log axis, skipped steps marked."""
+"""``unifiedamp plot``: a scale history file drawn on a log axis, skipped steps marked: at step
+n (the n-th update, from 1) the scale after it, as ``unifiedamp demo`` draws."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         print(f"unifiedamp plot: {args.history!r} is {exc}", file=sys.stderr)
         return 2
     if not len(history):
-        print(f"unifiedamp plot: {args.history!r} holds no update", file=sys.stderr)
+        print(f"unifiedamp plot: {args.history!r} holds no update: write it after training, "
+              "from a scaler built with history=N (e.g. history=1000)", file=sys.stderr)
         return 2
     if importlib.util.find_spec("matplotlib") is None:
         print("unifiedamp plot draws with matplotlib: pip install 'unifiedamp[demo]'",
@@ -34,14 +36,23 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         return 2
     print(f"wrote {args.output}: {len(history)} updates (from {history.iterations[0]} to "
           f"{history.iterations[-1]}), {sum(history.skipped)} skipped, scale "
-          f"{min(history.scales):g} to {max(history.scales):g}")
+          f"{min(history.scales):g} to {max(history.scales):g}, {history.scales[-1]:g} after "
+          "the last")
     return 0
 
 
 def add_parser(sub: Any) -> None:
     """Adds ``unifiedamp plot HISTORY.json [-o IMAGE] [--title T]``."""
-    p = sub.add_parser("plot", help="draw a scale history (scaler.history().to_json(PATH)) on "
-                                    "a log axis with skipped steps marked")
+    p = sub.add_parser(
+        "plot", help="draw a scale history (scaler.history().to_json(PATH)) on a log axis "
+                     "with skipped steps marked",
+        description="Draws a scale history file (ScaleHistory.to_json, or unifiedamp demo "
+                    "--history DIR) as a step line on a log axis, the skipped steps marked: "
+                    "at step n (the n-th update, from 1) the scale after that update, from "
+                    "the initial scale at step 0 to the last scale. Needs matplotlib "
+                    "(pip install 'unifiedamp[demo]').",
+        epilog="exit status: 0 when the plot was written; 2 when the file cannot be read, is "
+               "not a history, holds no update, or the image cannot be written.")
     p.add_argument("history", metavar="HISTORY.json",
                    help="a file written by ScaleHistory.to_json (unifiedamp.diagnostics)")
     p.add_argument("-o", "--output", default="scale.png", metavar="IMAGE",

@@ -17,6 +17,13 @@ def _cmd_spec(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     """Adds ``unifiedamp spec [--format json|markdown]``."""
-    p = sub.add_parser("spec", help="print the specification")
-    p.add_argument("--format", choices=["json", "markdown"], default="markdown")
+    p = sub.add_parser(
+        "spec", help="print the specification",
+        description="Prints the loss-scaling specification every backend follows: the config "
+                    "parameters with their defaults and valid values, each framework's names "
+                    "and defaults for them, what found_inf and state_dict hold, and the test "
+                    "vectors.")
+    p.add_argument("--format", choices=["json", "markdown"], default="markdown",
+                   help="markdown (default): tables to read; json: the spec document, "
+                        "for programs (its schema: docs/spec-schema.md)")
     p.set_defaults(func=_cmd_spec)

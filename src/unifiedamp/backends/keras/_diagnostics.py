@@ -9,13 +9,15 @@ host and its report is counted there (``_torch.py``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import keras
 import numpy as np
 from keras import ops
 
+from unifiedamp.backends._imperative import scale_before_skip
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
+from unifiedamp.spec import ScalerConfig
 
 from ._compat import LossScaleOptimizerHooks
 from ._paths import F32
@@ -55,9 +57,14 @@ class OptimizerDiagnostics(LossScaleOptimizerHooks):
     _diagnose: bool
     _history_size: int
     dynamic_scale: Any
+    hysteresis_counter: Any
     update_count: Any
     skipped_count: Any
     last_skipped: Any
+    if TYPE_CHECKING:
+        @property
+        def scaler_config(self) -> ScalerConfig: ...
+
     # Made by _build_diagnostics: the history ring (history=N)...
     history_iteration: Any
     history_scale: Any
@@ -94,10 +101,10 @@ class OptimizerDiagnostics(LossScaleOptimizerHooks):
 
     # ------------------------------------------------------------ written by each update
 
-    def _record(self, skipped: Any) -> None:
+    def _record(self, skipped: Any, scale: Any) -> None:
         """Counts one update in ``update_count``, ``skipped_count`` and ``last_skipped``, and
         writes its history record (device ops, no host read): iteration = updates so far,
-        the scale it used (before the update), skipped. ``skipped`` is a Python bool in
+        ``scale``, the scale the update left, skipped. ``skipped`` is a Python bool in
         each branch of the compiled step (and on torch's host path), else a tensor."""
         count = ops.convert_to_tensor(self.update_count)
         flag = F32.int32(int(skipped)) if isinstance(skipped, bool) else ops.cast(skipped, "int32")
@@ -107,7 +114,7 @@ class OptimizerDiagnostics(LossScaleOptimizerHooks):
             value = ops.convert_to_tensor
             self.history_iteration.assign(ops.where(hot, count + 1,
                                                     value(self.history_iteration)))
-            self.history_scale.assign(ops.where(hot, value(self.dynamic_scale),
+            self.history_scale.assign(ops.where(hot, ops.cast(scale, "float32"),
                                                 value(self.history_scale)))
             self.history_skipped.assign(ops.where(hot, flag, value(self.history_skipped)))
         self.update_count.assign(count + 1)
@@ -180,12 +187,23 @@ class OptimizerDiagnostics(LossScaleOptimizerHooks):
 
         count = int(read(self.update_count))
         if not self._diagnose:
-            slot = (count - 1) % self._history_size
-            if not count or not int(read(self.history_skipped)[slot]):
+            size = self._history_size
+            if not count or not int(read(self.history_skipped)[(count - 1) % size]):
                 return None
-            return OverflowReport(int(read(self.history_iteration)[slot]),
-                                  float(read(self.history_scale)[slot]), [], 0, None,
-                                  note=_NO_DIAGNOSE)
+            # A record holds the scale its update left: the one before it holds the scale
+            # the skipped update started from; without one, that scale is inferred.
+            note = _NO_DIAGNOSE
+            if count > 1 and size > 1:
+                scale = float(read(self.history_scale)[(count - 2) % size])
+            else:
+                scale, exact = scale_before_skip(self.scaler_config,
+                                                 float(read(self.dynamic_scale)),
+                                                 int(read(self.hysteresis_counter)))
+                if not exact:
+                    note += (" The scale is inferred from the backed-off one and may be off "
+                             "by a rounding (or the min_scale clamp).")
+            return OverflowReport(int(read(self.history_iteration)[(count - 1) % size]),
+                                  scale, [], 0, None, note=note)
         step = int(read(self.overflow_step))
         if not count or step != count:
             return None
@@ -206,9 +224,9 @@ class OptimizerDiagnostics(LossScaleOptimizerHooks):
 
     def history(self) -> ScaleHistory:
         """The last ``history`` updates (oldest first): iteration (this optimizer's updates
-        since it was built or loaded, from 1), the scale it used (before the update
-        changed it), and whether it skipped. Read from the ring variables, which the
-        apply step writes with device ops (no host read per step).
+        since it was built or loaded, from 1), the scale that update left (the next
+        step's), and whether it skipped. Read from the ring variables, which the apply
+        step writes with device ops (no host read per step).
 
         Raises:
             ValueError: Built with ``history=0`` (the default).

@@ -290,8 +290,8 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
                 ops.where(dynamic, new[2], zero_h))
 
     def _assign_next(self, finite: bool) -> None:
-        self._record(not finite)
         scale, growth, hyst = self._next(finite)
+        self._record(not finite, scale)
         self.dynamic_scale.assign(scale)
         self.step_counter.assign(ops.cast(growth, self.step_counter.dtype))
         self.hysteresis_counter.assign(ops.cast(hyst, self.hysteresis_counter.dtype))

@@ -368,11 +368,10 @@ class KerasGradScaler(HostCounters, GradScaler):
                 "none. Pass the flag unscale() returned: grads, finite = scaler.unscale(grads); "
                 "scaler.update(finite) (or let a wrapped optimizer's apply() update)")
         found_inf = not _host_flag(finite)
-        scale = self._state.scale
         self._state = spec.update(self._config, self._state, found_inf)
         self._count(found_inf)
-        if self._history_size:
-            self._host_history.append((self._updates, scale, found_inf))
+        if self._history_size:  # the scale the update left
+            self._host_history.append((self._updates, self._state.scale, found_inf))
             del self._host_history[:-self._history_size]
         return self
 
@@ -435,8 +434,9 @@ class KerasGradScaler(HostCounters, GradScaler):
     def history(self) -> ScaleHistory:
         """The last ``history`` updates (oldest first), a
         :class:`unifiedamp.diagnostics.ScaleHistory`: iteration (the wrapped optimizer's
-        updates since it was built, from 1), the scale that update used, whether it
-        skipped. Empty before the optimizer is built (and when disabled).
+        updates since it was built, from 1), the scale that update left (what
+        :meth:`get_scale` returns after it), whether it skipped. Empty before the optimizer
+        is built (and when disabled).
 
         Raises:
             ValueError: Built with ``history=0`` (the default).
@@ -448,8 +448,8 @@ class KerasGradScaler(HostCounters, GradScaler):
             >>> model.compile(optimizer=scaler.wrap(keras.optimizers.SGD()), loss="mse")
             >>> for x in ([[1.0, 1.0]], [[np.inf, 1.0]], [[1.0, 1.0]]):
             ...     _ = model.train_on_batch(np.array(x), np.ones((1, 1)))
-            >>> scaler.history().as_list()
-            [(2, 16.0, True), (3, 8.0, False)]
+            >>> scaler.history().as_list()  # 8 -> 16, backed off to 8, -> 16
+            [(2, 8.0, True), (3, 16.0, False)]
         """
         if not self._history_size:
             raise ValueError("this scaler keeps no history: build it with history=N (e.g. "
@@ -462,5 +462,15 @@ class KerasGradScaler(HostCounters, GradScaler):
 
     @classmethod
     def devices(cls) -> list[str]:
-        """Keras's backend and its devices."""
-        return [f"{keras.backend.backend()}"]
+        """The devices of the framework Keras computes with (``keras.backend.backend()``:
+        tensorflow, jax or torch), where the scale and the train step run: ``cpu:0``,
+        ``gpu:0`` as Keras names them; torch's own names (``cpu``, ``cuda:0``) under torch,
+        which Keras's distribution API does not cover."""
+        backend = keras.backend.backend()
+        if backend == "torch":
+            import torch
+
+            return ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        if backend in ("tensorflow", "jax"):
+            return list(keras.distribution.list_devices())
+        return ["cpu"]  # Keras's numpy and openvino backends compute on the host

@@ -69,8 +69,8 @@ class TorchPaths(BackendPaths):
         else:
             self.last_skip, self.skipped_gradients = None, []
             opt.inner_optimizer.apply(grads, trainable_variables=trainable_variables)
-        opt._record(found_inf)
         new = spec.update(opt.scaler_config, state, found_inf)
+        opt._record(found_inf, new.scale)
         if new != state:
             opt._assign_state(new)
 

@@ -481,7 +481,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         if state["state"] is OptimizerState.INIT:
             self.unscale_(optimizer)
         if "found_inf" not in state:
-            raise NoInfChecksError("No inf checks were recorded for this optimizer.")
+            raise NoInfChecksError.for_optimizer()
         # The one host read: Python must decide whether to step (Paddle's optimizers
         # read their found_inf the same way).
         skipped = bool(state["found_inf"])
@@ -602,12 +602,12 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             if finite is not None:
                 checks.append(not bool(finite))
             if not checks:
-                raise NoInfChecksError("No inf checks were recorded prior to update.")
+                raise NoInfChecksError.prior_to_update()
             found_inf = any(bool(flag) for flag in checks)
             scale = self._state.scale
             self._set_state(spec.update(self._config, self._state, found_inf))
             self._count(found_inf)
-            self._record(scale, found_inf)
+            self._record(self._state.scale, found_inf)  # the scale the update left
             self._remember_update(LastUpdate(
                 self._updates, scale, list(self._checked.values()), self._scale_input,
                 not any(bool(flag) for flag in optimizer_checks), self._across_ranks(),

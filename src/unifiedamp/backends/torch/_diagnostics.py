@@ -15,11 +15,10 @@ import weakref
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from unifiedamp import spec
-from unifiedamp.backends._imperative import WatchedNames
+from unifiedamp.backends._imperative import WatchedNames, scale_before_skip
 from unifiedamp.backends.torch._compat import inf_norms
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
 from unifiedamp.spec import ScalerConfig
@@ -69,44 +68,11 @@ def count_overflows(named_grads: list[tuple[str, torch.Tensor]]) -> list[Gradien
     return overflows
 
 
-def scale_before_skip(config: ScalerConfig, after: float, hysteresis_after: int
-                      ) -> tuple[float, bool]:
-    """The scale a skipped update started from, from the state it left: ``(scale, exact)``.
-
-    After an inf the spec multiplies the scale by ``f32(backoff_factor)`` when the
-    hysteresis tracker reaches ``hysteresis`` (the tracker is then 0; it is >= 1 when it
-    held) and clamps at ``min_scale``. The product is inverted in float32; it is exact
-    when one float32 maps to ``after`` (always for a power-of-two backoff such as 0.5),
-    and not at the ``min_scale`` clamp. Used when no history ring holds the value and
-    ``diagnose`` did not read it before the update.
-
-    Example:
-        >>> scale_before_skip(ScalerConfig(), 32768.0, 0)
-        (65536.0, True)
-        >>> scale_before_skip(ScalerConfig(hysteresis=2), 1024.0, 1)  # held: no backoff
-        (1024.0, True)
-    """
-    if not config.dynamic or (config.hysteresis > 1 and hysteresis_after != 0):
-        return after, True
-    backoff = spec.f32(config.backoff_factor)
-    guess = np.float32(spec.f32(after / backoff))
-    if config.min_scale is not None and after == spec.f32(config.min_scale):
-        return float(guess), False  # anything from min_scale to min_scale / backoff
-    nearby = [guess]
-    for direction in (-np.inf, np.inf):
-        x = guess
-        for _ in range(2):
-            x = np.nextafter(x, np.float32(direction))
-            nearby.append(x)
-    # A float32 product of float32 values, rounded once: as the update computes it.
-    sources = {float(x) for x in nearby if spec.f32(float(x) * backoff) == after}
-    return (sources.pop(), True) if len(sources) == 1 else (float(guess), False)
-
-
 #: What ``TorchDiagnostics._reset_diagnostics`` assigns: records and references, not state;
 #: a pickled copy starts them afresh.
 DIAGNOSTICS_ATTRIBUTES = frozenset({
-    "_ring", "_ring_slots", "_ring_count", "_ring_base", "_checking", "_scaled_input",
+    "_ring", "_ring_slots", "_ring_count", "_ring_base", "_ring_chained", "_scale_set",
+    "_checking", "_scaled_input",
     "_diag_step", "_diag_found", "_diag_checked", "_diag_input", "_diag_functional",
     "_diag_config", "_diag_loads", "_diag_scale", "_loads", "_diag_report",
     "_diag_report_ready", "_last_skip_report", "_watched",
@@ -145,13 +111,18 @@ class TorchDiagnostics(WatchedNames):
     def _reset_diagnostics(self) -> None:
         """Empties what the diagnostics keep (a new scaler, or a pickled copy's): each of
         ``DIAGNOSTICS_ATTRIBUTES``."""
-        # The history ring: [N, 2] float32 (scale, skipped) on the scale's device, made
-        # with the scale; a view per slot, so that a record is one op (a stack into it).
-        # Record k (from 0) is update _ring_base + k + 1: every update writes one.
+        # The history ring: [N, 2] float32 (scale after the update, skipped) on the
+        # scale's device, made with the scale; a view per slot, so that a record is one op
+        # (a stack into it). Record k (from 0) is update _ring_base + k + 1: every update
+        # writes one. _ring_chained: the last record's predecessor holds the scale that
+        # update started from (no load_state_dict or update(new_scale) between them);
+        # _scale_set: one of those since the last record.
         self._ring: torch.Tensor | None = None
         self._ring_slots: tuple[torch.Tensor, ...] = ()
         self._ring_count = 0
         self._ring_base = 0
+        self._ring_chained = False
+        self._scale_set = False
         # Host references only (no device work): the optimizers checked since the last
         # update, id -> (weak reference, whether unscale_ ran on it), and the last
         # single-tensor input of scale().
@@ -229,9 +200,9 @@ class TorchDiagnostics(WatchedNames):
     def history(self) -> ScaleHistory:
         """The last ``history`` updates: ``(iteration, scale, skipped)``, oldest first.
 
-        ``iteration`` counts updates from 1; ``scale`` is the scale that iteration's
-        loss was multiplied by (before the update changed it); ``skipped`` whether its
-        step was skipped. A manual ``update(new_scale)`` is not recorded. The records
+        ``iteration`` counts updates from 1; ``scale`` is the scale that update left
+        (:meth:`get_scale` after it: the next iteration's); ``skipped`` whether its step
+        was skipped. A manual ``update(new_scale)`` is not recorded. The records
         live on the scale's device, written without a host sync; the host counts the
         updates. (Updates replayed from a CUDA graph are not kept faithfully: a replay
         rewrites the slot its capture wrote, and the host does not see it.) Reads the
@@ -248,8 +219,8 @@ class TorchDiagnostics(WatchedNames):
             >>> for x in (1.0, 1.0, float("inf")):  # the third overflows
             ...     scaler.scale(model(torch.full((1, 2), x)).sum()).backward()
             ...     scaler.step(opt); _ = scaler.update(); opt.zero_grad()
-            >>> scaler.history().as_list()
-            [(2, 2048.0, False), (3, 4096.0, True)]
+            >>> scaler.history().as_list()  # 1024 -> 2048 -> 4096, then backed off
+            [(2, 4096.0, False), (3, 2048.0, True)]
         """
         if not self._history_size:
             raise ValueError("this scaler keeps no history (history=0): build it with "
@@ -273,7 +244,14 @@ class TorchDiagnostics(WatchedNames):
         slot = self._ring_count % self._history_size
         out = self._ring[slot] if torch.compiler.is_compiling() else self._ring_slots[slot]
         torch.stack((scale, found), out=out)
+        self._ring_chained = self._ring_count > 0 and not self._scale_set
+        self._scale_set = False
         self._ring_count += 1
+
+    def _ring_holds_scale_before(self) -> bool:
+        """Whether the ring holds the scale the last update started from: the scale its
+        predecessor left, kept in the slot before."""
+        return self._ring is not None and self._ring_chained and self._history_size > 1
 
     def _diagnose_now(self, scale: torch.Tensor, found: torch.Tensor,
                       host_found: bool | None) -> OverflowReport | None:
@@ -310,8 +288,9 @@ class TorchDiagnostics(WatchedNames):
 
     def _scale_of_last_update(self) -> tuple[float, str]:
         """The scale the last (skipped) update started from, and a note when inexact."""
-        if self._ring is not None and self._ring_count:
-            return float(self._ring[(self._ring_count - 1) % self._history_size, 0]), ""
+        if self._ring_holds_scale_before():
+            assert self._ring is not None
+            return float(self._ring[(self._ring_count - 2) % self._history_size, 0]), ""
         if self._diag_loads != self._loads:
             if self._diag_scale is not None:  # inferred before the first load since
                 return self._diag_scale
@@ -322,7 +301,8 @@ class TorchDiagnostics(WatchedNames):
                                          int(self._hysteresis_tracker.item()))
         return scale, "" if exact else (
             "The scale is inferred from the backed-off one and may be off by a rounding "
-            "(or the min_scale clamp): history=N or diagnose=True keep the exact value.")
+            "(or the min_scale clamp): diagnose=True (or history=N, from the second update) "
+            "keeps the exact value.")
 
     def _build_report(self, scale: float | tuple[float, str], step: int,
                       checked: dict[int, tuple[weakref.ref[Any], bool]],

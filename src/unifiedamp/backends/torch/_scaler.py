@@ -76,6 +76,9 @@ _PICKLED_NAMES = {"_skipped_on_host": "_skip_count_host", "_host_skips": "_conse
                   "_skipped_on_device": "_skip_count_device",
                   "_consecutive_skips": "_consecutive_skips_device"}
 
+#: torch's assertion in step() when none of the optimizer's parameters had a gradient.
+_NO_CHECKS_FOR_OPTIMIZER = "No inf checks were recorded for this optimizer."
+
 class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
     """``torch.amp.GradScaler`` with the unifiedamp spec, config, state and reporting.
 
@@ -351,7 +354,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             raise mid_iteration_load_error()
         config, state = spec.parse_state_dict(state_dict, base=self._config)
         if (self._diag_found is not None and not self._diag_report_ready
-                and self._ring is None and self._scale is not None
+                and not self._ring_holds_scale_before() and self._scale is not None
                 and self._diag_loads == self._loads):
             # A skip not reported yet: its scale is inferred from the state the update
             # left, which the load replaces; infer it now (one read, at load time only).
@@ -371,6 +374,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         self._hysteresis_may_be_set = state.hysteresis_tracker > 0
         self._scale_known(state.scale)
         self._loads += 1
+        self._scale_set = True
 
     def __getstate__(self) -> dict[str, Any]:
         d = super().__getstate__()
@@ -559,10 +563,16 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         if not self._unscaled_by_accelerator and not self._accelerate_warned:
             self._warn_if_accelerate_clips_scaled(optimizer)
         fused = getattr(optimizer, STEPS_ON_DEVICE, False)
-        if fused and not torch.compiler.is_compiling() and not takes_grad_scaler(optimizer):
-            retval = fused_step(self, optimizer, *args, **kwargs)
-        else:
-            retval = super().step(optimizer, *args, **kwargs)
+        try:
+            if fused and not torch.compiler.is_compiling() and not takes_grad_scaler(optimizer):
+                retval = fused_step(self, optimizer, *args, **kwargs)
+            else:
+                retval = super().step(optimizer, *args, **kwargs)
+        except AssertionError as exc:
+            # torch's assertion when no parameter had a gradient: its words, and the fix.
+            if str(exc) == _NO_CHECKS_FOR_OPTIMIZER:
+                raise NoInfChecksError.for_optimizer() from None
+            raise
         return retval
 
     #: Set by ``unifiedamp.callbacks.accelerate.use_scaler``: the Accelerator that steps
@@ -688,6 +698,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         if new_scale is not None:
             self._set_scale(scale, new_scale)
             self._diag_found = None  # not a skip; overflow_report() is None after it
+            self._scale_set = True
         else:
             # One pass: the flags, and how many optimizers checked. Every check since
             # the last update was read by a plain step() when there is one read per
@@ -706,20 +717,20 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             if finite is not None:
                 found_infs.append(not_finite(finite, scale.device))
             elif not found_infs:
-                raise NoInfChecksError("No inf checks were recorded prior to update.")
+                raise NoInfChecksError.prior_to_update()
             host_found = (self._host_found if self._host_reads == checked and not functional
                           and finite is None else None)
             if len(found_infs) > 1:
                 found = torch.stack(found_infs).sum().clamp_(max=1.0)
             else:
                 found = found_infs[0]  # 0.0 or 1.0
-            # Both before the update changes the scale in place.
-            if self._ring is not None:
-                self._record(scale, found)
+            # Before the update changes the scale in place.
             # Not inside a traced graph: a replay would not run this Python.
             diagnosed = self._diagnose and not traced(self._device)
             report = self._diagnose_now(scale, found, host_found) if diagnosed else None
             self._apply_update(scale, growth, found)
+            if self._ring is not None:
+                self._record(scale, found)  # the scale the update left
             self._updates += 1
             if host_found is not None:
                 self._last_skipped = host_found
