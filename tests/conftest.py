@@ -4,7 +4,10 @@ Tests that import a framework carry ``@pytest.mark.framework("name")``.
 Frameworks whose import order matters (paddle, tensorflow and keras) are
 imported inside the tests, never at module level, so that collection imports
 neither; items are reordered so that paddle's tests run before tensorflow's
-(paddle 3.3.1 imported after tensorflow 2.21 segfaults).
+(paddle 3.3.1 imported after tensorflow 2.21 segfaults). Under pytest-xdist (README's
+``-n 2``) the default ``--dist load`` hands each worker its tests in collection order, so
+the order holds in every worker; the modes that group by file or steal work do not keep it
+and are refused.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ from unifiedamp._isolation import import_rank
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    dist = getattr(config.option, "dist", "no")
+    if dist not in ("no", "load"):
+        raise pytest.UsageError(
+            f"--dist {dist} would let a worker import tensorflow before paddle (a segfault): "
+            "use the default, `pytest -n 2` (--dist load)")
     config.addinivalue_line(
         "markers", "framework(name): the test imports this framework; ordered for import safety"
     )

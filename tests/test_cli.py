@@ -37,7 +37,9 @@ def cells(lines: list[str], test: str) -> list[str]:
 
 @pytest.mark.slow
 def test_conformance_prints_a_matrix_with_every_builtin_backend_passing():
-    proc = cli("conformance", "--max-examples", "20")
+    # The matrix, not the verdicts: the backends' suites run with their budgets in
+    # test_conformance_builtin.py.
+    proc = cli("conformance", "--max-examples", "3")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[1].split() == ["test", "rule", "numpy", "torch", "paddle", "keras", "jax", "mlx"]

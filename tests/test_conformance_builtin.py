@@ -18,8 +18,18 @@ def builtin_adapter(backend, needs=None, **options):
     return getattr(importlib.import_module(module), name).conformance_adapter(**options)
 
 
+#: Hypothesis examples per property here. The suite is derandomized (the same examples on
+#: every run); `unifiedamp conformance`, which README's install command and CI run, checks
+#: every built-in backend with the full budget (200).
+IN_SUITE_EXAMPLES = 50
+
+
 class TestNumpyConformance(ScalerContract):
     backend = "numpy"
+
+    @pytest.fixture
+    def max_examples(self):
+        return IN_SUITE_EXAMPLES
 
     @pytest.fixture
     def adapter(self):
@@ -42,6 +52,10 @@ class TestTorchConformance(ScalerContract):
     @pytest.fixture
     def adapter(self):
         return torch_adapter("adam", "cpu")
+
+    @pytest.fixture
+    def max_examples(self):
+        return IN_SUITE_EXAMPLES
 
 
 @pytest.mark.framework("torch")
@@ -88,6 +102,10 @@ class TestJaxConformance(ScalerContract):
     def adapter(self):
         return builtin_adapter("jax", "optax")
 
+    @pytest.fixture
+    def max_examples(self):
+        return IN_SUITE_EXAMPLES
+
 
 @pytest.mark.framework("mlx")
 class TestMlxConformance(ScalerContract):
@@ -99,6 +117,10 @@ class TestMlxConformance(ScalerContract):
     def adapter(self):
         return builtin_adapter("mlx", "mlx.core")
 
+    @pytest.fixture
+    def max_examples(self):
+        return IN_SUITE_EXAMPLES
+
 
 @pytest.mark.framework("paddle")
 class TestPaddleConformance(ScalerContract):
@@ -109,6 +131,10 @@ class TestPaddleConformance(ScalerContract):
     @pytest.fixture
     def adapter(self):
         return builtin_adapter("paddle", "paddle")
+
+    @pytest.fixture
+    def max_examples(self):
+        return IN_SUITE_EXAMPLES
 
 
 @pytest.mark.framework("keras")
