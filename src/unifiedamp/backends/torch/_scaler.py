@@ -560,7 +560,10 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             raise self._scale_not_called("step")
         if self._scale is None:
             self._lazy_init_scale_growth_tracker(device_of(optimizer))
-        if not self._unscaled_by_accelerator and not self._accelerate_warned:
+        # accelerate's wrapper is an attribute of the instance: a plain optimizer's step
+        # pays one dict lookup here, no call.
+        if ("step" in optimizer.__dict__ and not self._unscaled_by_accelerator
+                and not self._accelerate_warned):
             self._warn_if_accelerate_clips_scaled(optimizer)
         fused = getattr(optimizer, STEPS_ON_DEVICE, False)
         try:
