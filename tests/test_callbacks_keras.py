@@ -193,11 +193,8 @@ CHECKS = {backend: ["check_batch_and_epoch_logs_reach_csv_logger_and_history",
 @pytest.fixture(scope="module")
 def children(request, tmp_path_factory):
     pytest.importorskip("keras")
-    kids = KerasChildren(pathlib.Path(__file__).stem,
-                         selected_backends(request, request.module, CHECKS),
-                         tmp_path_factory.mktemp("keras_callbacks"))
-    yield kids
-    kids.stop()
+    return KerasChildren(pathlib.Path(__file__).stem,
+                         selected_backends(request, request.module, CHECKS), tmp_path_factory)
 
 
 CASES = [(backend, check) for backend, checks in CHECKS.items() for check in checks]

@@ -18,12 +18,12 @@ import contextlib
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import warnings
 
 import numpy as np
 import pytest
+from _shared_child import SharedChild
 
 from unifiedamp import spec
 from unifiedamp.diagnostics import count_overflow
@@ -606,11 +606,13 @@ class KerasChildren:
     """Interpreters with ``KERAS_BACKEND=<backend>`` running ``checks[backend]`` of
     ``module`` (a module of this folder), all started at once; ``groups[backend]``
     children share a backend's checks (round robin). :meth:`outcome` waits for the child
-    that runs a check."""
+    that runs a check. Under xdist the first worker to get here starts them and the
+    others read the same children."""
 
-    def __init__(self, module: str, checks: dict[str, list[str]], where: pathlib.Path,
+    def __init__(self, module: str, checks: dict[str, list[str]],
+                 tmp_path_factory: pytest.TempPathFactory,
                  groups: dict[str, int] | None = None, timeout: float = 600):
-        self.timeout, self.procs, self.logs, self.results = timeout, {}, {}, {}
+        self.children, self.results, self.codes = {}, {}, {}
         self.child_of: dict[tuple[str, str], str] = {}
         for backend, names in checks.items():
             n = min((groups or {}).get(backend, 1), len(names)) or 1
@@ -619,25 +621,20 @@ class KerasChildren:
                 self.child_of.update({(backend, c): key for c in share})
                 code = _CHILD.format(tests=str(pathlib.Path(__file__).parent), module=module,
                                      checks=share, mark=_MARK)
-                self.logs[key] = where / f"{key}.log"
-                with open(self.logs[key], "w") as log:
-                    self.procs[key] = subprocess.Popen(
-                        [sys.executable, "-c", code], cwd=where, stdout=log,
-                        stderr=subprocess.STDOUT,
-                        env={**os.environ, **ENV, "KERAS_BACKEND": backend})
+                child = SharedChild(tmp_path_factory, f"{module}-{backend}-{j}-of-{n}",
+                                    timeout=timeout)
+                child.start([sys.executable, "-c", code],
+                            env={**os.environ, **ENV, "KERAS_BACKEND": backend})
+                self.children[key] = child
 
     def outcome(self, backend: str, check: str) -> tuple[str, str]:
         key = self.child_of.get((backend, check))
         if key is None:
             return "failed", f"no child runs {check} on {backend}"
         if key not in self.results:
-            proc = self.procs[key]
-            try:
-                proc.wait(timeout=self.timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            text = self.logs[key].read_text()
+            child = self.children[key]
+            self.codes[key] = child.wait()
+            text = child.tail(n=10**9)
             self.results[key] = {
                 name: (outcome, message) for name, outcome, message in (
                     json.loads(line[len(_MARK):]) for line in text.splitlines()
@@ -646,14 +643,8 @@ class KerasChildren:
         found = self.results[key].get(check)
         if found is None:
             return "failed", (f"KERAS_BACKEND={backend}: the child did not run {check} (exit "
-                              f"code {self.procs[key].returncode}):\n{self.results[key][''][1]}")
+                              f"code {self.codes[key]}):\n{self.results[key][''][1]}")
         return found
-
-    def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
 
 
 def selected_backends(request, module, checks: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -670,11 +661,9 @@ def selected_backends(request, module, checks: dict[str, list[str]]) -> dict[str
 def children(request, tmp_path_factory):
     pytest.importorskip("keras")
     # TensorFlow's checks take longest: two children share them.
-    kids = KerasChildren(pathlib.Path(__file__).stem,
+    return KerasChildren(pathlib.Path(__file__).stem,
                          selected_backends(request, request.module, CHECKS),
-                         tmp_path_factory.mktemp("keras_diagnostics"), groups={"tensorflow": 2})
-    yield kids
-    kids.stop()
+                         tmp_path_factory, groups={"tensorflow": 2})
 
 
 CASES = [(backend, check) for backend, checks in CHECKS.items() for check in checks]

@@ -15,12 +15,12 @@ import contextlib
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
+from _shared_child import SharedChild
 
 from unifiedamp import spec
 from unifiedamp.spec import ScalerConfig, ScalerState
@@ -718,32 +718,31 @@ CONFORMANCE_ARGS = ["--pyargs", "unifiedamp.conformance", "--unifiedamp-backend"
 
 class _Child:
     """``KERAS_BACKEND=<backend> python -m pytest <checks> --pyargs unifiedamp.conformance``,
-    started at once, read when a test asks for it."""
+    started at once (by the first xdist worker to get here; the others share it), read
+    when a test asks for it."""
 
-    def __init__(self, backend: str, where: pathlib.Path):
-        self.backend, self.where = backend, where
-        helper = where / "keras_child_checks.py"
-        helper.write_text(_CHILD_MODULE.format(tests=str(pathlib.Path(__file__).parent),
-                                               backend=backend))
-        (where / "pytest.ini").write_text("[pytest]\n")  # not the repository's doctest addopts
-        self.log = where / "log.txt"
+    def __init__(self, backend: str, tmp_path_factory: pytest.TempPathFactory):
+        self.backend = backend
+        self.shared = SharedChild(tmp_path_factory, f"keras_{backend}")
+        where = self.shared.where
         self.report = where / "report.xml"
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short",
-               "-c", str(where / "pytest.ini"), "--rootdir", str(where),
-               f"--junitxml={self.report}", str(helper), *CONFORMANCE_ARGS]
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(cmd, cwd=where, stdout=log, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "KERAS_BACKEND": self.backend})
+        if self.shared.owner:
+            helper = where / "keras_child_checks.py"
+            helper.write_text(_CHILD_MODULE.format(
+                tests=str(pathlib.Path(__file__).parent), backend=backend))
+            (where / "pytest.ini").write_text("[pytest]\n")  # not the repository's addopts
+            self.shared.start(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short",
+                 "-c", str(where / "pytest.ini"), "--rootdir", str(where),
+                 f"--junitxml={self.report}", str(helper), *CONFORMANCE_ARGS],
+                env={**os.environ, "KERAS_BACKEND": self.backend})
+        self.returncode: int | None = None
         self._results: dict[str, tuple[str, str]] | None = None
 
     def results(self) -> dict[str, tuple[str, str]]:
         """``classname::name`` -> (outcome, message) of every test the child ran."""
         if self._results is None:
-            try:
-                self.proc.wait(timeout=900)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            self.returncode = self.shared.wait()
             self._results = {}
             if self.report.exists():
                 for case in ET.parse(self.report).getroot().iter("testcase"):
@@ -757,20 +756,15 @@ class _Child:
         return self._results
 
     def tail(self) -> str:
-        return self.log.read_text()[-4000:] if self.log.exists() else "(no output)"
+        return self.shared.tail()
 
     def outcome(self, check: str) -> tuple[str, str]:
         name = "::test_" + check.removeprefix("check_")
         found = [v for k, v in self.results().items() if k.endswith(name)]
         if not found:
             pytest.fail(f"KERAS_BACKEND={self.backend}: the child ran no {name[2:]} "
-                        f"(exit code {self.proc.returncode}):\n{self.tail()}")
+                        f"(exit code {self.returncode}):\n{self.tail()}")
         return found[0]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -784,10 +778,7 @@ def keras_children(request, tmp_path_factory):
         if getattr(item, "module", None) is request.module and \
                 params.get("backend") in CHILD_BACKENDS:
             wanted.add(params["backend"])
-    children = {b: _Child(b, tmp_path_factory.mktemp(f"keras_{b}")) for b in sorted(wanted)}
-    yield children
-    for child in children.values():
-        child.stop()
+    return {b: _Child(b, tmp_path_factory) for b in sorted(wanted)}
 
 
 def _in_process_keras():
@@ -1517,4 +1508,4 @@ def test_packaged_conformance_suite_passes(backend, keras_children):
     # Exit code 0 unless one of the checks (reported by test_under_keras_backend) failed.
     own_failures = any(v[0] == "failed" for k, v in child.results().items()
                        if "TestConformance" not in k)
-    assert child.proc.returncode == (1 if own_failures else 0), child.tail()
+    assert child.returncode == (1 if own_failures else 0), child.tail()

@@ -1,0 +1,98 @@
+"""A child process that every pytest-xdist worker of a session shares.
+
+Several test modules run their checks in child interpreters (one per Keras backend, say)
+and read the outcomes when their tests run. Under ``pytest -n 2`` both workers run tests
+of such a module, and each would start the same children: the same checks twice. A
+:class:`SharedChild` is started by whichever worker asks first; the others find it in the
+session's shared temporary folder and read its output. It writes its output to a log file
+there and, when it ends, its exit code to ``exitcode``; whoever started it waits for it at
+the end of the session (another worker may still be reading it) and kills it only after
+``timeout``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+# Runs the command with its output in the log file, then writes its exit code (renamed into
+# place, so that a reader never sees half of it).
+_WRAPPER = """\
+import os, subprocess, sys
+done, log, *cmd = sys.argv[1:]
+with open(log, "w") as out:
+    code = subprocess.call(cmd, stdout=out, stderr=subprocess.STDOUT)
+with open(done + ".part", "w") as f:
+    f.write(str(code))
+os.replace(done + ".part", done)
+"""
+
+
+def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The temporary folder of the whole session: xdist gives each worker a folder of its
+    own under it."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+class SharedChild:
+    """A command run once per session under ``key`` (the same key on every worker must mean
+    the same command), in the folder ``where`` of the shared temporary folder: write the
+    files it needs there when :attr:`owner` is true, then :meth:`start` it."""
+
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory, key: str,
+                 timeout: float = 900):
+        self.where = shared_folder(tmp_path_factory) / f"shared-{key}"
+        self.key, self.timeout = key, timeout
+        self.log, self._done = self.where / "log.txt", self.where / "exitcode"
+        try:
+            self.where.mkdir()
+            self.owner = True
+        except FileExistsError:
+            self.owner = False
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, cmd: list[str], env: dict[str, str]) -> None:
+        """Starts ``cmd`` if this worker is the first to ask for ``key``; no-op otherwise."""
+        if not self.owner:
+            return
+        self.proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, str(self._done),
+                                      str(self.log), *cmd], cwd=self.where, env=env,
+                                     start_new_session=True)
+        atexit.register(self._finish)
+
+    def wait(self) -> int | None:
+        """The child's exit code once it ended; None if it did not end within ``timeout``
+        (it is then killed, by the worker that started it)."""
+        deadline = time.monotonic() + self.timeout
+        while not self._done.exists():
+            if time.monotonic() > deadline:
+                self._kill()
+                return None
+            time.sleep(0.1)
+        return int(self._done.read_text())
+
+    def tail(self, n: int = 4000) -> str:
+        return self.log.read_text()[-n:] if self.log.exists() else "(no output)"
+
+    def _kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def _finish(self) -> None:
+        # At the worker's exit: another worker may still read the child; wait for it, then
+        # make sure nothing is left running.
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            self._kill()
