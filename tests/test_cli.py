@@ -35,26 +35,51 @@ def cells(lines: list[str], test: str) -> list[str]:
     return re.split(r"\s{2,}", row)[2:]
 
 
+#: The rows the matrix test reads: every vector, two of them compiled (compiling is what a
+#: backend's column spends its time on), the run of several ranks.
+MATRIX_ROWS = ("test_vector[ or vector_compiled[growth_on_nth or vector_compiled[backoff_resets "
+               "or inf_on_one_rank")
+
+
 @pytest.mark.slow
 def test_conformance_prints_a_matrix_with_every_builtin_backend_passing():
-    # The matrix, not the verdicts: the backends' suites run with their budgets in
-    # test_conformance_builtin.py.
-    proc = cli("conformance", "--max-examples", "3")
+    # The matrix, not the verdicts: the backends' whole suites run with their budgets in
+    # test_conformance_builtin.py; here the rows this test reads, on every backend.
+    proc = cli("conformance", "--max-examples", "3", "-k", MATRIX_ROWS)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
+    assert lines[0].endswith(f", only the tests -k {MATRIX_ROWS!r} selects")
     assert lines[1].split() == ["test", "rule", "numpy", "torch", "paddle", "keras", "jax", "mlx"]
+    rows = [line.split()[0] for line in lines[2:] if line.startswith("test_")]
+    assert len(rows) == len(spec.VECTORS) + 3, rows
     for vector in spec.VECTORS:
         assert cells(lines, f"test_vector[{vector.name}]") == ["pass"] * 6, vector.name
-        assert cells(lines, f"test_vector_compiled[{vector.name}]") == [
-            "skip", "pass", "skip", "pass", "pass", "pass"], vector.name
+    for vector in ("growth_on_nth_finite", "backoff_resets_growth"):
+        assert cells(lines, f"test_vector_compiled[{vector}]") == [
+            "skip", "pass", "skip", "pass", "pass", "pass"], vector
     assert re.split(r"\s{2,}", next(line for line in lines if line.startswith(
         "test_vector[hysteresis_two] ")))[1] == "hysteresis"
     assert cells(lines, "test_inf_on_one_rank_skips_on_every_rank") == [
         "skip", "pass", "pass", "pass", "pass", "skip"]
     assert ("  skipped: numpy does not declare capability 'jit' (compiled_iterate(handle, "
-            "kinds) runs the step under the framework's compiler)\n    test_vector_compiled "
-            f"({len(spec.VECTORS)} vectors)") in proc.stdout
+            "kinds) runs the step under the framework's compiler)\n    "
+            "test_vector_compiled[growth_on_nth_finite], "
+            "test_vector_compiled[backoff_resets_growth]\n") in proc.stdout
     assert lines[-1] == "result: PASS"
+
+
+def test_conformance_k_runs_only_the_tests_it_selects():
+    proc = cli("conformance", "--backend", "numpy", "-k", "round_trip or vector[growth",
+               "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["keyword"] == "round_trip or vector[growth" and report["passed"]
+    tests = sorted(report["backends"]["numpy"]["tests"])
+    assert tests and all("round_trip" in t or t.startswith("test_vector[growth")
+                         for t in tests), tests
+    assert "test_state_dict_round_trip_mid_interval" in tests
+    refused = cli("conformance", "--zoo", "-k", "vector", "--check", "docs/scalers.md")
+    assert refused.returncode == 2 and "drop -k" in refused.stderr, refused.stderr
 
 
 BROKEN = {"PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}

@@ -42,9 +42,10 @@ class Job(NamedTuple):
 
 
 def run_suite(target: str, max_examples: int | None = None, env: dict[str, str] | None = None,
-              progress: str | None = None) -> dict[str, Any]:
-    """Runs the shipped pytest suite on one backend or adapter in a subprocess; its JSON
-    report (``status``, ``header``, ``tests``)."""
+              progress: str | None = None, keyword: str | None = None) -> dict[str, Any]:
+    """Runs the shipped pytest suite on one backend or adapter in a subprocess (only the
+    tests ``keyword`` selects, as pytest's ``-k``, if given); its JSON report (``status``,
+    ``header``, ``tests``)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")
         args = ["--pyargs", "unifiedamp.conformance", "--unifiedamp-backend", target,
@@ -53,6 +54,8 @@ def run_suite(target: str, max_examples: int | None = None, env: dict[str, str] 
             args += ["--unifiedamp-max-examples", str(max_examples)]
         if progress is not None:
             args += ["--unifiedamp-progress", progress]
+        if keyword is not None:
+            args += ["-k", keyword]
         # The whole output of a column that did not finish, with the test it was in:
         # the suite run directly.
         rerun = f"python -m pytest --pyargs unifiedamp.conformance --unifiedamp-backend {target}"
@@ -81,11 +84,12 @@ def _failed(result: dict[str, Any], requested: bool) -> bool:
         t["outcome"] in ("failed", "error", "xpassed") for t in result.get("tests", {}).values())
 
 
-def _run_job(job: Job, max_examples: int | None, progress: str | None) -> dict[str, Any]:
+def _run_job(job: Job, max_examples: int | None, progress: str | None,
+             keyword: str | None) -> dict[str, Any]:
     missing = [m for m in job.requires if not is_installed(m)]
     if missing:
         return {"status": "not installed", "detail": job.install}
-    result = run_suite(job.target, max_examples, job.env, progress)
+    result = run_suite(job.target, max_examples, job.env, progress, keyword)
     if result["status"] == "not installed":
         # Found on disk, yet its import failed (a broken install): not "missing".
         result["status"] = "not importable"
@@ -111,8 +115,8 @@ def zoo_jobs(names: list[str] | None = None) -> list[Job]:
 
 
 def conformance_report(names: list[str] | None = None, max_examples: int | None = None, *,
-                       jobs: list[Job] | None = None, show_progress: bool = False
-                       ) -> dict[str, Any]:
+                       jobs: list[Job] | None = None, show_progress: bool = False,
+                       keyword: str | None = None) -> dict[str, Any]:
     """Runs the conformance suite on each backend, each in its own subprocess, as many
     at a time as there are CPUs.
 
@@ -126,6 +130,7 @@ def conformance_report(names: list[str] | None = None, max_examples: int | None 
             not installed does not fail the report.
         show_progress: Say on stderr what runs (each column's tests done, its time)
             and how each column ended (:class:`~unifiedamp.cli._shared.Progress`).
+        keyword: Only the tests this pytest ``-k`` expression selects (default: all).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -148,7 +153,7 @@ def conformance_report(names: list[str] | None = None, max_examples: int | None 
 
         def run(job: Job) -> dict[str, Any]:
             progress.start(job.name)
-            result = _run_job(job, max_examples, files[job.name])
+            result = _run_job(job, max_examples, files[job.name], keyword)
             progress.finish(job.name, _outcome(result, zoo))
             return result
 
@@ -159,7 +164,7 @@ def conformance_report(names: list[str] | None = None, max_examples: int | None 
     not_run = {n: r["status"] for n, r in results.items() if r["status"] in _NOT_RUN}
     return {"unifiedamp": __version__, "spec_version": spec.SPEC_VERSION,
             "passed": not any(_failed(r, requested) for r in results.values()),
-            "requested": requested, "not_run": not_run, "backends": results}
+            "keyword": keyword, "requested": requested, "not_run": not_run, "backends": results}
 
 
 def _tests_done(path: str) -> str:
@@ -200,9 +205,13 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     if args.zoo is None and (args.markdown or args.check):
         print("--markdown and --check describe the zoo: add --zoo", file=sys.stderr)
         return 2
+    if args.keyword and (args.markdown or args.check):
+        print(f"-k {args.keyword!r} runs part of the suite; --markdown and --check describe all "
+              "of it: drop -k", file=sys.stderr)
+        return 2
     jobs = zoo_jobs(args.zoo) if args.zoo is not None else None
     report = conformance_report(None if jobs else args.backend, args.max_examples, jobs=jobs,
-                                show_progress=progress_wanted(args))
+                                show_progress=progress_wanted(args), keyword=args.keyword)
     if args.zoo is not None:
         report["passed"] = not any(r["status"] == "error" for r in report["backends"].values())
     if args.json:
@@ -238,7 +247,9 @@ def print_report(report: dict[str, Any], *, zoo: bool = False) -> None:
     names = list(report["backends"])
     tests = tests_of(report)
     print(f"unifiedamp {__version__} conformance, spec version {spec.SPEC_VERSION}"
-          + (" (the zoo: loss scalers of other projects)" if zoo else ""))
+          + (" (the zoo: loss scalers of other projects)" if zoo else "")
+          + (f", only the tests -k {report['keyword']!r} selects" if report.get("keyword")
+             else ""))
     print_table([("test", "rule", *names)]
                 + [(t, rule_of(t), *(cell(report["backends"][n], t) for n in names))
                    for t in tests])
@@ -330,7 +341,7 @@ def _examples_arg(value: str) -> int:
 
 def add_parser(sub: Any) -> None:
     """Adds ``unifiedamp conformance [--backend NAME ...] [--zoo [NAMES]] [--max-examples N]
-    [--json] [--markdown FILE] [--check FILE]``."""
+    [-k EXPRESSION] [--json] [--markdown FILE] [--check FILE]``."""
     p = sub.add_parser(
         "conformance", help="run the conformance suite on every installed backend",
         description="Runs the shipped conformance suite (pytest, hypothesis) on each backend, "
@@ -354,6 +365,9 @@ def add_parser(sub: Any) -> None:
                         "is 1 only when a column could not run")
     p.add_argument("--max-examples", type=_examples_arg, default=None, metavar="N",
                    help="hypothesis examples per property, at least 1 (default 200)")
+    p.add_argument("-k", dest="keyword", metavar="EXPRESSION",
+                   help="run only the tests whose names match EXPRESSION, as pytest -k (e.g. "
+                        "'test_vector or test_inf_on_one_rank'); default: the whole suite")
     p.add_argument("--json", action="store_true", help="print the report as JSON, no progress")
     add_progress_option(p)
     p.add_argument("--markdown", metavar="FILE",
