@@ -13,8 +13,10 @@ and are refused.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -27,6 +29,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"--dist {dist} would let a worker import tensorflow before paddle (a segfault): "
             "use the default, `pytest -n 2` (--dist load)")
+    _share_jax_compilations(config)
     config.addinivalue_line(
         "markers", "framework(name): the test imports this framework; ordered for import safety"
     )
@@ -38,6 +41,22 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "distributed: runs several processes under a distributed engine; "
                    "-m 'not distributed' leaves them out"
     )
+
+
+def _share_jax_compilations(config: pytest.Config) -> None:
+    """One JAX persistent compilation cache for the session, new and removed at its end:
+    the workers and the interpreters the tests start compile the same steps again and again
+    (XLA's compilation is most of the time of a JAX test on CPU). What runs is the same
+    executable, so no result changes; a test that counts compilations counts the cache's
+    hits too. Set here, before the xdist workers start, so that they and every subprocess
+    inherit it; an environment that sets JAX_COMPILATION_CACHE_DIR keeps its own."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+        return
+    folder = tempfile.mkdtemp(prefix="unifiedamp-tests-jax-cache-")
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=folder,
+                      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def _framework_of(item: pytest.Item) -> str | None:
