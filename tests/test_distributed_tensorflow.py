@@ -18,10 +18,11 @@ import pytest
 
 from unifiedamp.conformance.engines import DEFAULT_CONFIG, default_kinds, expected_states
 
+# No framework mark: this process imports no TensorFlow (the workers do), so these tests need
+# not wait for the end of the run, where the tests that import it here go.
 pytestmark = [
     pytest.mark.distributed,
     pytest.mark.slow,
-    pytest.mark.framework("tensorflow"),
     pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None
                        or importlib.util.find_spec("keras") is None,
                        reason="tensorflow and keras not installed"),
