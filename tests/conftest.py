@@ -69,14 +69,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: import_rank(_framework_of(item) or ""))
 
 
+@pytest.fixture(scope="session")
+def fork_servers():
+    """This process's fork servers (tests/_forkserver.py), stopped at the end of the session."""
+    # Imported here: tests/test_registry.py runs a copy of this file in a folder without it.
+    from _forkserver import ForkServers
+
+    servers = ForkServers()
+    yield servers
+    servers.close()
+
+
 @pytest.fixture
-def run_python():
-    """Runs Python code in a fresh interpreter (for import-time and CLI behaviour)."""
+def run_python(fork_servers):
+    """Runs Python code as ``python -c`` does, returning ``subprocess.run``'s result.
+
+    A script that starts by importing heavy frameworks runs in a fork of a server that
+    imported them (tests/_forkserver.py says what it sees and what differs); ``fresh=True``
+    asks for a plain interpreter, for import-time behaviour (what an import loads, import
+    hooks, startup cost) or anything else a fork would change.
+    """
 
     def run(code: str, timeout: float = 300, env: dict | None = None,
-            cwd: str | os.PathLike[str] | None = None):
-        full_env = {**os.environ, **(env or {})}
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              timeout=timeout, env=full_env, cwd=cwd)
+            cwd: str | os.PathLike[str] | None = None, fresh: bool = False):
+        if fresh:
+            full_env = {**os.environ, **(env or {})}
+            return subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                  text=True, timeout=timeout, env=full_env, cwd=cwd)
+        return fork_servers.run(code, timeout=timeout, env=env, cwd=cwd)
 
     return run

@@ -171,7 +171,7 @@ def test_without_a_backend_the_plugin_collects_nothing(tmp_path):
 def test_the_plugin_imports_nothing_heavy(run_python):
     proc = run_python("import sys, unifiedamp.conformance.plugin; print(sorted(m for m in "
                       "('numpy', 'hypothesis', 'unifiedamp.backends', 'torch', 'jax') "
-                      "if m in sys.modules))")
+                      "if m in sys.modules))", fresh=True)
     assert proc.stdout.strip() == "[]", proc.stderr
 
 

@@ -111,5 +111,5 @@ def test_every_zoo_entry_is_a_plain_adapter_class_that_imports_no_framework(run_
         "    assert all(callable(getattr(cls, m, None)) for m in "
         "('new', 'iterate', 'read', 'snapshot')), e.name\n"
         "print(sorted(m for m in ('torch', 'jax', 'keras', 'paddle', 'deepspeed', 'megatron', "
-        "'colossalai', 'jmp', 'tensorflow') if m in sys.modules))")
+        "'colossalai', 'jmp', 'tensorflow') if m in sys.modules))", fresh=True)
     assert proc.stdout.strip() == "[]", proc.stderr

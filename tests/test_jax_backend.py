@@ -529,7 +529,7 @@ def test_loss_scaled_without_optax_says_what_to_install(run_python):
         "try:\n"
         "    loss_scaled(object(), JaxGradScaler())\n"
         "except MissingBackendError as exc:\n"
-        "    print('MissingBackendError:', exc)\n")
+        "    print('MissingBackendError:', exc)\n", fresh=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "MissingBackendError: loss_scaled needs optax" in proc.stdout
     assert "pip install 'unifiedamp[jax]'" in proc.stdout

@@ -244,7 +244,8 @@ def test_flax_nnx_optimizer_round_trips_through_a_pure_dict(serialization):
 
 
 def check_in_a_fresh_process(run_python, code):
-    proc = run_python(textwrap.dedent(code))
+    # Not forked from a server that imported flax already: these check what imports do.
+    proc = run_python(textwrap.dedent(code), fresh=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "ok", proc.stdout
 

@@ -25,13 +25,13 @@ def test_import_unifiedamp_imports_no_framework(run_python):
         scaler = unifiedamp.GradScaler(backend="numpy")
         print(json.dumps([m for m in {FRAMEWORKS!r} if m in sys.modules]))
     """)
-    proc = run_python(code)
+    proc = run_python(code, fresh=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
 
 
 def test_import_unifiedamp_does_not_even_import_numpy(run_python):
-    proc = run_python("import sys, unifiedamp; print('numpy' in sys.modules)")
+    proc = run_python("import sys, unifiedamp; print('numpy' in sys.modules)", fresh=True)
     assert proc.stdout.strip() == "False", proc.stderr
 
 
@@ -60,7 +60,8 @@ def test_undetectable_object_is_a_clear_error():
 
 
 def test_no_framework_imported_means_numpy(run_python):
-    proc = run_python("import unifiedamp as ua; print(type(ua.GradScaler()).__name__)")
+    proc = run_python("import unifiedamp as ua; print(type(ua.GradScaler()).__name__)",
+                      fresh=True)
     assert proc.stdout.strip() == "NumpyGradScaler", proc.stderr
 
 
@@ -75,7 +76,7 @@ def test_detection_reads_sys_modules_and_asks_when_ambiguous(run_python):
         except ua.UnknownBackendError as exc:
             print(type(exc).__name__, exc)
     """)
-    proc = run_python(code)
+    proc = run_python(code, fresh=True)
     assert "Several frameworks are imported (torch, jax); pass backend=" in proc.stdout, proc.stderr
     assert proc.stdout.startswith("AmbiguousBackendError ")
 
@@ -89,7 +90,7 @@ def test_keras_claims_the_framework_it_runs_on(run_python):
         sys.modules["torch"] = types.ModuleType("torch")
         print(_registry._imported_frameworks())
     """)
-    assert run_python(code).stdout.strip() == "['keras']"
+    assert run_python(code, fresh=True).stdout.strip() == "['keras']"
 
 
 def test_tensorflow_is_another_name_of_the_keras_backend():
@@ -156,7 +157,7 @@ def test_missing_framework_is_an_import_error_saying_what_to_install(run_python)
         except ImportError as exc:
             print(type(exc).__name__, "|", exc)
     """)
-    out = run_python(code).stdout
+    out = run_python(code, fresh=True).stdout
     assert out.startswith("MissingBackendError | backend 'numpy' cannot be imported")
     assert "to use it: pip install numpy" in out
 
@@ -239,7 +240,7 @@ def test_paddle_after_tensorflow_is_refused_instead_of_crashing(run_python):
         except ImportError as exc:
             print(type(exc).__name__, "|", exc)
     """)
-    out = run_python(code).stdout
+    out = run_python(code, fresh=True).stdout
     assert out.startswith("FrameworkConflictError | paddle cannot be imported after tensorflow")
     assert "import paddle before tensorflow" in out
 

@@ -172,7 +172,7 @@ def test_differences_name_real_tests() -> None:
 
 def test_importing_the_adapter_does_not_import_colossalai(run_python) -> None:
     proc = run_python("import sys, unifiedamp.conformance.zoo.colossalai_grad_scaler\n"
-                      "print('colossalai' in sys.modules, 'torch' in sys.modules)")
+                      "print('colossalai' in sys.modules, 'torch' in sys.modules)", fresh=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["False", "False"]
 

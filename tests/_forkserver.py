@@ -1,0 +1,466 @@
+"""Runs the tests' ``python -c`` scripts in forks of an interpreter that imported their
+frameworks once (a fork server, or zygote).
+
+Why: the tests run about 250 scripts in interpreters of their own (the examples of the
+docs, framework checks that paddle and tensorflow cannot share a process for), and most of
+their time went to importing the same frameworks again (torch about 1.3 s of CPU, tensorflow
+or keras 3.5 s, paddle 1 s, jax and flax about 0.7 s). A server imports them once and forks
+a child per script.
+
+Which scripts: the *leading imports* of a script are its statements up to the first that
+is not a plain ``import``/``from ... import`` (docstrings and comments do not end them).
+Of those, the imports of a heavy framework (:data:`HEAVY`) are the preload, in the script's
+order, as long as the only other imports among them are of the standard library; the first
+import of anything else (``import unifiedamp``, ``from . import x``) ends the preload, since
+that module could see or hook the frameworks imported after it. A script without a preload
+runs in a plain ``python -c`` interpreter, as does one whose preload failed in a server (an
+import error or a crash: the plain run shows it as it happens). So ``os.environ[...] = ...``
+followed by ``import keras`` preloads nothing, and ``import paddle; import tensorflow``
+preloads both in that order (the other order segfaults in one process: the server crashes
+and the script runs plain, where it crashes the same way).
+
+The server does the imports as the statements would (``__import__`` with the statement's
+module and names) without binding any name: the script's own statements run again in the
+child, find their modules imported and bind the names, so a name the script never imports
+stays undefined. A server stops importing where the rest would only bind names (``import
+keras`` imports numpy and tensorflow: a server for ``import keras; import numpy`` does the
+first only), and a script is forked from a server whose imports begin its own when the server
+says the rest would only bind names; otherwise a server is started for it. A server is also
+keyed by the whole environment the script gets (less ``PYTEST_CURRENT_TEST``, which pytest
+changes per test), since frameworks read variables such as ``KERAS_BACKEND`` or ``XLA_FLAGS``
+when imported: a script with ``env={...}`` gets a server started with that environment.
+Each pytest process keeps at most :data:`MAX_SERVERS` servers (each holds 70 to 320 MB of
+memory of its own); the one that saved least (import time times scripts forked) stops first,
+all stop at the end of the session. The server only imports: it never runs a computation
+(JAX warns when forked once its backend is up, and threads started by a computation would be
+missing in the child).
+
+What a script sees, as under ``python -c CODE``: the bare ``__main__`` module, where its code
+runs; ``__name__ == "__main__"``; ``sys.argv == ["-c"]``; its cwd; exactly its environment in
+``os.environ``; stdin ``/dev/null`` (as pytest's fd 0 is, during a test); stdout and stderr
+pipes that start with what the imports printed; an uncaught exception printed by
+``sys.excepthook`` with the script's own frames, and exit status 1; ``sys.exit(n)``, atexit
+handlers, non-daemon threads and the interpreter's finalization as usual; a crash as a
+negative return code (the signal). The result is the ``subprocess.CompletedProcess`` that
+``subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)`` returns, and
+a timeout kills the child and raises ``subprocess.TimeoutExpired`` naming that command (the
+time counts from the call, a server's start included, as a plain run's imports count). A
+server that died between scripts is started again; one that dies while its child runs a
+script is reported (:class:`ForkServerError`, with the end of its log).
+
+What differs from a fresh interpreter:
+
+- the process is a fork: its pid is new, its parent is the server, and a thread a framework
+  started at import would not run in it (there is none on Linux: the servers have one
+  thread);
+- the imports ran in an empty directory, not in the script's cwd (which is ``sys.path[0]``
+  for ``-c``): only a module there named like one the frameworks import would change that;
+- what is drawn once per interpreter is the server's: the hash seed of ``str`` (a set of
+  strings iterates in the same order in every child of one server) and any seed a framework
+  draws at import (numpy's global generator is reseeded in each child, ``random`` reseeds
+  itself at fork);
+- standard-library imports that came before the preload in the script come after it in
+  ``sys.modules``;
+- the server's frames are under the script's: a warning whose stacklevel goes past the
+  script's first frame names the server's file instead of ``sys:1``, and an uncaught
+  ``KeyboardInterrupt`` (exit by SIGINT, as usual) prints them in its traceback.
+
+Tests of import-time behaviour (what ``import unifiedamp`` imports, import hooks, startup
+cost) ask for a plain interpreter: ``run_python(code, fresh=True)`` (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import itertools
+import locale
+import marshal
+import os
+import pathlib
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+#: An import as a server does it: a module and the names of ``from module import ...``
+#: (None for ``import module``), as ``__import__`` takes them.
+Import = tuple[str, "tuple[str, ...] | None"]
+#: Top-level packages whose import is worth doing once per server.
+HEAVY = frozenset({"torch", "paddle", "jax", "optax", "flax", "tensorflow", "keras", "mlx",
+                   "lightning", "accelerate", "transformers", "numpy"})
+#: Servers alive at once in one pytest process (each holds 70 to 320 MB of its own).
+MAX_SERVERS = 6
+
+_SERVER_FILE = str(pathlib.Path(__file__).with_name("_forkserver_main.py"))
+# Runs the server's file in a namespace of its own; the file is closed before anything
+# runs (unclosed, it would warn on the command's frame, that is in __main__).
+_BOOT = (f"exec(compile((lambda f: (f.read(), f.close())[0])(open({_SERVER_FILE!r}, 'rb')), "
+         f"{_SERVER_FILE!r}, 'exec', dont_inherit=True), {{'__name__': '__forkserver__'}})")
+#: Set by pytest for each test: not read by any framework, and would key a server per test.
+_PER_TEST_VARIABLES = ("PYTEST_CURRENT_TEST",)
+#: How long a killed child may take to be reported.
+_GRACE = 30.0
+
+
+class ForkServerError(RuntimeError):
+    """A server died while it ran a script (its log's end is in the message)."""
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str))
+
+
+def preload_of(code: str, heavy: frozenset[str] = HEAVY) -> tuple[Import, ...]:
+    """The imports a server does before forking for ``code``; () for none.
+
+    >>> preload_of("'Doc.'\\nimport os\\nimport torch, numpy as np\\nimport unifiedamp\\n"
+    ...            "import jax")
+    (('torch', None), ('numpy', None))
+    >>> preload_of("from jax import numpy as jnp, lax\\nimport os, keras.ops")
+    (('jax', ('numpy', 'lax')), ('keras.ops', None))
+    >>> preload_of("import os\\nos.environ['KERAS_BACKEND'] = 'jax'\\nimport keras")
+    ()
+    """
+    try:  # what does not compile runs plain, where it fails before importing anything
+        tree = ast.parse(code)
+        compile(tree, "<string>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        return ()
+    imports: list[Import] = []
+    for node in tree.body:
+        if _is_docstring(node):
+            continue
+        if isinstance(node, ast.Import):
+            found = [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found = [(node.module, tuple(alias.name for alias in node.names))]
+        else:
+            break
+        roots = [module.partition(".")[0] for module, _ in found]
+        if not all(root in heavy or root in sys.stdlib_module_names for root in roots):
+            break
+        imports += [pair for pair, root in zip(found, roots, strict=True) if root in heavy]
+    return tuple(imports)
+
+
+def _decode(data: bytes) -> str:
+    # As subprocess.run(text=True) decodes: the locale's encoding, universal newlines.
+    encoding = "utf-8" if sys.flags.utf8_mode else locale.getpreferredencoding(False)
+    return data.decode(encoding).replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _plain(command: list[str], timeout, env, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
+                          cwd=cwd)
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _Server:
+    """One server process: its preload, its pipes, its log."""
+
+    def __init__(self, preload: tuple[Import, ...], env: dict[str, str], folder: str):
+        self.preload, self.folder = preload, folder
+        self.broken = False
+        self.uses = 0  # scripts forked
+        self.start_seconds = 0.0  # how long the preload took
+        self.answers: dict[tuple[Import, ...], bool] = {}  # to serves()
+        self.log = os.path.join(folder, "server.log")
+        empty = os.path.join(folder, "cwd")  # where the imports run: no module to find
+        os.mkdir(empty)
+        request_read, self.request = os.pipe()
+        self.reply, reply_write = os.pipe()
+        try:
+            # stdout and stderr are pipes, as a script's are: the interpreter sets its
+            # streams up from them at start (the server then points them at its files).
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, str(request_read), str(reply_write)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=(request_read, reply_write), env=env, cwd=empty)
+        finally:
+            os.close(request_read)
+            os.close(reply_write)
+        try:
+            self._send({"preload": [list(pair) for pair in preload],
+                        "out": os.path.join(folder, "import.out"),
+                        "err": os.path.join(folder, "import.err"), "log": self.log})
+        except OSError:
+            self.process.kill()
+            self.stop()
+            raise
+
+    # -- messages: an 8-byte length, then a marshal dump (tests/_forkserver_main.py)
+
+    def _send(self, message: dict) -> None:
+        data = marshal.dumps(message)
+        data = len(data).to_bytes(8, "little") + data
+        while data:
+            data = data[os.write(self.request, data):]
+
+    def _read_exact(self, n: int, deadline: float | None) -> bytes | None:
+        chunks = []
+        while n:
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self.reply], [], [], left)[0]:
+                    raise _Timeout
+            chunk = os.read(self.reply, n)
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def _receive(self, deadline: float | None) -> dict | None:
+        header = self._read_exact(8, deadline)
+        body = header and self._read_exact(int.from_bytes(header, "little"), deadline)
+        return None if body is None else marshal.loads(body)
+
+    # --
+
+    def started(self, deadline: float | None) -> str | None:
+        """Waits for the preload: None once it is done, else why the server cannot serve.
+
+        The server stops importing where the rest of the preload would only bind names:
+        its preload is then the part it imported (``import keras`` is the preload of
+        ``import keras; import numpy; import tensorflow``)."""
+        began = time.monotonic()
+        reply = self._receive(deadline)
+        if reply is None:
+            self.process.wait()
+            return f"the server exited with {self.process.returncode} while importing"
+        if not reply["ok"]:
+            return reply["error"]
+        self.preload = self.preload[:reply["done"]]
+        self.start_seconds = time.monotonic() - began
+        return None
+
+    def serves(self, preload: tuple[Import, ...], deadline: float | None) -> bool:
+        """Whether a script with this preload can be forked from this server: its preload
+        begins with the server's, and the rest would only bind names (the server says)."""
+        if preload[:len(self.preload)] != self.preload:
+            return False
+        rest = preload[len(self.preload):]
+        if rest and rest not in self.answers:
+            try:
+                self._send({"imported": [list(pair) for pair in rest]})
+                reply = self._receive(deadline)
+            except OSError:
+                reply = None
+            except _Timeout:  # its answer may still come: it serves no more
+                self.broken = True
+                raise
+            if reply is None:
+                self.broken = True
+                return False
+            self.answers[rest] = reply["imported"]
+        return not rest or self.answers[rest]
+
+    def alive(self) -> bool:
+        return not self.broken and self.process.poll() is None
+
+    def log_tail(self) -> str:
+        try:
+            with open(self.log, errors="replace") as file:
+                return file.read()[-2000:]
+        except OSError:
+            return ""
+
+    def run(self, code: str, env: dict[str, str], cwd: str, deadline: float | None,
+            names: itertools.count) -> tuple[int, bytes, bytes]:
+        """The child's return code, stdout and stderr; raises _Timeout past the deadline
+        (with the output so far in its args) once the child is killed."""
+        n = next(names)
+        fifos = [os.path.join(self.folder, f"{n}.{name}") for name in ("out", "err")]
+        readers = []
+        try:
+            for fifo in fifos:
+                os.mkfifo(fifo, 0o600)
+                # Opened before the server opens it for writing; read only once the
+                # server has answered, when an empty read means the end.
+                readers.append(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+            self._send({"code": code, "cwd": cwd, "env": env, "out": fifos[0],
+                        "err": fifos[1], "argv0": sys.executable})
+            return self._collect(readers, deadline)
+        finally:
+            for fd in readers:
+                os.close(fd)
+            for fifo in fifos:
+                if os.path.exists(fifo):
+                    os.unlink(fifo)
+
+    def _collect(self, readers: list[int], deadline: float | None) -> tuple[int, bytes, bytes]:
+        chunks: dict[int, list[bytes]] = {fd: [] for fd in readers}
+        pid = returncode = None
+        try:
+            reply = self._receive(deadline)
+            if reply is None:
+                raise ForkServerError("the server exited before forking the script")
+            pid = reply["pid"]
+            reading = set(readers)
+            while reading or returncode is None:
+                watched = [*reading, *([self.reply] if returncode is None else [])]
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise _Timeout
+                for fd in select.select(watched, [], [], left)[0]:
+                    if fd == self.reply:
+                        reply = self._receive(None)
+                        if reply is None:
+                            raise ForkServerError(f"the server exited while its child {pid} "
+                                                  "ran the script")
+                        returncode = reply["returncode"]
+                    else:
+                        data = os.read(fd, 1 << 16)
+                        if data:
+                            chunks[fd].append(data)
+                        else:
+                            reading.discard(fd)
+        except _Timeout:
+            if pid is None:  # the server did not answer in time: it serves no more
+                self.broken = True
+            elif returncode is None:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                try:
+                    reported = self._receive(time.monotonic() + _GRACE)
+                except _Timeout:
+                    reported = None
+                if reported is None:
+                    self.broken = True
+            raise _Timeout(*(b"".join(chunks[fd]) for fd in readers)) from None
+        out, err = (b"".join(chunks[fd]) for fd in readers)
+        return returncode, out, err
+
+    def stop(self) -> None:
+        for fd in (self.request, self.reply):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:  # at the end of its input it exits, unless a fork of this process holds it
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        for stream in (self.process.stdout, self.process.stderr):
+            stream.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class ForkServers:
+    """The fork servers of one pytest process; :meth:`run` is ``run_python``'s runner."""
+
+    def __init__(self, max_servers: int = MAX_SERVERS, heavy: frozenset[str] = HEAVY):
+        self.max_servers, self.heavy = max_servers, heavy
+        self.forked = 0  # scripts run in a fork
+        self.folder = tempfile.mkdtemp(prefix="unifiedamp-forkserver-")
+        #: environment -> the servers started with it.
+        self.servers: dict[tuple, list[_Server]] = collections.defaultdict(list)
+        #: (preload, environment) keys whose preload failed in a server, and why: their
+        #: scripts run plain.
+        self.unforkable: dict[tuple, str] = {}
+        self._names = itertools.count()
+
+    def run(self, code: str, timeout: float | None = None, env: dict | None = None,
+            cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess:
+        """As ``subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, **env}, cwd=cwd)``, in a fork where it can."""
+        command = [sys.executable, "-c", code]
+        full_env = {**os.environ, **(env or {})}
+        preload = preload_of(code, self.heavy)
+        where = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
+        valid_env = all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
+                        and "\0" not in k + v for k, v in full_env.items())
+        if not preload or not valid_env or not os.path.isdir(where):
+            # Where subprocess raises (a bad cwd or env), it raises here as well.
+            return _plain(command, timeout, full_env, cwd)
+        environment = tuple(sorted((k, v) for k, v in full_env.items()
+                                   if k not in _PER_TEST_VARIABLES))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            server = self._server_for(preload, environment, full_env, deadline)
+        except _Timeout:
+            raise subprocess.TimeoutExpired(command, timeout) from None
+        if server is None:
+            return _plain(command, timeout, full_env, cwd)
+        server.uses += 1
+        self.forked += 1
+        try:
+            returncode, out, err = server.run(code, full_env, where, deadline, self._names)
+        except _Timeout as timed_out:
+            if server.broken:
+                self._stop(server)
+            out, err = timed_out.args
+            raise subprocess.TimeoutExpired(command, timeout, output=out or None,
+                                            stderr=err or None) from None
+        except (ForkServerError, OSError) as error:
+            log = server.log_tail()
+            self._stop(server)
+            raise ForkServerError(f"{error}; script: {code[:200]!r}; preload: {preload!r}; "
+                                  f"server log: {log!r}") from error
+        return subprocess.CompletedProcess(command, returncode, _decode(out), _decode(err))
+
+    def _server_for(self, preload: tuple[Import, ...], environment: tuple,
+                    env: dict[str, str], deadline: float | None) -> _Server | None:
+        """A server the script can be forked from (the one with the longest preload), started
+        if there is none; None where the preload fails in a server."""
+        for server in [s for group in self.servers.values() for s in group if not s.alive()]:
+            self._stop(server)
+        if (preload, environment) in self.unforkable:
+            return None
+        for server in sorted(self.servers[environment], key=lambda s: -len(s.preload)):
+            if server.serves(preload, deadline):
+                return server
+        return self._start(preload, environment, env, deadline)
+
+    def _start(self, preload: tuple[Import, ...], environment: tuple, env: dict[str, str],
+               deadline: float | None) -> _Server | None:
+        alive = [s for group in self.servers.values() for s in group]
+        if len(alive) >= self.max_servers:
+            # The one that saved least: an import that is quick to do again, or seldom used.
+            self._stop(min(alive, key=lambda s: s.start_seconds * (1 + s.uses)))
+        try:
+            server = _Server(preload, env, tempfile.mkdtemp(dir=self.folder))
+        except OSError as error:
+            self.unforkable[preload, environment] = f"the server did not start: {error}"
+            return None
+        try:
+            failure = server.started(deadline)
+        except _Timeout:
+            server.process.kill()
+            server.stop()
+            raise
+        except OSError as error:
+            failure = f"the server did not answer: {error}"
+        if failure is not None:
+            server.stop()
+            self.unforkable[preload, environment] = failure
+            return None
+        self.servers[environment].append(server)
+        return server
+
+    def _stop(self, server: _Server) -> None:
+        for group in self.servers.values():
+            if server in group:
+                group.remove(server)
+        server.stop()
+
+    def alive(self) -> dict[int, tuple[Import, ...]]:
+        """The servers running: pid -> preload."""
+        return {s.process.pid: s.preload for group in self.servers.values() for s in group
+                if s.alive()}
+
+    def close(self) -> None:
+        for server in [s for group in self.servers.values() for s in group]:
+            self._stop(server)
+        shutil.rmtree(self.folder, ignore_errors=True)
