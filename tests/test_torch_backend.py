@@ -617,6 +617,31 @@ def test_fused_step_follows_torchs_protocol_bit_for_bit(case):
         assert a == b, f"{case}: {name} differ: torch {a!r:.300}, unifiedamp {b!r:.300}"
 
 
+def test_a_config_changed_by_setters_mid_run_follows_the_spec_update_by_update():
+    """Setters switch the update between torch's kernel and the tensor-op rule mid-run. The
+    choice is kept per config and torch's kernel does not touch the hysteresis tracker, so
+    a setter that kept the old choice, or a kernel update that left the tracker the tensor
+    ops had raised, would drift from the spec here."""
+    scaler = ua.GradScaler(1024.0, growth_interval=2, backend="torch", device="cpu")
+    state = spec.ScalerState.initial(scaler.config)
+    plan = [(None, True), (2, True), (1, False), (2, True), (None, True), (None, False),
+            (1, False), (None, True)]
+    for hysteresis, found_inf in plan:
+        if hysteresis is not None:
+            scaler.set_hysteresis(hysteresis)
+        scaler.update(not found_inf)
+        state = spec.update(scaler.config, state, found_inf)
+        assert scaler.state == state, (hysteresis, found_inf)
+
+
+def test_scale_keeps_the_dtype_of_a_single_tensor():
+    # The first scale() makes the scale; the later ones take the short path of one tensor.
+    scaler = ua.GradScaler(1024.0, backend="torch")
+    for _ in range(2):
+        out = scaler.scale(torch.tensor(2.0, dtype=torch.float16))
+        assert out.dtype == torch.float16 and out.item() == 2048.0
+
+
 def test_collapse_warns_on_the_torch_path():
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -1012,6 +1037,30 @@ def test_the_private_surface_check_sees_a_changed_step():
     changes = private_api_changes(NewerGradScaler)
     assert changes == [f"step() no longer calls {STEP_CALLS[0]!r}",
                        f"step() no longer calls {STEP_CALLS[1]!r}"]
+
+
+PROCESS_GROUP_CHECK = """
+import torch.distributed as dist
+from unifiedamp.backends.torch._compat import distributed_initialized
+seen = [(distributed_initialized(), dist.is_initialized())]
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+seen.append((distributed_initialized(), dist.is_initialized()))
+dist.destroy_process_group()
+seen.append((distributed_initialized(), dist.is_initialized()))
+print(seen)
+"""
+
+
+def test_distributed_initialized_follows_torchs_process_group(run_python):
+    # It reads torch.distributed's slot for the default group: a torch that moves it would
+    # make the scaler skip the all-reduce of found_inf on every rank.
+    if not torch.distributed.is_available():
+        pytest.skip("this torch is built without torch.distributed")
+    result = run_python(PROCESS_GROUP_CHECK, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[(False, False), (True, True), (False, False)]", (
+        f"torch {torch.__version__}: unifiedamp.backends.torch._compat.distributed_initialized "
+        f"no longer follows torch.distributed.is_initialized(): {result.stdout.strip()}")
 
 
 def _is_private(dotted):

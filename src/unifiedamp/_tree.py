@@ -13,6 +13,9 @@ from typing import Any
 
 __all__ = ["leaves", "tree_map"]
 
+#: The containers walked; anything else is a leaf.
+_CONTAINERS = (dict, list, tuple)
+
 
 def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
     """The tree with ``fn`` applied to every leaf (to the leaves at the same place in
@@ -28,18 +31,28 @@ def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
         >>> tree_map(lambda x, y: x + y, [1, (2,)], [10, (20,)])
         [11, (22,)]
     """
+    # With one tree (the usual case) a leaf is handed to fn where its container is mapped,
+    # with no call of this function per leaf: the torch backend maps gradients at every
+    # step, where each Python call is host time (tests/test_call_counts.py).
     if isinstance(tree, dict):
         for other in rest:
             if not isinstance(other, dict) or other.keys() != tree.keys():
                 raise ValueError(_mismatch(tree, other))
+        if not rest:
+            return {key: tree_map(fn, value) if isinstance(value, _CONTAINERS) else fn(value)
+                    for key, value in tree.items()}
         return {key: tree_map(fn, value, *(other[key] for other in rest))
                 for key, value in tree.items()}
     if isinstance(tree, (list, tuple)):
         for other in rest:
             if not isinstance(other, (list, tuple)) or len(other) != len(tree):
                 raise ValueError(_mismatch(tree, other))
-        mapped = [tree_map(fn, value, *others)
-                  for value, *others in zip(tree, *rest, strict=True)]
+        if not rest:
+            mapped = [tree_map(fn, value) if isinstance(value, _CONTAINERS) else fn(value)
+                      for value in tree]
+        else:
+            mapped = [tree_map(fn, value, *others)
+                      for value, *others in zip(tree, *rest, strict=True)]
         # A NamedTuple is built from its fields, a plain tuple or list from one iterable.
         return type(tree)(*mapped) if hasattr(tree, "_fields") else type(tree)(mapped)
     return fn(tree, *rest)

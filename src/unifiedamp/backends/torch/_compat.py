@@ -5,15 +5,17 @@ Supported: ``torch>=2.4`` (the ``torch`` extra of pyproject.toml); tested on tor
 on what this module names: two private ops and one private foreach op, torch's per-optimizer
 state (``OptState`` and its factory), the dispatch-mode query, the attribute by which an
 optimizer says it skips on the device, the private methods the scaler overrides and the
-private attributes it shares with torch's class, and the copy of torch's fused-optimizer
-branch of ``step()`` (:func:`fused_step`).
+private attributes it shares with torch's class, the copy of torch's fused-optimizer
+branch of ``step()`` (:func:`fused_step`), and torch.distributed's slot for the default
+process group (:func:`distributed_initialized`).
 
 ``tests/test_torch_backend.py`` checks these against the torch installed: the methods'
 parameters, how torch's own ``step()`` calls the two it overrides, the ops' schemas, the
-per-optimizer state's keys and the attributes; a torch that changes one fails there, naming
-the change and this range. It also scans the package: no other module imports or reads a
-private torch name, and every private member of ``torch.amp.GradScaler`` the scaler
-overrides, calls or reads is listed here.
+per-optimizer state's keys, the attributes, and that :func:`distributed_initialized` agrees
+with ``torch.distributed.is_initialized()`` around a process group; a torch that changes one
+fails there, naming the change and this range. It also scans the package: no other module
+imports or reads a private torch name, and every private member of ``torch.amp.GradScaler``
+the scaler overrides, calls or reads is listed here.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OPS", "OPTIMIZER_STATE_KEYS", "PRIVATE_METHODS", "STATE_ATTRIBUTES", "STEPS_ON_DEVICE",
-    "STEP_CALLS", "OptState", "current_dispatch_mode", "empty_optimizer_state", "fused_step",
+    "STEP_CALLS", "OptState", "current_dispatch_mode", "distributed_initialized",
+    "empty_optimizer_state", "fused_step",
     "inf_norms", "takes_grad_scaler", "unscale_and_check_", "update_scale_",
 ]
 
@@ -87,12 +90,28 @@ def current_dispatch_mode() -> Any:
     return _get_current_dispatch_mode()
 
 
-def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: torch.Tensor,
-                  growth_factor: float, backoff_factor: float, growth_interval: int) -> None:
-    """torch's update of the scale and its growth tracker, in place on the device: what
-    ``torch.amp.GradScaler.update`` runs."""
-    torch._amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
-                             growth_interval)
+#: ``update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+#: growth_interval)``: torch's update of the scale and its growth tracker, in place on the
+#: device, what ``torch.amp.GradScaler.update`` runs. The op itself, not a function around
+#: it: update() runs it at every iteration, and a Python call is host time a launch-bound
+#: step waits for (``tests/test_call_counts.py``).
+update_scale_ = torch._amp_update_scale_
+
+
+#: torch.distributed's registry of process groups (``distributed_c10d._world``, made once
+#: at its import and never replaced; None in a torch built without torch.distributed).
+_PROCESS_GROUPS: Any = None
+if torch.distributed.is_available():
+    from torch.distributed import distributed_c10d
+
+    _PROCESS_GROUPS = distributed_c10d._world
+
+
+def distributed_initialized() -> bool:
+    """``torch.distributed.is_initialized()`` in one Python call instead of three (it reads
+    the default group through two properties): asked at every check of found_inf, to
+    all-reduce it when a process group exists."""
+    return _PROCESS_GROUPS is not None and _PROCESS_GROUPS._default_pg is not None
 
 
 def unscale_and_check_(grads: list[torch.Tensor], found_inf: torch.Tensor,

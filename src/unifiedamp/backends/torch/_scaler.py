@@ -4,7 +4,7 @@ The update runs torch's own kernel where torch can express the config, else the 
 ``_rule``; ``unscale_`` and ``update`` never wait for the device, and the plain ``step``
 reads one flag, as torch's does (the package's docstring says more).
 
-Length: about 800 lines, one class. Its verbs share one iteration's state (each
+Length: about 900 lines, one class. Its verbs share one iteration's state (each
 optimizer's checks, which ``update()`` reads and clears), the scale's tensors and what the
 config derives (the rule's constants, the unscalable bound); split into mixins, each part
 would read attributes assigned in another file. What stands apart lives beside it: the
@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
@@ -35,6 +34,7 @@ from unifiedamp.backends._imperative import (
 )
 from unifiedamp.backends.torch._compat import (
     STEPS_ON_DEVICE,
+    distributed_initialized,
     empty_optimizer_state,
     fused_step,
     takes_grad_scaler,
@@ -429,14 +429,20 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             self._scale_called = True
         if not self._bf16_checked:
             self._warn_if_bf16(outputs)
-        if isinstance(outputs, torch.Tensor):  # the usual loss: no tree walk (host time)
-            # A reference (no op): overflow_report() checks it for inf/NaN after a skip.
-            self._scaled_input = outputs
+        if not isinstance(outputs, torch.Tensor):
+            self._scaled_input = None
+            # torch's scale() takes a tensor or an iterable of them; dicts (named
+            # losses) and nesting are mapped here too.
+            return tree_map(self._scale_one, outputs)
+        # A reference (no op): overflow_report() checks it for inf/NaN after a skip.
+        self._scaled_input = outputs
+        scale = self._scale
+        if scale is None or outputs.device != scale.device:
             return self._scale_one(outputs)
-        self._scaled_input = None
-        # torch's scale() takes a tensor or an iterable of them; dicts (named
-        # losses) and nesting are mapped here too.
-        return tree_map(self._scale_one, outputs)
+        # The usual loss: _scale_one's multiply written out, with no tree walk and no call
+        # (host time, tests/test_call_counts.py).
+        out = outputs * scale
+        return out if out.dtype == outputs.dtype else out.to(outputs.dtype)
 
     def _scale_one(self, tensor: Any) -> torch.Tensor:
         # The multiply is written here rather than through torch.amp.GradScaler.scale,
@@ -509,11 +515,14 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
     def _finish_check(self, optimizer: torch.optim.Optimizer) -> None:
         # After torch's own check (unscale_ or the fused path's): the spec's extra
         # inf, then agreement across ranks. The conditions are tested here, at every
-        # step, without a call each (host time a launch-bound step waits for).
-        if self._updates >= self._check_unscalable_from or traced(self._device):
+        # step, with as few calls as they allow (host time a launch-bound step waits
+        # for, tests/test_call_counts.py): traced() written out (its own frame is one
+        # more), and distributed_initialized() for dist.is_initialized() (three frames).
+        if self._updates >= self._check_unscalable_from or torch.compiler.is_compiling() or (
+                self._device == "cuda" and torch.cuda.is_current_stream_capturing()):
             self._found_inf_if_reciprocal_overflows(
                 self._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
-        if self._distributed is not False and DIST_AVAILABLE and dist.is_initialized():
+        if self._distributed is not False and DIST_AVAILABLE and distributed_initialized():
             assert self._scale is not None  # checks run once the scale exists
             agree_across_ranks(self._per_optimizer_states[id(optimizer)], self._process_group,
                                self._scale.device)
@@ -541,8 +550,12 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
 
     def _maybe_opt_step(self, optimizer: torch.optim.Optimizer, optimizer_state: dict[str, Any],
                         *args: Any, **kwargs: Any) -> Any:
-        # The plain path's one host read: Python must decide whether to step.
-        skipped = bool(sum(v.item() for v in optimizer_state["found_inf_per_device"].values()))
+        # The plain path's one host read: Python must decide whether to step. A loop, not
+        # torch's sum over a generator (a frame per flag and one more).
+        skipped = False
+        for found in optimizer_state["found_inf_per_device"].values():
+            if found.item():
+                skipped = True
         self._host_reads += 1
         self._host_found |= skipped
         return None if skipped else optimizer.step(*args, **kwargs)
@@ -687,7 +700,8 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             >>> scaler.update(np.float32(8.0)).get_scale()
             8.0
         """
-        finite, new_scale = update_arguments(finite, new_scale)
+        if finite is not None:  # update(): no call to sort out the arguments
+            finite, new_scale = update_arguments(finite, new_scale)
         if not self._enabled:
             return self
         # torch's _check_scale_growth_tracker, which torch.compile does not trace.
@@ -712,8 +726,8 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
                 founds = state["found_inf_per_device"]
                 if founds:
                     checked += 1
-                    found_infs += [found.to(scale.device, non_blocking=True)
-                                   for found in founds.values()]
+                    for found in founds.values():  # a loop: a comprehension is a frame
+                        found_infs.append(found.to(scale.device, non_blocking=True))
             functional = self._functional_found_inf
             if functional:
                 found_infs += functional
@@ -730,8 +744,26 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             # Before the update changes the scale in place.
             # Not inside a traced graph: a replay would not run this Python.
             diagnosed = self._diagnose and not traced(self._device)
-            report = self._diagnose_now(scale, found, host_found) if diagnosed else None
-            self._apply_update(scale, growth, found)
+            # A plain step() that read no inf leaves nothing to report: no call.
+            report = (self._diagnose_now(scale, found, host_found)
+                      if diagnosed and host_found is not False else None)
+            if self._native_update:
+                # torch's kernel, written here rather than in a method: one frame less
+                # at every update.
+                if self._clamp_tracker:
+                    # torch grows on tracker + 1 == interval; the spec on >=.
+                    growth.clamp_(max=self._config.growth_interval - 1)
+                    self._clamp_tracker = False
+                growth_factor, backoff_factor = self._float32_factors
+                update_scale_(scale, growth, found, growth_factor, backoff_factor,
+                              self._config.growth_interval)
+                if self._hysteresis_may_be_set:
+                    # With hysteresis 1 the spec leaves the tracker at 0 after any update.
+                    assert self._hysteresis_tracker is not None  # made with the scale
+                    self._hysteresis_tracker.zero_()
+                    self._hysteresis_may_be_set = False
+            else:
+                self._apply_rule(scale, growth, found)
             if self._ring is not None:
                 self._record(scale, found)  # the scale the update left
             self._updates += 1
@@ -743,7 +775,16 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
                 assert self._skip_count_device is not None  # made with the scale
                 self._skip_count_device.add_(found)
             self._remember_update(found, host_found, report, diagnosed)
-            self._watch_collapse(found, host_found)
+            if host_found is None or self._device_holds_consecutive_skips:
+                self._count_skips_on_device(found, host_found)
+            else:
+                # A plain step() read the flag: the run of skips is counted here, no call.
+                self._consecutive_skips_host = (self._consecutive_skips_host + 1
+                                                if host_found else 0)
+            # Read the device only every `period` updates, so update() stays free of
+            # host syncs in between.
+            if self._updates % (self._monitor.max_consecutive_skips or 100) == 0:
+                self._check_collapse()
         self._per_optimizer_states = defaultdict(empty_optimizer_state)
         if self._functional_found_inf:
             self._functional_found_inf = []
@@ -772,68 +813,61 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         scale.fill_(value)
         self._scale_known(spec.f32(value))
 
-    def _apply_update(self, scale: torch.Tensor, growth: torch.Tensor,
-                      found: torch.Tensor) -> None:
+    def _apply_rule(self, scale: torch.Tensor, growth: torch.Tensor,
+                    found: torch.Tensor) -> None:
+        """The spec's update as tensor ops (a config torch's kernel cannot run)."""
         config = self._config
-        hyst = self._hysteresis_tracker
-        assert hyst is not None  # made with the scale
-        if self._native_update:
-            if self._clamp_tracker:
-                # torch grows on tracker + 1 == interval; the spec on >=.
-                growth.clamp_(max=config.growth_interval - 1)
-                self._clamp_tracker = False
-            growth_factor, backoff_factor = self._float32_factors
-            update_scale_(scale, growth, found, growth_factor, backoff_factor,
-                          config.growth_interval)
-            if self._hysteresis_may_be_set:
-                # With hysteresis 1 the spec leaves the tracker at 0 after any update.
-                hyst.zero_()
-                self._hysteresis_may_be_set = False
+        hyst, constants = self._hysteresis_tracker, self._constants
+        assert hyst is not None and constants is not None  # made with the scale
+        rule = rule_for(config, constants, scale.device)
+        # The compiled rule is never handed out while compiling (rule_for), so of traced()
+        # only the capture is left to ask.
+        if rule is not spec_update_ and scale.is_cuda \
+                and not torch.cuda.is_current_stream_capturing():
+            # The compiled rule, replayed as a CUDA graph (capture_rule).
+            if self._rule_graph is None:
+                self._rule_graph = capture_rule(scale, growth, hyst, config, constants)
+            graph, flag = self._rule_graph
+            flag.copy_(found)
+            graph.replay()
         else:
-            constants = self._constants
-            assert constants is not None  # made with the scale
-            rule = rule_for(config, constants, scale.device)
-            if rule is not spec_update_ and scale.is_cuda and not traced(self._device):
-                # The compiled rule, replayed as a CUDA graph (capture_rule).
-                if self._rule_graph is None:
-                    self._rule_graph = capture_rule(scale, growth, hyst, config, constants)
-                graph, flag = self._rule_graph
-                flag.copy_(found)
-                graph.replay()
-            else:
-                rule(scale, growth, hyst, found, config, constants)
-            self._hysteresis_may_be_set = True
+            rule(scale, growth, hyst, found, config, constants)
+        self._hysteresis_may_be_set = True
 
-    def _watch_collapse(self, found: torch.Tensor, host_found: bool | None) -> None:
-        """Counts consecutive skipped updates (``found`` is 0.0 or 1.0; ``host_found`` its
-        value when a plain step() has read it, else None) and, once per period, reads
-        the scale and reports a collapse."""
+    def _count_skips_on_device(self, found: torch.Tensor, host_found: bool | None) -> None:
+        """Counts consecutive skipped updates on the device (``found`` is 0.0 or 1.0), or,
+        when a plain step() has read the flag (``host_found``) after fused steps, moves the
+        run back to the host and counts it there. update() counts the usual plain step's
+        run itself."""
+        assert self._consecutive_skips_device is not None  # made with the scale
+        if host_found is not None:  # a switch from fused steps: rare
+            self._consecutive_skips_host = int(self._consecutive_skips_device.item())
+            self._device_holds_consecutive_skips = False
+            self._consecutive_skips_host = self._consecutive_skips_host + 1 if host_found else 0
+            return
+        if not self._device_holds_consecutive_skips:
+            self._consecutive_skips_device.fill_(self._consecutive_skips_host)
+            self._device_holds_consecutive_skips = True
+        # found * (skips + 1) in one op: the run grows on a skip, else restarts at 0.
+        torch.addcmul(found, self._consecutive_skips_device, found,
+                      out=self._consecutive_skips_device)
+
+    def _check_collapse(self) -> None:
+        """Once per period of updates: reads the scale (and the run of skips, if on the
+        device) and reports a collapse."""
         # Made with the scale, which update() checked.
         assert self._scale is not None and self._consecutive_skips_device is not None
-        if host_found is not None:
-            if self._device_holds_consecutive_skips:  # a switch from fused steps: rare
-                self._consecutive_skips_host = int(self._consecutive_skips_device.item())
-                self._device_holds_consecutive_skips = False
-            self._consecutive_skips_host = self._consecutive_skips_host + 1 if host_found else 0
-        else:
-            if not self._device_holds_consecutive_skips:
-                self._consecutive_skips_device.fill_(self._consecutive_skips_host)
-                self._device_holds_consecutive_skips = True
-            # found * (skips + 1) in one op: the run grows on a skip, else restarts at 0.
-            torch.addcmul(found, self._consecutive_skips_device, found,
-                          out=self._consecutive_skips_device)
-        # Read the device only every `period` updates, so update() stays free of
-        # host syncs in between.
+        if traced(self._device):
+            return  # a replay would not run this read
         limit = self._monitor.max_consecutive_skips
-        if self._updates % (limit or 100) == 0 and not traced(self._device):
-            scale = float(self._scale.item())  # the one read per period
-            self._scale_known(scale)
-            skips = (int(self._consecutive_skips_device.item())
-                     if self._device_holds_consecutive_skips else self._consecutive_skips_host)
-            if scale < spec.FLOAT32_MIN_NORMAL or (limit is not None and skips >= limit):
-                self._monitor.report(self._updates, scale, skips, detail=self._collapse_detail)
-            else:
-                self._monitor.clear()
+        scale = float(self._scale.item())  # the one read per period
+        self._scale_known(scale)
+        skips = (int(self._consecutive_skips_device.item())
+                 if self._device_holds_consecutive_skips else self._consecutive_skips_host)
+        if scale < spec.FLOAT32_MIN_NORMAL or (limit is not None and skips >= limit):
+            self._monitor.report(self._updates, scale, skips, detail=self._collapse_detail)
+        else:
+            self._monitor.clear()
 
     # ------------------------------------------------------------ tooling
 
@@ -849,7 +883,11 @@ def _with_graph(grads: Any, out: Any, inv: torch.Tensor | None) -> Any:
     computed on ``unscale()``'s result would drop out of the parameters' gradients without
     an error. Low-precision gradients are multiplied in float32 and rounded back, as the
     kernel does, so the values are the copies' bits."""
-    if not any(g.requires_grad for g in leaves(grads)):
+    # A loop, not any() over a generator: a frame per gradient, at every step.
+    for grad in leaves(grads):
+        if grad.requires_grad:
+            break
+    else:
         return out
 
     def one(grad: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
