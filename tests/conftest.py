@@ -29,6 +29,12 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"--dist {dist} would let a worker import tensorflow before paddle (a segfault): "
             "use the default, `pytest -n 2` (--dist load)")
+    if dist == "load" and config.getoption("maxschedchunk", None) is None:
+        # xdist hands out tests in chunks of up to half of what is left per worker: a
+        # worker then holds a run of slow tests (launches of several processes, doc
+        # examples) while the others have finished, minutes alone at the end. One at a time
+        # (two queued), in collection order all the same, so the import order holds.
+        config.option.maxschedchunk = 1
     _share_jax_compilations(config)
     config.addinivalue_line(
         "markers", "framework(name): the test imports this framework; ordered for import safety"
