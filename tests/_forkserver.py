@@ -372,16 +372,18 @@ class ForkServers:
         self._names = itertools.count()
 
     def run(self, code: str, timeout: float | None = None, env: dict | None = None,
-            cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess:
+            cwd: str | os.PathLike[str] | None = None, fresh: bool = False
+            ) -> subprocess.CompletedProcess:
         """As ``subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-        timeout=timeout, env={**os.environ, **env}, cwd=cwd)``, in a fork where it can."""
+        timeout=timeout, env={**os.environ, **env}, cwd=cwd)``, in a fork where it can
+        (never with ``fresh``)."""
         command = [sys.executable, "-c", code]
         full_env = {**os.environ, **(env or {})}
         preload = preload_of(code, self.heavy)
         where = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
         valid_env = all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
                         and "\0" not in k + v for k, v in full_env.items())
-        if not preload or not valid_env or not os.path.isdir(where):
+        if fresh or not preload or not valid_env or not os.path.isdir(where):
             # Where subprocess raises (a bad cwd or env), it raises here as well.
             return _plain(command, timeout, full_env, cwd)
         environment = tuple(sorted((k, v) for k, v in full_env.items()

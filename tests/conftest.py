@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -98,10 +96,6 @@ def run_python(fork_servers):
 
     def run(code: str, timeout: float = 300, env: dict | None = None,
             cwd: str | os.PathLike[str] | None = None, fresh: bool = False):
-        if fresh:
-            full_env = {**os.environ, **(env or {})}
-            return subprocess.run([sys.executable, "-c", code], capture_output=True,
-                                  text=True, timeout=timeout, env=full_env, cwd=cwd)
-        return fork_servers.run(code, timeout=timeout, env=env, cwd=cwd)
+        return fork_servers.run(code, timeout=timeout, env=env, cwd=cwd, fresh=fresh)
 
     return run
