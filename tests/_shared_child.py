@@ -1,8 +1,8 @@
 """A child process that every pytest-xdist worker of a session shares.
 
 Several test modules run their checks in child interpreters (one per Keras backend, say)
-and read the outcomes when their tests run. Under ``pytest -n 2`` both workers run tests
-of such a module, and each would start the same children: the same checks twice. A
+and read the outcomes when their tests run. Under ``pytest -n 3`` every worker runs tests
+of such a module, and each would start the same children: the same checks again. A
 :class:`SharedChild` is started by whichever worker asks first; the others find it in the
 session's shared temporary folder and read its output. It writes its output to a log file
 there and, when it ends, its exit code to ``exitcode``; whoever started it waits for it at
@@ -50,7 +50,7 @@ class SharedChild:
     def __init__(self, tmp_path_factory: pytest.TempPathFactory, key: str,
                  timeout: float = 900):
         self.where = shared_folder(tmp_path_factory) / f"shared-{key}"
-        self.key, self.timeout = key, timeout
+        self.timeout = timeout
         self.log, self._done = self.where / "log.txt", self.where / "exitcode"
         try:
             self.where.mkdir()
@@ -79,8 +79,12 @@ class SharedChild:
             time.sleep(0.1)
         return int(self._done.read_text())
 
+    def output(self) -> str:
+        """Everything the child has written so far."""
+        return self.log.read_text() if self.log.exists() else "(no output)"
+
     def tail(self, n: int = 4000) -> str:
-        return self.log.read_text()[-n:] if self.log.exists() else "(no output)"
+        return self.output()[-n:]
 
     def _kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
