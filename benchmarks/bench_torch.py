@@ -1,7 +1,7 @@
 """The torch backend's overhead, against no scaler and against torch.amp.GradScaler.
 
 Run: python benchmarks/bench_torch.py [--device cpu|cuda] [--repeats R] [--steps S]
-     [--models launch-bound,large] [--optimizers foreach,fused]
+     [--models launch-bound,large] [--optimizers foreach,fused] [--sections 1,2,3,4,5]
 
 1. A training step of an MLP, AdamW (foreach and fused), batch 64, under float16
    autocast on CUDA (float32 on CPU, whose float16 matmul is ~50x slower),
@@ -15,9 +15,14 @@ Run: python benchmarks/bench_torch.py [--device cpu|cuda] [--repeats R] [--steps
    it in a CUDA graph with dynamic scaling needs): a foreach AdamW step over 10M
    parameters, against the same step with a copy of parameters and moments taken
    before and selected back (torch.where on found_inf) after.
-4. The host time of scale(), step() and update() themselves (the Python and the launches,
-   what a launch-bound GPU step waits for) on a 4-layer 8x8 MLP, AdamW foreach and fused,
-   for (b), (c) and (d): microseconds per call, medians of R rounds of 300 iterations.
+4. The host time of scale(), unscale_(), step() and update() themselves (the Python and
+   the launches, what a launch-bound GPU step waits for) on a 4-layer 8x8 MLP, AdamW
+   foreach and fused, for (b), (c) and (d): microseconds per iteration, medians of R
+   rounds of 300 iterations, and the median of per-round ratios of the totals.
+5. CUDA only: replays of a whole fp16 step of the launch-bound MLP captured as one CUDA
+   graph (fused capturable AdamW), for (b), (c) and (d).
+
+--sections picks some of them (e.g. --sections 4 for the host times alone).
 """
 
 from __future__ import annotations
@@ -170,11 +175,12 @@ def select_skip_bench(device: str, repeats: int, elements: int = 10_000_000) -> 
 
 
 def host_time_bench(device: str, repeats: int, iterations: int = 300) -> None:
-    """Section 4: per-call host time of the scaler's verbs, the rest of the step untimed."""
+    """Section 4: the host time of the scaler's verbs per iteration, the rest untimed."""
     scalers = {"b torch.amp.GradScaler": lambda: torch.amp.GradScaler(device, init_scale=1024.0),
                "c unifiedamp": lambda: ua.GradScaler(1024.0, backend="torch", device=device),
                "d unifiedamp (hysteresis=2, min_scale)": lambda: ua.GradScaler(
                    1024.0, backend="torch", device=device, hysteresis=2, min_scale=1.0)}
+    verbs = ("scale", "unscale_", "step", "update")
     x = torch.randn(4, 8, device=device)
     clock = time.perf_counter_ns
     for fused in (False, True):
@@ -186,7 +192,7 @@ def host_time_bench(device: str, repeats: int, iterations: int = 300) -> None:
             scaler = make()
 
             def run(model=model, opt=opt, scaler=scaler) -> list[float]:
-                spent = [0, 0, 0]
+                spent = [0, 0, 0, 0]
                 for _ in range(iterations):
                     loss = model(x).square().mean()
                     t0 = clock()
@@ -194,28 +200,78 @@ def host_time_bench(device: str, repeats: int, iterations: int = 300) -> None:
                     t1 = clock()
                     scaled.backward()
                     t2 = clock()
-                    scaler.step(opt)
+                    scaler.unscale_(opt)  # as before clipping: step() then skips its own
                     t3 = clock()
-                    scaler.update()
+                    scaler.step(opt)
                     t4 = clock()
+                    scaler.update()
+                    t5 = clock()
                     opt.zero_grad(set_to_none=True)
                     spent[0] += t1 - t0
                     spent[1] += t3 - t2
                     spent[2] += t4 - t3
+                    spent[3] += t5 - t4
                 sync(device)
                 return [t / iterations / 1e3 for t in spent]
             runs[name] = run
         # The warm-up run builds the optimizer's state (and the compiled rule on CUDA).
         per = interleaved_rounds(runs, repeats)
-        print(f"host time of the verbs, 4-layer 8x8 MLP, {'fused' if fused else 'foreach'} "
-              f"AdamW, {device}, us per call, median of {repeats} x {iterations}")
-        totals = {name: [sum(verbs) for verbs in rounds] for name, rounds in per.items()}
+        print(f"host time per iteration, 4-layer 8x8 MLP, {'fused' if fused else 'foreach'} "
+              f"AdamW, {device}, us (step includes the optimizer's), median of {repeats} x "
+              f"{iterations}; / b: median of per-round ratios of the totals")
+        totals = {name: [sum(times) for times in rounds] for name, rounds in per.items()}
         base = next(iter(per))
         for name in per:
-            verbs = [statistics.median(p[i] for p in per[name]) for i in range(3)]
+            times = [statistics.median(p[i] for p in per[name]) for i in range(len(verbs))]
             ratio = round_ratio(totals, name, base)
-            print(f"  {name:42s} scale {verbs[0]:6.1f}  step {verbs[1]:6.1f}  update "
-                  f"{verbs[2]:6.1f}  total {sum(verbs):6.1f}  / b {ratio:.3f}")
+            columns = "  ".join(f"{v} {t:6.1f}" for v, t in zip(verbs, times, strict=True))
+            print(f"  {name:40s} {columns}"
+                  f"  total {statistics.median(totals[name]):6.1f}  / b {ratio:.3f}")
+
+
+def graph_replay_bench(repeats: int, replays: int = 50) -> None:
+    """Section 5 (CUDA): replaying a whole fp16 step captured as one CUDA graph
+    (docs/backends/torch.md's recipe), fused capturable AdamW, per scaler."""
+    sizes = MODELS["launch-bound"]
+    scalers = {"b torch.amp.GradScaler": lambda: torch.amp.GradScaler("cuda", 1024.0),
+               "c unifiedamp": lambda: ua.GradScaler(1024.0, backend="torch", device="cuda"),
+               "d unifiedamp (hysteresis=2, min_scale)": lambda: ua.GradScaler(
+                   1024.0, backend="torch", device="cuda", hysteresis=2, min_scale=1.0)}
+    cases = {}
+    for name, make in scalers.items():
+        model = mlp("cuda", sizes)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True, capturable=True)
+        scaler = make()
+        x = torch.randn(64, sizes[0], device="cuda")
+        y = torch.randn(64, sizes[-1], device="cuda")
+
+        def step(model=model, opt=opt, scaler=scaler, x=x, y=y) -> None:
+            with torch.autocast("cuda", dtype=torch.float16, cache_enabled=False):
+                out = model(x)
+            scaler.scale(torch.nn.functional.mse_loss(out.float(), y)).backward()
+            scaler.step(opt)
+            scaler.update()
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(graph):
+            step()
+
+        def replay(graph=graph) -> None:
+            for _ in range(replays):
+                graph.replay()
+        cases[name] = replay
+    report(f"CUDA graph replay of a whole step, launch-bound MLP, fused capturable AdamW, "
+           f"float16 autocast, median of {repeats} x {replays} replays",
+           medians(cases, repeats, "cuda", replays), "b torch.amp.GradScaler",
+           {"c/b": "c unifiedamp", "d/b": "d unifiedamp (hysteresis=2, min_scale)"})
 
 
 def main() -> None:
@@ -226,15 +282,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--optimizers", default="foreach,fused")
+    parser.add_argument("--sections", default="1,2,3,4,5",
+                        help="which of the sections above to run (5 needs CUDA)")
     args = parser.parse_args()
+    sections = {int(n) for n in args.sections.split(",")}
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}"
           + (f", {torch.cuda.get_device_name()}" if args.device == "cuda" else ""))
-    for model_kind in args.models.split(","):
-        for kind in args.optimizers.split(","):
-            train_step_bench(args.device, args.repeats, args.steps, model_kind, kind == "fused")
-    unscale_bench(args.device, args.repeats)
-    select_skip_bench(args.device, args.repeats)
-    host_time_bench(args.device, args.repeats)
+    if 1 in sections:
+        for model_kind in args.models.split(","):
+            for kind in args.optimizers.split(","):
+                train_step_bench(args.device, args.repeats, args.steps, model_kind,
+                                 kind == "fused")
+    if 2 in sections:
+        unscale_bench(args.device, args.repeats)
+    if 3 in sections:
+        select_skip_bench(args.device, args.repeats)
+    if 4 in sections:
+        host_time_bench(args.device, args.repeats)
+    if 5 in sections and args.device == "cuda":
+        graph_replay_bench(args.repeats)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,14 @@ class CollapseMonitor:
         self.on_collapse = on_collapse
         self.consecutive_skips = 0
         self._reported = False
+        #: No skip in a row and nothing reported: a good update at a normal scale would
+        #: change nothing, so a scaler may leave out its observe() call.
+        self.settled = True
+
+    def __setstate__(self, saved: dict) -> None:
+        # A copy pickled before ``settled`` existed.
+        self.__dict__.update(saved)
+        self.__dict__.setdefault("settled", self.consecutive_skips == 0 and not self._reported)
 
     def observe(self, step: int, scale: float, skipped: bool,
                 detail: Callable[[], str] | None = None) -> None:
@@ -69,6 +77,7 @@ class CollapseMonitor:
         """Ends an episode: the scale is normal and the last step was not skipped."""
         self.consecutive_skips = 0
         self._reported = False
+        self.settled = True
 
     def report(self, step: int, scale: float, consecutive_skips: int,
                detail: Callable[[], str] | None = None) -> None:
@@ -91,7 +100,9 @@ class CollapseMonitor:
                 "set min_scale to keep a floor")
         if not reasons:
             self._reported = False
+            self.settled = consecutive_skips == 0
             return
+        self.settled = False
         if self._reported:
             return
         self._reported = True

@@ -35,7 +35,7 @@ from paddle.amp.grad_scaler import OptimizerState, _refresh_optimizer_state
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __all__ = ["KERNEL_DTYPES", "OptimizerState", "autocast_dtype", "check_finite_and_unscale_",
-           "convert_to_place", "dense", "indexed_params", "new_optimizer_states",
+           "convert_to_place", "dense", "gradients", "indexed_params", "new_optimizer_states",
            "overrides_private_methods", "write_native_config", "write_native_iteration",
            "write_native_scale", "write_native_trackers"]
 
@@ -70,10 +70,21 @@ KERNEL_DTYPES = (paddle.float32,)
 def check_finite_and_unscale_(grads: list[Any], scale: Any) -> Any:
     """Multiplies ``grads`` (float32) by ``f32(1 / scale)`` in place; returns the
     found_inf flag (a shape-[1] bool tensor) of the gradients as given."""
-    # It returns a new flag: the one passed in is not written in eager mode. Paddle's
-    # stub leaves out the found_inf argument the kernel takes.
+    # It returns a new flag: the one passed in is not written in eager mode, so one
+    # tensor serves every call (a new one is a dozen Python calls). Paddle's stub leaves
+    # out the found_inf argument the kernel takes.
     _, flag = _C_ops.check_finite_and_unscale_(  # type: ignore[call-arg]
-        grads, scale, paddle.zeros([1], dtype=paddle.bool))
+        grads, scale, _unwritten_flag(scale.place))
+    return flag
+
+
+_UNWRITTEN_FLAGS: dict[str, Any] = {}
+
+
+def _unwritten_flag(place: Any) -> Any:
+    flag = _UNWRITTEN_FLAGS.get(str(place))
+    if flag is None:
+        flag = _UNWRITTEN_FLAGS[str(place)] = paddle.zeros([1], dtype=paddle.bool).to(place)
     return flag
 
 
@@ -102,6 +113,24 @@ def dense(grad: Any) -> Any:
     """A gradient as a dense tensor: the values of a sparse one (``Embedding(sparse=True)``
     gives SelectedRows, which the dense kernels misread), sharing its storage."""
     return grad._get_tensor_from_selected_rows() if grad.is_selected_rows() else grad
+
+
+def gradients(optimizer: Any) -> list[Any]:
+    """The optimizer's gradients as dense tensors (:func:`dense`), in its order, skipping
+    parameters without one: :func:`indexed_params`' gradients in one call (what every
+    ``unscale_`` pays: no call per parameter)."""
+    groups = getattr(optimizer, "_param_groups", None)
+    if groups is None:
+        raise TypeError(f"optimizer must be a paddle.optimizer.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    grads = []
+    for group in groups:
+        for p in group["params"] if isinstance(group, dict) else (group,):
+            grad = p.grad
+            if grad is not None:
+                grads.append(grad._get_tensor_from_selected_rows() if grad.is_selected_rows()
+                             else grad)
+    return grads
 
 
 def indexed_params(optimizer: Any) -> list[tuple[str, Any]]:

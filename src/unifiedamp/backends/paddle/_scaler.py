@@ -33,9 +33,14 @@ from unifiedamp.backends._imperative import (
 from unifiedamp.backends.paddle import _compat
 from unifiedamp.backends.paddle._compat import KERNEL_DTYPES, OptimizerState
 from unifiedamp.backends.paddle._diagnostics import PaddleDiagnostics
-from unifiedamp.spec import ScalerConfig, ScalerState
+from unifiedamp.spec import FLOAT32_MIN_NORMAL, ScalerConfig, ScalerState
 
 __all__ = ["PaddleGradScaler", "paddle_expressible"]
+
+#: The floating-point dtypes scale() takes.
+_FLOATING = frozenset((paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64))
+#: The key of the float32 scale in ``_factor_tensors``.
+_FLOAT32_SCALE = (False, False)
 
 _EXTRA_NAMES = ("device", "process_group", "distributed", "max_consecutive_skips",
                 "on_collapse", "backend", "diagnose", "history")
@@ -170,6 +175,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         self._process_group = process_group
         self._distributed = distributed
         self._state = ScalerState.initial(config)
+        self._unscale_overflows = spec.unscale_overflows(self._state.scale)
         # The scale as a shape-[1] float32 tensor on the place: what the kernel takes.
         self._scale_tensor: paddle.Tensor = paddle.to_tensor(
             np.array([self._state.scale], np.float32), place=place)
@@ -207,6 +213,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         self._process_group = None
         self._distributed = saved["_distributed"]
         self._state = saved["_state"]
+        self._unscale_overflows = spec.unscale_overflows(self._state.scale)
         self._scale_tensor = paddle.to_tensor(np.array([self._state.scale], np.float32),
                                               place=self._place)
         self._factor_tensors = {}
@@ -231,7 +238,11 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
     def _set_state(self, state: ScalerState) -> None:
         if state.scale != self._state.scale:
             self._scale_tensor.fill_(state.scale)  # a float32 value: fill_ stores it exactly
-            self._factor_tensors.clear()
+            self._state = state
+            # In place, not rebuilt: a new tensor is dozens of calls at each skip.
+            for key, factor in self._factor_tensors.items():
+                factor.fill_(float(self._factor_value(key)))
+            self._unscale_overflows = spec.unscale_overflows(state.scale)
         self._state = state
         _compat.write_native_trackers(self, state)
 
@@ -342,17 +353,19 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         """The 0-d scale (or ``f32(1 / scale)``, the float64 reciprocal rounded once) as a
         tensor to multiply a ``dtype`` tensor by: float64 for float64, else float32
         (16-bit values are multiplied in float32 and rounded back, as NumPy does)."""
-        key = (dtype == paddle.float64, reciprocal)
+        key = (dtype == paddle.float64, reciprocal)  # _FLOAT32_SCALE for float32
         factor = self._factor_tensors.get(key)
         if factor is None:
-            value = np.float32(self._state.scale)
-            if reciprocal:
-                with np.errstate(divide="ignore", over="ignore"):
-                    value = np.float32(np.float64(1.0) / np.float64(value))
-            factor = paddle.to_tensor(np.asarray(value, np.float64 if key[0] else np.float32),
-                                      place=self._place)
+            factor = paddle.to_tensor(self._factor_value(key), place=self._place)
             self._factor_tensors[key] = factor
         return factor
+
+    def _factor_value(self, key: tuple[bool, bool]) -> np.ndarray:
+        value = np.float32(self._state.scale)
+        if key[1]:
+            with np.errstate(divide="ignore", over="ignore"):
+                value = np.float32(np.float64(1.0) / np.float64(value))
+        return np.asarray(value, np.float64 if key[0] else np.float32)
 
     def _multiply(self, tensor: Any, reciprocal: bool = False) -> Any:
         if tensor.dtype in (paddle.float32, paddle.float64):
@@ -365,20 +378,35 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         kept), on every place and whatever ``auto_cast`` is set to."""
         if not self._config.enabled:
             return outputs
-        self._claim()
+        if self._iteration_thread != threading.get_ident():
+            self._claim()
         self._scale_called = True
+        if outputs.__class__ is paddle.Tensor:
+            # One loss, the usual case, in line: every call here is host time a
+            # launch-bound step waits for (tests/test_call_counts_paddle.py).
+            dtype = outputs.dtype
+            if not self._bf16_warned and (dtype == paddle.bfloat16
+                                          or _compat.autocast_dtype() == "bfloat16"):
+                self._warn_bf16()
+            if dtype == paddle.float32:
+                factor = self._factor_tensors.get(_FLOAT32_SCALE)
+                scaled = outputs * (factor if factor is not None
+                                    else self._factor(paddle.float32))
+            else:
+                scaled = self._scale_one(outputs)
+            self._scale_input = outputs  # for overflow_report().loss_finite
+            return scaled
         if not self._bf16_warned:
             self._warn_if_bf16(outputs)
         scaled = tree_map(self._scale_one, outputs)
-        # For overflow_report().loss_finite, read only after a skipped update.
-        self._scale_input = outputs if isinstance(outputs, paddle.Tensor) else None
+        self._scale_input = None
         return scaled
 
     def _scale_one(self, tensor: Any) -> Any:
         if not isinstance(tensor, paddle.Tensor):
             raise TypeError(f"scale() takes a paddle.Tensor or a list/tuple/dict of them, got "
                             f"{type(tensor).__name__}")
-        if not paddle.is_floating_point(tensor):
+        if tensor.dtype not in _FLOATING:
             raise TypeError(f"scale() takes floating-point tensors, got {tensor.dtype}")
         return self._multiply(tensor)
 
@@ -387,13 +415,16 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         if not isinstance(first, paddle.Tensor):
             return
         if first.dtype == paddle.bfloat16 or _compat.autocast_dtype() == "bfloat16":
-            self._bf16_warned = True
-            # paddle.amp.GradScaler disables itself here; this one keeps scaling, which
-            # is harmless, and says once that it is unnecessary.
-            warnings.warn(
-                "Loss scaling is unnecessary with bfloat16: it has float32's exponent range, "
-                "so gradients do not underflow. Build the scaler with enabled=False (every verb "
-                "becomes a pass-through) or drop it.", UserWarning, stacklevel=3)
+            self._warn_bf16()
+
+    def _warn_bf16(self) -> None:
+        self._bf16_warned = True
+        # paddle.amp.GradScaler disables itself here; this one keeps scaling, which is
+        # harmless, and says once that it is unnecessary.
+        warnings.warn(
+            "Loss scaling is unnecessary with bfloat16: it has float32's exponent range, "
+            "so gradients do not underflow. Build the scaler with enabled=False (every verb "
+            "becomes a pass-through) or drop it.", UserWarning, stacklevel=4)
 
     def _require_scale_called(self, verb: str) -> None:
         # torch raises here; without it the gradients of an unscaled loss would be
@@ -409,17 +440,21 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         """Unscales ``grads`` in place; returns found_inf (a bool, or a bool tensor on
         the scale's place) for the gradients as given, before unscaling."""
         flags = []
-        kernel = [g for g in grads if g.dtype in KERNEL_DTYPES]
+        kernel: list[Any] = []
+        others: list[Any] = []
+        for g in grads:  # a loop, not comprehensions: each of those is a call
+            (kernel if g.dtype in KERNEL_DTYPES else others).append(g)
         if kernel:
             flags.append(_compat.check_finite_and_unscale_(kernel, self._scale_tensor))
-        for g in grads:
-            if g.dtype not in KERNEL_DTYPES:
-                wide = g if g.dtype == paddle.float64 else g.astype(paddle.float32)
-                flags.append(paddle.logical_not(paddle.isfinite(wide).all()).reshape([1]))
-                paddle.assign(self._multiply(g, reciprocal=True), g)
-        if spec.unscale_overflows(self._state.scale):
+        for g in others:
+            wide = g if g.dtype == paddle.float64 else g.astype(paddle.float32)
+            flags.append(paddle.logical_not(paddle.isfinite(wide).all()).reshape([1]))
+            paddle.assign(self._multiply(g, reciprocal=True), g)
+        if self._unscale_overflows:
             # 1/scale is inf in float32: every unscaled gradient is inf or NaN.
             return True
+        if len(flags) == 1:
+            return flags[0]
         return functools.reduce(paddle.logical_or, flags) if flags else False
 
     def unscale_(self, optimizer: Any) -> None:
@@ -427,25 +462,30 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         agreed across ranks when ``paddle.distributed`` is initialised."""
         if not self._config.enabled:
             return
-        self._claim()
-        self._require_scale_called("unscale_")
+        if self._iteration_thread != threading.get_ident():
+            self._claim()
+        if not self._scale_called:
+            self._require_scale_called("unscale_")
         state = self._optimizer_checks[id(optimizer)]
         if state["state"] is OptimizerState.UNSCALED:
             raise RuntimeError(
                 "unscale_() has already been called on this optimizer since the last update().")
         if state["state"] is OptimizerState.STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        # A sparse gradient's values tensor shares its storage (_compat.dense), so
-        # unscaling it in place unscales the gradient.
-        indexed = [(k, _compat.dense(p.grad))
-                   for k, (_, p) in enumerate(_compat.indexed_params(optimizer))
-                   if p.grad is not None]
-        grads = [g for _, g in indexed]
         if self._diagnose:
+            # A sparse gradient's values tensor shares its storage (_compat.dense), so
+            # unscaling it in place unscales the gradient.
+            indexed = [(k, _compat.dense(p.grad))
+                       for k, (_, p) in enumerate(_compat.indexed_params(optimizer))
+                       if p.grad is not None]
+            grads = [g for _, g in indexed]
             self._prechecked[id(optimizer)] = self._precheck(indexed)
+        else:
+            grads = _compat.gradients(optimizer)
         self._checked[id(optimizer)] = optimizer
         found = self._check_and_unscale(grads) if grads else None
-        if self._across_ranks():
+        if self._distributed is not False and dist.is_initialized() and \
+                dist.get_world_size(self._process_group) > 1:  # _across_ranks(), in line
             found = self._agree_across_ranks(found)
         if found is not None:
             state["found_inf"] = found
@@ -472,8 +512,10 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
     def _step(self, optimizer: Any, call: Any, *args: Any, **kwargs: Any) -> Any:
         if not self._config.enabled:
             return call(*args, **kwargs)
-        self._claim()
-        self._require_scale_called("step")
+        if self._iteration_thread != threading.get_ident():
+            self._claim()
+        if not self._scale_called:
+            self._require_scale_called("step")
         state = self._optimizer_checks[id(optimizer)]
         if state["state"] is OptimizerState.STEPPED:
             raise RuntimeError("step() has already been called since the last update(). Call "
@@ -484,7 +526,9 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             raise NoInfChecksError.for_optimizer()
         # The one host read: Python must decide whether to step (Paddle's optimizers
         # read their found_inf the same way).
-        skipped = bool(state["found_inf"])
+        found = state["found_inf"]
+        # numpy(), not bool(): a Paddle tensor's __bool__ is seven Python calls.
+        skipped = found if found.__class__ is bool else bool(found.numpy()[0])
         state["found_inf"] = skipped
         state["state"] = OptimizerState.STEPPED
         return None if skipped else call(*args, **kwargs)
@@ -582,10 +626,12 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         is not counted as an update: it is not recorded in :meth:`history`, and
         :meth:`overflow_report` is None after it (as on torch).
         """
-        finite, new_scale = update_arguments(finite, new_scale)
+        if finite is not None or new_scale is not None:
+            finite, new_scale = update_arguments(finite, new_scale)
         if not self._config.enabled:
             return self
-        self._claim()
+        if self._iteration_thread != threading.get_ident():
+            self._claim()
         found_inf = False
         if new_scale is not None:
             if isinstance(new_scale, paddle.Tensor):
@@ -596,30 +642,50 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             self._set_state(self._state._replace(scale=new_scale_value(new_scale)))
             self._remember_update(None)
         else:
-            optimizer_checks = [s["found_inf"] for s in self._optimizer_checks.values()
-                                if "found_inf" in s]
-            checks = optimizer_checks + self._functional_found_inf
+            # Loops, not comprehensions or any(): each of those is a call per update.
+            # step() has left a bool in each optimizer's check; unscale_() alone a tensor.
+            checked = optimizer_found = False
+            for s in self._optimizer_checks.values():
+                if "found_inf" in s:
+                    checked = True
+                    flag = s["found_inf"]
+                    if flag if flag.__class__ is bool else bool(flag.numpy()[0]):
+                        optimizer_found = True
+            found_inf = optimizer_found
+            for flag in self._functional_found_inf:
+                checked = True
+                if flag if flag.__class__ is bool else bool(flag.numpy()[0]):
+                    found_inf = True
             if finite is not None:
-                checks.append(not bool(finite))
-            if not checks:
+                checked = True
+                if not bool(finite):
+                    found_inf = True
+            if not checked:
                 raise NoInfChecksError.prior_to_update()
-            found_inf = any(bool(flag) for flag in checks)
             scale = self._state.scale
             self._set_state(spec.update(self._config, self._state, found_inf))
-            self._count(found_inf)
-            self._record(self._state.scale, found_inf)  # the scale the update left
-            self._remember_update(LastUpdate(
-                self._updates, scale, list(self._checked.values()), self._scale_input,
-                not any(bool(flag) for flag in optimizer_checks), self._across_ranks(),
-                self._prechecked) if found_inf else None)
-        self._optimizer_checks = _compat.new_optimizer_states()
+            self._updates += 1  # HostCounters._count, in line
+            self._skipped += found_inf
+            self._last_skipped = found_inf
+            if self._ring_count is not None and len(self._ring_iterations):
+                self._record(self._state.scale, found_inf)  # the scale the update left
+            if found_inf:
+                self._remember_update(LastUpdate(
+                    self._updates, scale, list(self._checked.values()), self._scale_input,
+                    not optimizer_found, self._across_ranks(), self._prechecked))
+            else:
+                self._last = None  # _remember_update(None): nothing to diagnose
+        self._optimizer_checks.clear()  # Paddle's _optimizer_states: the same dict
         self._functional_found_inf = []
-        self._prechecked = {}
-        self._forget_iteration()
+        if self._prechecked:
+            self._prechecked = {}
+        self._checked = {}  # _forget_iteration, in line
+        self._scale_input = None
         _compat.write_native_iteration(self, self._optimizer_checks,
                                        self._last_skipped if self._updates else None)
         self._iteration_thread = None
-        if new_scale is None:
+        if new_scale is None and (found_inf or not self._monitor.settled
+                                  or self._state.scale < FLOAT32_MIN_NORMAL):
             # After the update is applied: on_collapse="raise" leaves a consistent scaler.
             self._monitor.observe(self._updates, self._state.scale, found_inf,
                                   detail=self._collapse_detail if found_inf else None)
