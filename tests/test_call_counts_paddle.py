@@ -14,8 +14,8 @@ scaler turns itself off)::
 
 and what is counted is every Python call inside the four verbs (the optimizer's own step
 included: Paddle's scaler calls it on every iteration and leaves the skip to the kernel,
-which it tells found_inf (AdamW's CPU kernel steps all the same); this one calls it only on
-a good one), on a warmed-up iteration that another one, two later, must count the same.
+which it tells found_inf; this one calls it only on a good one), on a warmed-up iteration
+that another one, two later, must count the same.
 
 Paddle's own skipped iteration raises (``test_paddles_own_update_raises_at_an_overflow``):
 there the scaler is held to Paddle's good iteration, which does less. Targets as for

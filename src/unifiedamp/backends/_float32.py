@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EXP_MASK", "MIN_NORMAL_BITS", "Float32Bits", "factor_parts"]
+__all__ = ["EXP_MASK", "MIN_NORMAL_BITS", "Float32Bits", "factor_parts", "reciprocal_factors"]
 
 #: The exponent bits of a float32: all set for inf and NaN.
 EXP_MASK = 0x7F800000
@@ -61,6 +61,28 @@ def factor_parts(c: float) -> tuple[float, int]:
     """
     mantissa, exponent = math.frexp(c)
     return mantissa * 2, exponent - 1
+
+
+def reciprocal_factors(scale: float) -> tuple[float, float]:
+    """``split(reciprocal_bits(bits))`` of the float32 ``scale`` computed on the host: the
+    two normal factors of ``f32(1 / scale)`` (:meth:`Float32Bits.split`), for a scaler that
+    keeps them while the scale stays.
+
+    Example:
+        >>> reciprocal_factors(1024.0), reciprocal_factors(0.0)
+        ((0.0009765625, 1.0), (inf, 1.0))
+        >>> hi, lo = reciprocal_factors(2.0**127)        # 1 / scale is subnormal: 2**-127
+        >>> hi * lo == 2.0**-127, lo == 2.0**-64
+        (True, True)
+    """
+    from unifiedamp.spec import f32, f32_bits
+
+    # Python's division is float64's, correctly rounded; f32 rounds it once more.
+    reciprocal = math.inf if scale == 0 else f32(1.0 / scale)
+    bits = f32_bits(reciprocal)
+    if bits < MIN_NORMAL_BITS:
+        return bits * 2.0**-85, 2.0**-64
+    return reciprocal, 1.0
 
 
 @dataclass(frozen=True)

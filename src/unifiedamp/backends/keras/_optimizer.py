@@ -21,7 +21,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from unifiedamp.backends._float32 import EXP_MASK
+from unifiedamp.backends._float32 import EXP_MASK, reciprocal_factors
 from unifiedamp.backends._imperative import diagnostics_options
 from unifiedamp.diagnostics import OverflowReport
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32, f32_bits
@@ -104,7 +104,9 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
     ``update_count`` (the updates since the optimizer was built or loaded),
     ``skipped_count`` (those that skipped) and ``last_skipped`` (1 if the last one
     did), which ``KerasGradScaler``'s ``num_steps``, ``num_skipped_steps`` and
-    ``last_step_skipped`` read.
+    ``last_step_skipped`` read; nor ``unscale_factors``, ``f32(1 / scale)`` as the two
+    normal factors the gradients are multiplied by, recomputed only when the scale moves
+    (and set again when the scale is set or loaded).
 
     Diagnostics (``diagnose``, ``history``) add variables of their own, only when
     on: the history ring ``history_iteration``, ``history_scale``,
@@ -139,6 +141,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
     update_count: Any
     skipped_count: Any
     last_skipped: Any
+    unscale_factors: Any
 
     def __init__(self, inner_optimizer: Any, scaler_config: dict[str, Any] | None = None,
                  name: str | None = None, diagnose: bool = False, history: int = 0,
@@ -213,9 +216,11 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         self.update_count = add("update_count", "int32", 0)
         self.skipped_count = add("skipped_count", "int32", 0)
         self.last_skipped = add("last_skipped", "int32", 0)
+        self.unscale_factors = add("unscale_factors", "float32",
+                                   np.array(reciprocal_factors(start.scale), np.float32))
         self._unsaved_ids = frozenset([
             id(self.scaler_rule), id(self.update_count), id(self.skipped_count),
-            id(self.last_skipped),
+            id(self.last_skipped), id(self.unscale_factors),
             *self._build_diagnostics(len(var_list), self._backend_paths.counts_on_device)])
 
     # ------------------------------------------------------------ state
@@ -257,6 +262,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
 
     def _assign_state(self, state: ScalerState) -> None:
         self.dynamic_scale.assign(ops.convert_to_tensor(state.scale, "float32"))
+        self.unscale_factors.assign(np.array(reciprocal_factors(state.scale), np.float32))
         self.step_counter.assign(ops.cast(state.growth_tracker, self.step_counter.dtype))
         self.hysteresis_counter.assign(ops.cast(state.hysteresis_tracker,
                                                 self.hysteresis_counter.dtype))
@@ -272,18 +278,31 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
             ops.unstack(ops.convert_to_tensor(self.scaler_rule)))
         zero_g, zero_h = ops.zeros_like(growth), ops.zeros_like(hyst)
         bits = F32.bits(scale)
+        # The products on bits (about 150 ops each) in a cond, not computed and selected:
+        # a step runs them only when the scale moves.
         if finite:
             growth = growth + 1
             grow = growth >= ops.cast(interval, growth.dtype)
-            # max_bits is inf's without a max_scale: an overflow stays inf and keeps the scale.
-            grown = ops.minimum(F32.mul_bits(bits, F32.from_bits(grow_n), grow_e), max_bits)
-            grown = ops.where(F32.is_finite(grown), grown, bits)
-            new = (ops.where(grow, grown, bits), ops.where(grow, zero_g, growth), zero_h)
+
+            def grown() -> Any:
+                # max_bits is inf's without a max_scale: an overflow stays inf and keeps
+                # the scale.
+                product = ops.minimum(F32.mul_bits(bits, F32.from_bits(grow_n), grow_e),
+                                      max_bits)
+                return ops.where(F32.is_finite(product), product, bits)
+
+            # The step that keeps the scale first: what tests/test_graph_ops_keras.py counts.
+            new = (ops.cond(ops.logical_not(grow), lambda: bits, grown),
+                   ops.where(grow, zero_g, growth), zero_h)
         else:
             hyst = hyst + 1
             back_off = hyst >= ops.cast(hysteresis, hyst.dtype)
-            backed = ops.maximum(F32.mul_bits(bits, F32.from_bits(back_n), back_e), min_bits)
-            new = (ops.where(back_off, backed, bits), zero_g, ops.where(back_off, zero_h, hyst))
+
+            def backed() -> Any:
+                return ops.maximum(F32.mul_bits(bits, F32.from_bits(back_n), back_e), min_bits)
+
+            new = (ops.cond(ops.logical_not(back_off), lambda: bits, backed), zero_g,
+                   ops.where(back_off, zero_h, hyst))
         # dynamic=False: the scale stays, the trackers are reset.
         dynamic = ops.not_equal(dynamic, 0)
         return (F32.from_bits(ops.where(dynamic, new[0], bits)), ops.where(dynamic, new[1], zero_g),
@@ -292,13 +311,20 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
     def _assign_next(self, finite: bool) -> None:
         scale, growth, hyst = self._next(finite)
         self._record(not finite, scale)
+        # f32(1 / scale) as unscale_gradients multiplies by it, computed on bits (about 800
+        # ops) only when the scale moved: kept in unscale_factors meanwhile.
+        bits = F32.bits(scale)
+        self.unscale_factors.assign(ops.cond(
+            ops.equal(bits, F32.bits(self.dynamic_scale)),
+            lambda: ops.convert_to_tensor(self.unscale_factors),
+            lambda: ops.stack(F32.split(F32.reciprocal_bits(bits)))))
         self.dynamic_scale.assign(scale)
         self.step_counter.assign(ops.cast(growth, self.step_counter.dtype))
         self.hysteresis_counter.assign(ops.cast(hyst, self.hysteresis_counter.dtype))
 
     def unscale_gradients(self, grads: list[Any]) -> list[Any]:
         """The gradients of the scaled loss times ``f32(1 / scale)`` (each keeps its dtype)."""
-        hi, lo = F32.split(F32.reciprocal_bits(F32.bits(self.dynamic_scale)))
+        hi, lo = ops.unstack(ops.convert_to_tensor(self.unscale_factors))
         return self._backend_paths.unscale(grads, hi, lo)
 
     def get_unscaled_gradients(self, grads: list[Any]) -> list[Any]:
@@ -455,7 +481,14 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
                           f"{len(store.keys())} variables. ", stacklevel=2)
             return
         for i, variable in enumerate(variables):
-            variable.assign(store[str(i)])
+            value = store[str(i)]
+            variable.assign(value)
+            if variable is self.dynamic_scale:
+                # Read from the file's value ([()]: an h5py dataset or an array): a
+                # variable's own conversion warns under NumPy 2 (no copy argument), which
+                # loading turns into an error.
+                scale = float(value[()])
+        self.unscale_factors.assign(np.array(reciprocal_factors(scale), np.float32))
 
     def get_config(self) -> dict[str, Any]:
         """Keras's config and ``scaler_config``; ``diagnose`` and ``history`` when set (so a
