@@ -298,11 +298,9 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
             hyst = hyst + 1
             back_off = hyst >= ops.cast(hysteresis, hyst.dtype)
 
-            def backed() -> Any:
-                return ops.maximum(F32.mul_bits(bits, F32.from_bits(back_n), back_e), min_bits)
-
-            new = (ops.cond(ops.logical_not(back_off), lambda: bits, backed), zero_g,
-                   ops.where(back_off, zero_h, hyst))
+            new = (ops.cond(ops.logical_not(back_off), lambda: bits, lambda: ops.maximum(
+                F32.mul_bits(bits, F32.from_bits(back_n), back_e), min_bits)), zero_g,
+                ops.where(back_off, zero_h, hyst))
         # dynamic=False: the scale stays, the trackers are reset.
         dynamic = ops.not_equal(dynamic, 0)
         return (F32.from_bits(ops.where(dynamic, new[0], bits)), ops.where(dynamic, new[1], zero_g),
@@ -311,8 +309,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
     def _assign_next(self, finite: bool) -> None:
         scale, growth, hyst = self._next(finite)
         self._record(not finite, scale)
-        # f32(1 / scale) as unscale_gradients multiplies by it, computed on bits (about 800
-        # ops) only when the scale moved: kept in unscale_factors meanwhile.
+        # f32(1 / scale) on bits (about 800 ops) only when the scale moved.
         bits = F32.bits(scale)
         self.unscale_factors.assign(ops.cond(
             ops.equal(bits, F32.bits(self.dynamic_scale)),
