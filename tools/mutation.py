@@ -300,10 +300,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "test_functional_unscale_of_several_dtypes_counts_one_inf_for_the_rule " + _T_TORCH),
     # ---------------------------------------------------------------- paddle
     Mutant("paddle-update-last-flag-only", f"{BACKENDS}/paddle/_scaler.py",
-           "                    if flag if flag.__class__ is bool else bool(flag.numpy()[0]):\n"
+           "                    if _is_set(s[\"found_inf\"]):\n"
            "                        optimizer_found = True",
-           "                    optimizer_found = (flag if flag.__class__ is bool\n"
-           "                                       else bool(flag.numpy()[0]))", _T_PADDLE),
+           "                    optimizer_found = _is_set(s[\"found_inf\"])", _T_PADDLE),
     Mutant("paddle-reciprocal-overflow-not-inf", f"{BACKENDS}/paddle/_scaler.py",
            "            return True\n        if len(flags) == 1:",
            "            pass\n        if len(flags) == 1:", _T_PADDLE),
@@ -313,7 +312,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("paddle-scale-tensor-not-written", f"{BACKENDS}/paddle/_scaler.py",
            "self._scale_tensor.fill_(state.scale)", "pass", _T_PADDLE),
     Mutant("paddle-factor-cache-kept", f"{BACKENDS}/paddle/_scaler.py",
-           "                factor.fill_(float(self._factor_value(key)))", "                pass",
+           "                factor.fill_(float(_factor_value(state.scale, key)))",
+           "                pass",
            _T_PADDLE),
     Mutant("paddle-step-ignores-flag", f"{BACKENDS}/paddle/_scaler.py",
            "return None if skipped else call(*args, **kwargs)", "return call(*args, **kwargs)",

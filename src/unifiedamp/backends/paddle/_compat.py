@@ -115,14 +115,19 @@ def dense(grad: Any) -> Any:
     return grad._get_tensor_from_selected_rows() if grad.is_selected_rows() else grad
 
 
-def gradients(optimizer: Any) -> list[Any]:
-    """The optimizer's gradients as dense tensors (:func:`dense`), in its order, skipping
-    parameters without one: :func:`indexed_params`' gradients in one call (what every
-    ``unscale_`` pays: no call per parameter)."""
+def _param_groups(optimizer: Any) -> list[Any]:
     groups = getattr(optimizer, "_param_groups", None)
     if groups is None:
         raise TypeError(f"optimizer must be a paddle.optimizer.Optimizer, got "
                         f"{type(optimizer).__name__}")
+    return groups
+
+
+def gradients(optimizer: Any) -> list[Any]:
+    """The optimizer's gradients as dense tensors (:func:`dense`), in its order, skipping
+    parameters without one: :func:`indexed_params`' gradients in one call (what every
+    ``unscale_`` pays: no call per parameter)."""
+    groups = _param_groups(optimizer)
     grads = []
     for group in groups:
         for p in group["params"] if isinstance(group, dict) else (group,):
@@ -136,10 +141,7 @@ def gradients(optimizer: Any) -> list[Any]:
 def indexed_params(optimizer: Any) -> list[tuple[str, Any]]:
     """``(param_groups[g][i], parameter)`` for every parameter, in the optimizer's order
     (an optimizer built from a plain list of parameters has one group)."""
-    groups = getattr(optimizer, "_param_groups", None)
-    if groups is None:
-        raise TypeError(f"optimizer must be a paddle.optimizer.Optimizer, got "
-                        f"{type(optimizer).__name__}")
+    groups = _param_groups(optimizer)
     params: list[tuple[str, Any]] = []
     for g, group in enumerate(groups):
         if isinstance(group, dict):

@@ -57,6 +57,21 @@ def paddle_expressible(config: ScalerConfig) -> bool:
     return not spec.cannot_carry(config, "paddle.amp.GradScaler")
 
 
+def _factor_value(scale: float, key: tuple[bool, bool]) -> np.ndarray:
+    """The value of the factor tensor ``key`` (float64?, reciprocal?) for ``scale``."""
+    value = np.float32(scale)
+    if key[1]:
+        with np.errstate(divide="ignore", over="ignore"):
+            value = np.float32(np.float64(1.0) / np.float64(value))
+    return np.asarray(value, np.float64 if key[0] else np.float32)
+
+
+def _is_set(flag: Any) -> bool:
+    """A found_inf flag read on the host: a bool, or a shape-[1] tensor read with
+    ``numpy()`` (a Paddle tensor's ``bool()`` is seven Python calls)."""
+    return flag if flag.__class__ is bool else bool(flag.numpy()[0])
+
+
 def _place(device: Any) -> Any:
     """The Paddle place for ``device`` (a string such as ``"cpu"`` or ``"gpu:0"``, or a
     place); ``None`` is Paddle's current device (``paddle.get_device()``)."""
@@ -238,10 +253,9 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
     def _set_state(self, state: ScalerState) -> None:
         if state.scale != self._state.scale:
             self._scale_tensor.fill_(state.scale)  # a float32 value: fill_ stores it exactly
-            self._state = state
             # In place, not rebuilt: a new tensor is dozens of calls at each skip.
             for key, factor in self._factor_tensors.items():
-                factor.fill_(float(self._factor_value(key)))
+                factor.fill_(float(_factor_value(state.scale, key)))
             self._unscale_overflows = spec.unscale_overflows(state.scale)
         self._state = state
         _compat.write_native_trackers(self, state)
@@ -356,16 +370,9 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         key = (dtype == paddle.float64, reciprocal)  # _FLOAT32_SCALE for float32
         factor = self._factor_tensors.get(key)
         if factor is None:
-            factor = paddle.to_tensor(self._factor_value(key), place=self._place)
+            factor = paddle.to_tensor(_factor_value(self._state.scale, key), place=self._place)
             self._factor_tensors[key] = factor
         return factor
-
-    def _factor_value(self, key: tuple[bool, bool]) -> np.ndarray:
-        value = np.float32(self._state.scale)
-        if key[1]:
-            with np.errstate(divide="ignore", over="ignore"):
-                value = np.float32(np.float64(1.0) / np.float64(value))
-        return np.asarray(value, np.float64 if key[0] else np.float32)
 
     def _multiply(self, tensor: Any, reciprocal: bool = False) -> Any:
         if tensor.dtype in (paddle.float32, paddle.float64):
@@ -399,7 +406,8 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         if not self._bf16_warned:
             self._warn_if_bf16(outputs)
         scaled = tree_map(self._scale_one, outputs)
-        self._scale_input = None
+        # For overflow_report().loss_finite, read only after a skipped update.
+        self._scale_input = outputs if isinstance(outputs, paddle.Tensor) else None
         return scaled
 
     def _scale_one(self, tensor: Any) -> Any:
@@ -526,9 +534,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             raise NoInfChecksError.for_optimizer()
         # The one host read: Python must decide whether to step (Paddle's optimizers
         # read their found_inf the same way).
-        found = state["found_inf"]
-        # numpy(), not bool(): a Paddle tensor's __bool__ is seven Python calls.
-        skipped = found if found.__class__ is bool else bool(found.numpy()[0])
+        skipped = _is_set(state["found_inf"])
         state["found_inf"] = skipped
         state["state"] = OptimizerState.STEPPED
         return None if skipped else call(*args, **kwargs)
@@ -648,13 +654,12 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             for s in self._optimizer_checks.values():
                 if "found_inf" in s:
                     checked = True
-                    flag = s["found_inf"]
-                    if flag if flag.__class__ is bool else bool(flag.numpy()[0]):
+                    if _is_set(s["found_inf"]):
                         optimizer_found = True
             found_inf = optimizer_found
             for flag in self._functional_found_inf:
                 checked = True
-                if flag if flag.__class__ is bool else bool(flag.numpy()[0]):
+                if _is_set(flag):
                     found_inf = True
             if finite is not None:
                 checked = True
@@ -667,7 +672,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             self._updates += 1  # HostCounters._count, in line
             self._skipped += found_inf
             self._last_skipped = found_inf
-            if self._ring_count is not None and len(self._ring_iterations):
+            if len(self._ring_iterations):
                 self._record(self._state.scale, found_inf)  # the scale the update left
             if found_inf:
                 self._remember_update(LastUpdate(
