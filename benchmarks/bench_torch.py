@@ -31,9 +31,10 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
-from _timing import interleaved_medians, interleaved_rounds, round_ratio  # benchmarks/_timing.py
+from _timing import interleaved_medians, round_ratio  # benchmarks/_timing.py
 
 import unifiedamp as ua
 
@@ -175,7 +176,11 @@ def select_skip_bench(device: str, repeats: int, elements: int = 10_000_000) -> 
 
 
 def host_time_bench(device: str, repeats: int, iterations: int = 300) -> None:
-    """Section 4: the host time of the scaler's verbs per iteration, the rest untimed."""
+    """Section 4: the host time of the scaler's verbs per iteration, the rest untimed.
+
+    Each scaler trains a model of its own; in a round, they take turns every iteration
+    (the order reversed every other one), so the machine's drift, which moves a whole
+    round's time by tens of percent here, falls on every scaler alike."""
     scalers = {"b torch.amp.GradScaler": lambda: torch.amp.GradScaler(device, init_scale=1024.0),
                "c unifiedamp": lambda: ua.GradScaler(1024.0, backend="torch", device=device),
                "d unifiedamp (hysteresis=2, min_scale)": lambda: ua.GradScaler(
@@ -183,50 +188,56 @@ def host_time_bench(device: str, repeats: int, iterations: int = 300) -> None:
     verbs = ("scale", "unscale_", "step", "update")
     x = torch.randn(4, 8, device=device)
     clock = time.perf_counter_ns
-    for fused in (False, True):
-        runs = {}
-        for name, make in scalers.items():
-            model = mlp(device, (8, 8, 8, 8, 8))
-            opt = torch.optim.AdamW(model.parameters(), fused=fused,
-                                    foreach=None if fused else True)
-            scaler = make()
 
-            def run(model=model, opt=opt, scaler=scaler) -> list[float]:
-                spent = [0, 0, 0, 0]
-                for _ in range(iterations):
-                    loss = model(x).square().mean()
-                    t0 = clock()
-                    scaled = scaler.scale(loss)
-                    t1 = clock()
-                    scaled.backward()
-                    t2 = clock()
-                    scaler.unscale_(opt)  # as before clipping: step() then skips its own
-                    t3 = clock()
-                    scaler.step(opt)
-                    t4 = clock()
-                    scaler.update()
-                    t5 = clock()
-                    opt.zero_grad(set_to_none=True)
-                    spent[0] += t1 - t0
-                    spent[1] += t3 - t2
-                    spent[2] += t4 - t3
-                    spent[3] += t5 - t4
-                sync(device)
-                return [t / iterations / 1e3 for t in spent]
-            runs[name] = run
-        # The warm-up run builds the optimizer's state (and the compiled rule on CUDA).
-        per = interleaved_rounds(runs, repeats)
+    def iteration(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: Any,
+                  spent: list[int]) -> None:
+        loss = model(x).square().mean()
+        t0 = clock()
+        scaled = scaler.scale(loss)
+        t1 = clock()
+        scaled.backward()
+        t2 = clock()
+        scaler.unscale_(opt)  # as before clipping: step() then skips its own
+        t3 = clock()
+        scaler.step(opt)
+        t4 = clock()
+        scaler.update()
+        t5 = clock()
+        opt.zero_grad(set_to_none=True)
+        spent[0] += t1 - t0
+        spent[1] += t3 - t2
+        spent[2] += t4 - t3
+        spent[3] += t5 - t4
+
+    for fused in (False, True):
+        trained = {name: (mlp(device, (8, 8, 8, 8, 8)), make()) for name, make in scalers.items()}
+        cases = [(name, model, torch.optim.AdamW(model.parameters(), fused=fused,
+                                                 foreach=None if fused else True), scaler)
+                 for name, (model, scaler) in trained.items()]
+        per: dict[str, list[list[float]]] = {name: [] for name in scalers}
+        # Round 0 is the warm-up (the optimizers' state; the compiled rule on CUDA).
+        for round_ in range(repeats + 1):
+            spent = {name: [0, 0, 0, 0] for name in scalers}
+            for i in range(iterations):
+                for name, model, opt, scaler in (cases if i % 2 else cases[::-1]):
+                    iteration(model, opt, scaler, spent[name])
+            sync(device)
+            if round_:
+                for name in scalers:
+                    per[name].append([t / iterations / 1e3 for t in spent[name]])
         print(f"host time per iteration, 4-layer 8x8 MLP, {'fused' if fused else 'foreach'} "
               f"AdamW, {device}, us (step includes the optimizer's), median of {repeats} x "
-              f"{iterations}; / b: median of per-round ratios of the totals")
+              f"{iterations}, the scalers taking turns every iteration; / b: median of "
+              "per-round ratios of the totals")
         totals = {name: [sum(times) for times in rounds] for name, rounds in per.items()}
         base = next(iter(per))
         for name in per:
             times = [statistics.median(p[i] for p in per[name]) for i in range(len(verbs))]
             ratio = round_ratio(totals, name, base)
+            spread = [p / q for p, q in zip(totals[name], totals[base], strict=True)]
             columns = "  ".join(f"{v} {t:6.1f}" for v, t in zip(verbs, times, strict=True))
-            print(f"  {name:40s} {columns}"
-                  f"  total {statistics.median(totals[name]):6.1f}  / b {ratio:.3f}")
+            print(f"  {name:40s} {columns}  total {statistics.median(totals[name]):6.1f}"
+                  f"  / b {ratio:.3f} (rounds {min(spread):.3f}-{max(spread):.3f})")
 
 
 def graph_replay_bench(repeats: int, replays: int = 50) -> None:

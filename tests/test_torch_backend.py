@@ -323,6 +323,81 @@ def test_fp16_gradients_get_torchs_error_with_the_fix():
         scaler.step(opt)
 
 
+def _gradient_kinds(poison: float | None, sparse_dtype: torch.dtype = torch.float32
+                    ) -> tuple[list[torch.nn.Parameter], torch.Tensor]:
+    """Parameters whose gradients cover what unscale_ splits on: float32 and bfloat16,
+    a sparse one with a duplicate index (float16 for ``sparse_dtype=torch.float16``, which
+    the fused path's check coalesces first), one that requires grad (backward with
+    create_graph), and one with no gradient; and the loss."""
+    torch.manual_seed(0)
+    dense = torch.nn.Parameter(torch.randn(4, 3))
+    bf16 = torch.nn.Parameter(torch.randn(5, dtype=torch.bfloat16))
+    emb = torch.nn.Embedding(6, 2, sparse=True).to(sparse_dtype)
+    unused = torch.nn.Parameter(torch.ones(2))
+    weight = torch.ones(3)
+    if poison is not None:
+        weight[1] = poison
+    loss = ((dense * weight).square().sum() + bf16.float().sum()
+            + emb(torch.tensor([1, 2, 2])).float().sum())
+    return [dense, bf16, emb.weight, unused], loss
+
+
+@pytest.mark.parametrize("poison", [None, float("inf"), float("nan")])
+@pytest.mark.parametrize("verb", ["unscale_", "fused check"])
+def test_unscale_gives_torchs_gradients_and_flag_bit_for_bit(poison, verb):
+    """unscale_ and the fused path's check (torch's, written out) against
+    torch.amp.GradScaler's on the same gradients: the same bits in every gradient (a
+    float16 sparse one coalesced in the check, as torch does), the same found_inf, grad
+    mode off (a create_graph gradient requires grad)."""
+    results = []
+    for scaler in (torch.amp.GradScaler("cpu", init_scale=1024.0),
+                   ua.GradScaler(1024.0, backend="torch", device="cpu")):
+        params, loss = _gradient_kinds(
+            poison, torch.float32 if verb == "unscale_" else torch.float16)
+        opt = torch.optim.SGD(params, lr=0.1)
+        scaler.scale(loss).backward(create_graph=True)
+        assert params[0].grad.requires_grad
+        assert not params[2].grad.is_coalesced()
+        if verb == "unscale_":
+            scaler.unscale_(opt)
+        else:
+            scaler._check_inf_per_device(opt)
+        found = scaler._per_optimizer_states[id(opt)]["found_inf_per_device"]
+        grads = [p.grad.to_dense() if p.grad is not None and p.grad.is_sparse else p.grad
+                 for p in params]
+        bits = {2: torch.int16, 4: torch.int32}
+        results.append(([None if g is None else g.detach().view(bits[g.element_size()]).tolist()
+                         for g in grads],
+                        {d: f.item() for d, f in found.items()}, params[2].grad.is_coalesced(),
+                        [None if p.grad is None else type(p.grad.grad_fn).__name__
+                         for p in params]))
+    assert results[1] == results[0]
+
+
+def test_unscale_refuses_as_torch_does_and_changes_no_gradient():
+    params, loss = _gradient_kinds(None)
+    half = torch.nn.Parameter(torch.ones(2, dtype=torch.float16))
+    half.grad = torch.ones(2, dtype=torch.float16)
+    opt = torch.optim.SGD([*params, half], lr=0.1)
+    scaler = ua.GradScaler(1024.0, backend="torch", device="cpu")
+    scaler.scale(loss).backward()
+    before = [None if p.grad is None else p.grad.clone() for p in opt.param_groups[0]["params"]]
+    with pytest.raises(ValueError, match="^Attempting to unscale FP16 gradients"):
+        scaler.unscale_(opt)
+    after = [None if p.grad is None else p.grad for p in opt.param_groups[0]["params"]]
+    for a, b in zip(before, after, strict=True):
+        assert (a is None and b is None) or torch.equal(a.to_dense(), b.to_dense())
+    assert not opt.param_groups[0]["params"][2].grad.is_coalesced()
+    opt.param_groups[0]["params"].pop()
+    scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match=r"^unscale_\(\) has already been called on this "
+                                           r"optimizer since the last update\(\)\.$"):
+        scaler.unscale_(opt)
+    scaler.step(opt)
+    with pytest.raises(RuntimeError, match=r"^unscale_\(\) is being called after step\(\)\.$"):
+        scaler.unscale_(opt)
+
+
 def test_no_inf_checks_keep_torchs_sentence_and_say_the_cause_and_the_fix():
     # torch's own step() asserts "No inf checks were recorded for this optimizer." when no
     # parameter has a gradient (here: zero_grad between backward and step); its update()
@@ -846,8 +921,8 @@ def test_scale_traces_into_a_full_graph():
 def test_scale_and_update_trace_into_full_graphs_with_the_eager_trajectory(config):
     """scale() and update() under torch.compile(fullgraph=True) (a graph break raises),
     with a fused optimizer's step between them: the same states as eager, skips included.
-    (step() and unscale_() run torch.amp.GradScaler's code, which dynamo does not trace,
-    for torch's own scaler as for this one.)"""
+    (step() and unscale_() run eager, as torch.amp.GradScaler's do: dynamo does not trace
+    torch's, and this scaler's follow them.)"""
     def run(compiled):
         model = mlp()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
@@ -1147,7 +1222,7 @@ def test_the_private_name_scan_sees_a_planted_use():
         "rank = dist._rank_not_in_group(None)\n"
         "public = torch.__version__, torch.amp.GradScaler, dist.group.WORLD\n"
         "class Scaler(torch.amp.GradScaler):\n"
-        "    def _unscale_grads_(self, *args):\n"
+        "    def _check_scale_growth_tracker(self, *args):\n"
         "        return self._scale, super()._check_inf_per_device(args[0])\n"
         "    def _get_hysteresis_tracker(self):\n"
         "        return self._get_scale_async()\n"
@@ -1159,7 +1234,7 @@ def test_the_private_name_scan_sees_a_planted_use():
         "line 6: torch._foreach_norm",
         "line 7: torch._C",
         "line 8: dist._rank_not_in_group",
-        "line 11: def _unscale_grads_, torch.amp.GradScaler's",
+        "line 11: def _check_scale_growth_tracker, torch.amp.GradScaler's",
         "line 14: ._get_scale_async, torch.amp.GradScaler's",
     ]
 

@@ -36,7 +36,7 @@ __all__ = [
     "OPS", "OPTIMIZER_STATE_KEYS", "PRIVATE_METHODS", "STATE_ATTRIBUTES", "STEPS_ON_DEVICE",
     "STEP_CALLS", "OptState", "current_dispatch_mode", "distributed_initialized",
     "empty_optimizer_state", "fused_step",
-    "inf_norms", "takes_grad_scaler", "unscale_and_check_", "update_scale_",
+    "inf_norms", "takes_grad_scaler", "unscale_and_check_", "unscale_grads_", "update_scale_",
 ]
 
 #: The private methods of ``torch.amp.GradScaler`` the scaler overrides or calls, with
@@ -45,6 +45,7 @@ PRIVATE_METHODS: dict[str, list[str]] = {
     "_maybe_opt_step": ["self", "optimizer", "optimizer_state", "args", "kwargs"],
     "_check_inf_per_device": ["self", "optimizer"],
     "_lazy_init_scale_growth_tracker": ["self", "dev"],
+    "_unscale_grads_": ["self", "optimizer", "inv_scale", "found_inf", "allow_fp16"],
 }
 
 #: How torch's own ``step()`` calls the two methods overridden on its path.
@@ -129,6 +130,70 @@ def unscale_and_check_(grads: list[torch.Tensor], found_inf: torch.Tensor,
         (tensor([1., 2.]), tensor(1.))
     """
     torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+
+
+def unscale_grads_(scaler: TorchGradScaler, optimizer: torch.optim.Optimizer,
+                   inv_scale: torch.Tensor, found_inf: torch.Tensor,
+                   allow_fp16: bool) -> dict[torch.device, torch.Tensor]:
+    """``torch.amp.GradScaler._unscale_grads_``, which the scaler's class takes as its own:
+    the optimizer's gradients split by device and dtype (a sparse one by its coalesced
+    values), unscaled and checked as :func:`unscale_and_check_` does, grad mode off; the flag of
+    each device returned. The same checks, errors and kernels, less torch's per-call helper
+    objects, its copies of ``inv_scale`` and ``found_inf`` onto their own device (two
+    kernels), and its ``no_grad`` context (frames): host time at every iteration.
+
+    Example:
+        >>> from unifiedamp.backends.torch import TorchGradScaler
+        >>> param = torch.nn.Parameter(torch.ones(2))
+        >>> param.grad = torch.tensor([4.0, float("inf")])
+        >>> optimizer = torch.optim.SGD([param])
+        >>> found = unscale_grads_(TorchGradScaler(device="cpu"), optimizer,
+        ...                        torch.tensor(0.25), torch.zeros(()), False)
+        >>> param.grad[0].item(), found
+        (1.0, {device(type='cpu'): tensor(1.)})
+    """
+    float16 = torch.float16
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    founds: dict[torch.device, torch.Tensor] = {}
+    grad_enabled = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(False)
+    try:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if not isinstance(param, torch.Tensor):
+                    raise AssertionError(
+                        f"expected param to be torch.Tensor, got {type(param).__name__}")
+                grad = param.grad
+                if grad is None:
+                    continue
+                if not allow_fp16 and grad.dtype == float16:
+                    raise ValueError(
+                        "Attempting to unscale FP16 gradients. Keep the parameters (and so "
+                        "their gradients) in float32 and run the float16 compute under "
+                        "torch.autocast: unscaled float16 gradients flush small values to "
+                        "zero, which is what loss scaling exists to prevent. (Fused "
+                        "optimizers take float16 gradients.)")
+                if grad.is_sparse:
+                    # Duplicate indices summed first, as torch does: their sum may overflow.
+                    if grad.dtype is float16:
+                        param.grad = grad = grad.coalesce()
+                    grad = grad._values()
+                key = (grad.device, grad.dtype)
+                same = groups.get(key)
+                if same is None:
+                    groups[key] = [grad]
+                else:
+                    same.append(grad)
+        for (device, _), grads in groups.items():
+            found = founds.get(device)
+            if found is None:
+                found = founds[device] = (found_inf if found_inf.device == device else
+                                          found_inf.to(device, non_blocking=True, copy=True))
+            torch._amp_foreach_non_finite_check_and_unscale_(
+                grads, found, inv_scale.to(device, non_blocking=True))
+    finally:
+        torch._C._set_grad_enabled(grad_enabled)
+    return founds
 
 
 def inf_norms(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -271,7 +271,11 @@ class TorchDiagnostics(WatchedNames):
         self._diag_step = self._updates
         self._diag_found = host_found if host_found is not None else found
         self._diag_checked = self._checking
-        self._diag_input = self._scaled_input
+        # The loss is kept for the report of a skip only: after a step known to be good
+        # it is let go here, so that it (and what its graph holds) is freed where the
+        # caller drops it, as without the scaler, not at the next update().
+        self._diag_input = self._scaled_input if host_found is not False else None
+        self._scaled_input = None
         self._diag_functional = len(self._functional_found_inf)
         self._diag_config = self._config
         self._diag_loads = self._loads

@@ -34,11 +34,13 @@ from unifiedamp.backends._imperative import (
 )
 from unifiedamp.backends.torch._compat import (
     STEPS_ON_DEVICE,
+    OptState,
     distributed_initialized,
     empty_optimizer_state,
     fused_step,
     takes_grad_scaler,
     unscale_and_check_,
+    unscale_grads_,
     update_scale_,
 )
 from unifiedamp.backends.torch._devices import (
@@ -486,17 +488,22 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             raise self._scale_not_called("unscale_")
         if self._scale is None:
             self._lazy_init_scale_growth_tracker(device_of(optimizer))
-        try:
-            super().unscale_(optimizer)
-        except ValueError as exc:
-            if "FP16" not in str(exc):
-                raise
-            raise ValueError(
-                "Attempting to unscale FP16 gradients. Keep the parameters (and so their "
-                "gradients) in float32 and run the float16 compute under torch.autocast: "
-                "unscaled float16 gradients flush small values to zero, which is what loss "
-                "scaling exists to prevent. (Fused optimizers take float16 gradients.)"
-            ) from None
+        # torch's unscale_, written out (its frames are host time at every iteration).
+        state = self._per_optimizer_states[id(optimizer)]
+        stage = state["stage"]
+        if stage is OptState.UNSCALED:
+            raise RuntimeError(
+                "unscale_() has already been called on this optimizer since the last update().")
+        if stage is OptState.STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        scale = self._scale
+        assert scale is not None  # made above
+        inv_scale = (scale.reciprocal() if scale.device.type == "mps"
+                     else scale.double().reciprocal().float())
+        found_inf = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
+        state["found_inf_per_device"] = self._unscale_grads_(optimizer, inv_scale, found_inf,
+                                                             False)
+        state["stage"] = OptState.UNSCALED
         self._checking[id(optimizer)] = (weakref.ref(optimizer), True)
         self._finish_check(optimizer)
 
@@ -539,6 +546,10 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         overflow = (self._scale < spec.MIN_UNSCALABLE).float()
         for found in founds:
             found.clamp_(min=overflow.to(found.device, non_blocking=True))
+
+    #: torch's split, unscale and check of the gradients, lean (unscale_ and the fused
+    #: path's check call it).
+    _unscale_grads_ = unscale_grads_
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         # The fused path's check: no unscaling (the fused kernel does it). Reached from
