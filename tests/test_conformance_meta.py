@@ -197,3 +197,15 @@ def test_a_third_party_scaler_uses_the_mixin(tmp_path):
                       rootdir=tmp_path, env={"PYTHONPATH": str(HERE)})
     assert proc.returncode == 1
     assert "FAILED test_mine.py::TestMine::test_vector[backoff_resets_growth]" in proc.stdout
+
+
+def test_the_suites_process_loads_no_conftest_of_a_project_around_the_tests(tmp_path):
+    """A project's conftest.py above the collected tests (as this project's is above the
+    suite of its editable install) stays out of the run, whatever it imports or does."""
+    project = tmp_path / "project"
+    (project / "pkg").mkdir(parents=True)
+    (project / "conftest.py").write_text("raise RuntimeError('the conftest was loaded')\n")
+    (project / "pkg" / "test_one.py").write_text("def test_one():\n    pass\n")
+    (tmp_path / "run").mkdir()
+    proc = run_pytest([str(project / "pkg" / "test_one.py")], rootdir=tmp_path / "run")
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr

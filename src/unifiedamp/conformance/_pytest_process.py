@@ -19,7 +19,10 @@ __all__ = ["absolute_pythonpath", "run_pytest"]
 def run_pytest(args: list[str], *, rootdir: str | os.PathLike[str] | None = None,
                env: dict[str, str] | None = None,
                timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """``python -m pytest -q ARGS`` with an empty ini, no cache, in ``rootdir``.
+    """``python -m pytest -q ARGS`` with an empty ini, no cache and no ``conftest.py``, in
+    ``rootdir``. (Without ``--noconftest`` pytest would load the ``conftest.py`` of every
+    folder above a collected file, however far from ``rootdir``: a project's, above the
+    suite of an editable install, with whatever that imports.)
 
     Args:
         args: pytest's arguments (test paths, ``--pyargs ...``, plugin options).
@@ -39,7 +42,7 @@ def run_pytest(args: list[str], *, rootdir: str | os.PathLike[str] | None = None
             f.write("[pytest]\n")  # keeps any project's pytest configuration out of the run
         where = os.fspath(rootdir) if rootdir is not None else tmp
         cmd = [sys.executable, "-m", "pytest", "-c", ini, "--rootdir", where, "-q",
-               "-p", "no:cacheprovider", *args]
+               "-p", "no:cacheprovider", "--noconftest", *args]
         return subprocess.run(cmd, cwd=where, capture_output=True, text=True, timeout=timeout,
                               env=absolute_pythonpath({**os.environ, **(env or {})}))
 
