@@ -102,10 +102,11 @@ def test_torch_expressible_config_adds_no_op_per_iteration(fused):
     mine = ops_per_iteration(ours(), fused)
     for i in range(1, len(mine)):  # the first is not counted
         extra = sum(mine[i].values()) - sum(theirs[i].values())
-        # At most 2 is the bound we promise; torch 2.13 gives 0 on both paths (the fused
-        # path's two counters are paid for by the two ops torch's own step() spends on
-        # copying the flag and the scale, which ours does not), so 0 is held here.
-        assert extra <= 0, f"iteration {i}: {extra} ops over native; {_extra(theirs[i], mine[i])}"
+        # At most 2 is the bound we promise; torch 2.13 gives -2 on both paths (unscale_,
+        # or the fused path's check, leaves out torch's copies of inv_scale and found_inf
+        # onto their own device; the fused path's two counters are paid for by the two ops
+        # torch's own step() spends on copying the flag and the scale), so -2 is held here.
+        assert extra <= -2, f"iteration {i}: {extra} ops over native; {_extra(theirs[i], mine[i])}"
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
@@ -113,20 +114,20 @@ def test_a_skipped_iteration_costs_what_natives_costs(fused):
     theirs = ops_per_iteration(native(), fused, poison_at=2)
     mine = ops_per_iteration(ours(), fused, poison_at=2)
     extra = sum(mine[2].values()) - sum(theirs[2].values())
-    assert extra <= 0, _extra(theirs[2], mine[2])
+    assert extra <= -2, _extra(theirs[2], mine[2])
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
 def test_extended_rule_runs_as_few_tensor_ops(fused, record_property):
     """Hysteresis 2 and min_scale, which torch's kernel cannot run: the rule as tensor ops
-    on the scale's device (no host sync). Counted on CPU: 16 ops over native, with either
+    on the scale's device (no host sync). Counted on CPU: 14 ops over native, with either
     optimizer (with a fused one, the skip counters take the place of the two ops torch's
     step() spends on copying the flag and the scale)."""
     theirs = ops_per_iteration(native(), fused)
     mine = ops_per_iteration(ours(**EXTENDED), fused)
     extra = sum(mine[-1].values()) - sum(theirs[-1].values())
     record_property("extended_rule_extra_ops", extra)
-    assert extra <= 16, _extra(theirs[-1], mine[-1])
+    assert extra <= 14, _extra(theirs[-1], mine[-1])
 
 
 @CUDA
