@@ -115,21 +115,12 @@ def distributed_initialized() -> bool:
     return _PROCESS_GROUPS is not None and _PROCESS_GROUPS._default_pg is not None
 
 
-def unscale_and_check_(grads: list[torch.Tensor], found_inf: torch.Tensor,
-                       inv_scale: torch.Tensor) -> None:
-    """Multiplies ``grads`` (one device, one dtype) by ``inv_scale`` in place and sets
-    ``found_inf`` (a 0-dim float32 tensor) to 1.0 if one of them held inf or NaN: torch's
-    fused kernel, what ``torch.amp.GradScaler.unscale_`` runs. The check looks at the
-    gradients before the multiply.
-
-    Example:
-        >>> grads = [torch.tensor([2.0, 4.0]), torch.tensor([float("inf")])]
-        >>> found = torch.zeros(())
-        >>> unscale_and_check_(grads, found, torch.tensor(0.5))
-        >>> grads[0], found
-        (tensor([1., 2.]), tensor(1.))
-    """
-    torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+#: ``unscale_and_check_(grads, found_inf, inv_scale)``: multiplies ``grads`` (one device,
+#: one dtype) by ``inv_scale`` in place and sets ``found_inf`` (a 0-dim float32 tensor) to
+#: 1.0 if one of them held inf or NaN, looking at the gradients before the multiply: torch's
+#: fused kernel, what ``torch.amp.GradScaler.unscale_`` runs. The op itself, as
+#: :data:`update_scale_` is: ``unscale_()`` runs it at every iteration.
+unscale_and_check_ = torch._amp_foreach_non_finite_check_and_unscale_
 
 
 def unscale_grads_(scaler: TorchGradScaler, optimizer: torch.optim.Optimizer,
@@ -137,8 +128,8 @@ def unscale_grads_(scaler: TorchGradScaler, optimizer: torch.optim.Optimizer,
                    allow_fp16: bool) -> dict[torch.device, torch.Tensor]:
     """``torch.amp.GradScaler._unscale_grads_``, which the scaler's class takes as its own:
     the optimizer's gradients split by device and dtype (a sparse one by its coalesced
-    values), unscaled and checked as :func:`unscale_and_check_` does, grad mode off; the flag of
-    each device returned. The same checks, errors and kernels, less torch's per-call helper
+    values), unscaled and checked by :data:`unscale_and_check_`, grad mode off; the flag of each
+    device returned. The same checks, errors and kernels, less torch's per-call helper
     objects, its copies of ``inv_scale`` and ``found_inf`` onto their own device (two
     kernels), and its ``no_grad`` context (frames): host time at every iteration.
 
@@ -189,8 +180,7 @@ def unscale_grads_(scaler: TorchGradScaler, optimizer: torch.optim.Optimizer,
             if found is None:
                 found = founds[device] = (found_inf if found_inf.device == device else
                                           found_inf.to(device, non_blocking=True, copy=True))
-            torch._amp_foreach_non_finite_check_and_unscale_(
-                grads, found, inv_scale.to(device, non_blocking=True))
+            unscale_and_check_(grads, found, inv_scale.to(device, non_blocking=True))
     finally:
         torch._C._set_grad_enabled(grad_enabled)
     return founds
