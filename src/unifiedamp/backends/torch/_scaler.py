@@ -498,7 +498,8 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             raise RuntimeError("unscale_() is being called after step().")
         scale = self._scale
         assert scale is not None  # made above
-        inv_scale = (scale.reciprocal() if scale.device.type == "mps"
+        # The scale's device type, kept as a string: reading tensor.device builds an object.
+        inv_scale = (scale.reciprocal() if self._device == "mps"
                      else scale.double().reciprocal().float())
         found_inf = torch.full((), 0.0, dtype=torch.float32, device=scale.device)
         state["found_inf_per_device"] = self._unscale_grads_(optimizer, inv_scale, found_inf,
