@@ -1,4 +1,4 @@
-"""A child process that every pytest-xdist worker of a session shares.
+"""A child process, or a fixture's result, that every pytest-xdist worker of a session shares.
 
 Several test modules run their checks in child interpreters (one per Keras backend, say)
 and read the outcomes when their tests run. Under ``pytest -n 3`` every worker runs tests
@@ -7,18 +7,23 @@ of such a module, and each would start the same children: the same checks again.
 session's shared temporary folder and read its output. It writes its output to a log file
 there and, when it ends, its exit code to ``exitcode``; whoever started it waits for it at
 the end of the session (another worker may still be reading it) and kills it only after
-``timeout``.
+``timeout``. :func:`shared_result` does the same for a module fixture's value: computed by
+one worker, read by the others.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
+import json
 import os
 import pathlib
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -40,6 +45,24 @@ def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     own under it."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_result(tmp_path_factory: pytest.TempPathFactory, key: str,
+                  compute: Callable[[], Any]) -> Any:
+    """``compute()``'s value (JSON), computed once per session under ``key``: the first
+    worker to ask computes it while it holds a lock; the others wait for the lock and read
+    what it wrote. A ``compute`` that raised (or skipped) wrote nothing: the next worker
+    computes it again, and sees the error itself. Each worker gets the value as JSON gives
+    it back (lists for tuples), the worker that computed it too."""
+    folder = shared_folder(tmp_path_factory)
+    path = folder / f"shared-{key}.json"
+    with open(folder / f"shared-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not path.exists():
+            part = path.with_suffix(".part")
+            part.write_text(json.dumps(compute()))
+            os.replace(part, path)
+        return json.loads(path.read_text())
 
 
 class SharedChild:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from _shared_child import shared_result
 
 from unifiedamp import spec
 
@@ -38,8 +39,7 @@ def _expected(example):
     return out
 
 
-@pytest.fixture(scope="module")
-def runs():
+def _run_every_framework():
     # One process per framework: each imports only its own.
     results = {}
     for framework in FRAMEWORKS:
@@ -48,6 +48,11 @@ def runs():
         assert proc.returncode == 0, proc.stderr[-3000:]
         results[framework] = [json.loads(line) for line in proc.stdout.splitlines()]
     return results
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return shared_result(tmp_path_factory, "agnostic_step", _run_every_framework)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

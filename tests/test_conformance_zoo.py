@@ -6,6 +6,7 @@ import json
 import pathlib
 
 import pytest
+from _shared_child import shared_result
 from zoo_copies import PLANTED
 
 from unifiedamp.conformance._pytest_process import run_pytest
@@ -29,7 +30,8 @@ def failing(report: dict) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory) -> dict[str, str]:
     """What the copy of Paddle's rule already does differently (its floor of 1, its ==)."""
-    return failing(suite_report(tmp_path_factory.mktemp("baseline")))
+    return shared_result(tmp_path_factory, "zoo_baseline", lambda: failing(
+        suite_report(tmp_path_factory.mktemp("baseline"))))
 
 
 @pytest.mark.parametrize("bug", sorted(PLANTED))

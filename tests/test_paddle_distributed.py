@@ -11,6 +11,7 @@ raise (every rank killed) instead of hanging the suite.
 from __future__ import annotations
 
 import pytest
+from _shared_child import shared_result
 
 from unifiedamp import spec
 from unifiedamp.spec import ScalerConfig, ScalerState
@@ -48,8 +49,9 @@ def assert_state(got: list, expected: ScalerState, where: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def run():
-    return run_ranks(CONFIG.to_dict(), KINDS, iterations=len(KINDS[0]))
+def run(tmp_path_factory):
+    return shared_result(tmp_path_factory, "paddle_distributed", lambda: run_ranks(
+        CONFIG.to_dict(), KINDS, iterations=len(KINDS[0])))
 
 
 @pytest.mark.framework("paddle")
