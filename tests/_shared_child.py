@@ -27,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from unifiedamp._files import write_bytes
+
 # Runs the command with its output in the log file, then writes its exit code (renamed into
 # place, so that a reader never sees half of it).
 _WRAPPER = """\
@@ -59,9 +61,7 @@ def shared_result(tmp_path_factory: pytest.TempPathFactory, key: str,
     with open(folder / f"shared-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not path.exists():
-            part = path.with_suffix(".part")
-            part.write_text(json.dumps(compute()))
-            os.replace(part, path)
+            write_bytes(path, json.dumps(compute()).encode())
         return json.loads(path.read_text())
 
 
