@@ -96,7 +96,8 @@ class Float32Bits:
 
     #: The namespace: ``where``, ``equal``, ``not_equal``, ``greater``, ``logical_and``,
     #: ``logical_or``, ``bitwise_and``, ``bitwise_or``, ``right_shift``, ``left_shift``,
-    #: ``floor``, ``clip`` and ``absolute``, NumPy's meaning (``jax.numpy``, ``keras.ops``).
+    #: ``floor``, ``clip``, ``absolute``, ``expand_dims`` and ``min`` (with ``axis`` and
+    #: ``keepdims``), NumPy's meaning (``jax.numpy``, ``keras.ops``).
     xp: Any
     #: A float32 array (or a number) -> its int32 bit patterns.
     bits: Callable[[Any], Any]
@@ -199,18 +200,16 @@ class Float32Bits:
         ``1 / m`` and its four neighbours on each side, the one with the smallest exact
         ``|m * r - 1|`` (the division may be an approximate reciprocal, see the module)."""
         xp = self.xp
-        two = self.float32(2.0)
-        r0 = self.bits(1.0 / m)
-        best_r, best_err = None, None
-        for step in range(-4, 5):
-            r = self.from_bits(r0 + step)
-            # 2 * r is in [1, 2) for r in [0.5, 1): m * (2 * r) - 2 exactly, as an int.
-            err = xp.absolute(self.product_error(m, r * 2.0, two))
-            if best_r is None:
-                best_r, best_err = r, err
-            else:
-                better = err < best_err
-                best_r, best_err = xp.where(better, r, best_r), xp.where(better, err, best_err)
+        # The nine candidates along a new last axis, tested at once: one product per
+        # candidate in a single set of ops (a graph a ninth the size of a loop's).
+        m9 = xp.expand_dims(m, -1)
+        r = self.from_bits(xp.expand_dims(self.bits(1.0 / m), -1)
+                           + self.int32(list(range(-4, 5))))
+        # 2 * r is in [1, 2) for r in [0.5, 1): m * (2 * r) - 2 exactly, as an int.
+        err = xp.absolute(self.product_error(m9, r * 2.0, self.float32(2.0)))
+        # Of the closest, the smallest (the first in the candidates' increasing order).
+        closest = xp.equal(err, xp.min(err, axis=-1, keepdims=True))
+        best_r = xp.min(xp.where(closest, r, self.float32(2.0)), axis=-1)
         return xp.where(xp.equal(m, 1.0), self.float32(1.0), best_r)
 
     # ------------------------------------------------------------ what the backends use
