@@ -96,8 +96,8 @@ class Float32Bits:
 
     #: The namespace: ``where``, ``equal``, ``not_equal``, ``greater``, ``logical_and``,
     #: ``logical_or``, ``bitwise_and``, ``bitwise_or``, ``right_shift``, ``left_shift``,
-    #: ``floor``, ``clip``, ``absolute``, ``expand_dims`` and ``min`` (with ``axis`` and
-    #: ``keepdims``), NumPy's meaning (``jax.numpy``, ``keras.ops``).
+    #: ``floor``, ``clip``, ``absolute``, ``expand_dims``, ``min`` and ``sum`` (with ``axis``;
+    #: ``min`` with ``keepdims``), NumPy's meaning (``jax.numpy``, ``keras.ops``).
     xp: Any
     #: A float32 array (or a number) -> its int32 bit patterns.
     bits: Callable[[Any], Any]
@@ -195,10 +195,12 @@ class Float32Bits:
         ex = xp.where(subnormal, xp.right_shift(as_float, 23) - 127 - 149, ebits - 127)
         return self.from_bits(xp.bitwise_or(self.int32(127 << 23), frac)), ex
 
-    def reciprocal_of_mantissa(self, m: Any) -> Any:
-        """``f32(1 / m)`` for a float32 ``m`` in [1, 2), correctly rounded, in (0.5, 1]: of
-        ``1 / m`` and its four neighbours on each side, the one with the smallest exact
-        ``|m * r - 1|`` (the division may be an approximate reciprocal, see the module)."""
+    def reciprocal_of_mantissa(self, m: Any) -> tuple[Any, Any]:
+        """``(r, m * 2r - 2)``: ``r = f32(1 / m)`` for a float32 ``m`` in [1, 2), correctly
+        rounded, in (0.5, 1], and its exact error, an int32 in units of 2**-46
+        (:meth:`product_error`). ``r`` is, of ``1 / m`` and its four neighbours on each side,
+        the one with the smallest exact ``|m * r - 1|`` (the division may be an approximate
+        reciprocal, see the module)."""
         xp = self.xp
         # The nine candidates along a new last axis, tested at once: one product per
         # candidate in a single set of ops (a graph a ninth the size of a loop's).
@@ -206,11 +208,18 @@ class Float32Bits:
         r = self.from_bits(xp.expand_dims(self.bits(1.0 / m), -1)
                            + self.int32(list(range(-4, 5))))
         # 2 * r is in [1, 2) for r in [0.5, 1): m * (2 * r) - 2 exactly, as an int.
-        err = xp.absolute(self.product_error(m9, r * 2.0, self.float32(2.0)))
+        error = self.product_error(m9, r * 2.0, self.float32(2.0))
+        err = xp.absolute(error)
         # Of the closest, the smallest (the first in the candidates' increasing order).
         closest = xp.equal(err, xp.min(err, axis=-1, keepdims=True))
         best_r = xp.min(xp.where(closest, r, self.float32(2.0)), axis=-1)
-        return xp.where(xp.equal(m, 1.0), self.float32(1.0), best_r)
+        # The candidates are distinct: one of them is best_r, its error the only one summed.
+        best_error = xp.sum(xp.where(xp.equal(r, xp.expand_dims(best_r, -1)), error,
+                                     self.int32(0)), axis=-1)
+        # m == 1: r == 1 exactly (its neighbours above break product_error's bounds).
+        one = xp.equal(m, 1.0)
+        return (xp.where(one, self.float32(1.0), best_r),
+                xp.where(one, self.int32(0), best_error))
 
     # ------------------------------------------------------------ what the backends use
 
@@ -259,14 +268,13 @@ class Float32Bits:
         """
         xp = self.xp
         m, e = self.normalised(bits)
-        r = self.reciprocal_of_mantissa(m)
+        r, error = self.reciprocal_of_mantissa(m)
         rb = self.bits(r)
         e_res = xp.right_shift(rb, 23) - e  # biased exponent of the result
         normal = xp.bitwise_or(xp.bitwise_and(rb, self.int32(0x7FFFFF)), xp.left_shift(e_res, 23))
         s = xp.clip(149 - e, 0, 30)  # only used where the result is subnormal: e >= 126
         t = r * self.from_bits(xp.left_shift(s + 127, 23))
-        below = -self.product_error(m, r * 2.0, self.float32(2.0))
-        tiny = self.round_half_even(t, below)
+        tiny = self.round_half_even(t, -error)
         out = xp.where(e_res >= 255, self.int32(EXP_MASK), xp.where(e_res >= 1, normal, tiny))
         return xp.where(xp.equal(bits, 0), self.int32(EXP_MASK), out)
 
