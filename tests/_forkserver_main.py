@@ -107,6 +107,12 @@ def _preload(request_fd, reply_fd):
             captured.append(file.read())
     _point(1, config["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(1, 2)
+    # The children's collector then leaves the preloaded objects alone: it would write to
+    # their pages, and copy them into every child. (gc leaves sys.modules as it found it.)
+    imported_gc = "gc" in sys.modules
+    __import__("gc").freeze()
+    if not imported_gc:
+        del sys.modules["gc"]
     _send(reply_fd, {"ok": True, "done": done})
     return captured
 

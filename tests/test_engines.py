@@ -36,6 +36,11 @@ PROGRAM = textwrap.dedent("""
             time.sleep(600)
         if job["mode"] == "raise" and job["rank"] == 0:
             raise AssertionError("No inf checks were recorded for this optimizer.")
+        if job["mode"] == "who":
+            return [{"ppid": os.getppid(), "cwd": os.getcwd(), "out": job["out"],
+                     "main": __name__, "argv0": sys.argv[0], "argc": len(sys.argv),
+                     "var": os.environ.get("RANK_VAR"), "session": os.getsid(0) == os.getpid(),
+                     "preloaded": "fractions" in sys.modules}]
         return [step_record("F", (1024.0, 1, 0), True, [[job["rank"] * 0.0 + 0.5]])]
 
     if __name__ == "__main__":
@@ -45,12 +50,15 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def program(tmp_path):
+@pytest.fixture(params=[(), ("fractions",)], ids=["plain", "forked"])
+def program(request, tmp_path):
+    """Launches the rank program as plain interpreters, or as forks of a zygote that
+    imported a module (fractions: none of them imports it)."""
     (tmp_path / "rank_program.py").write_text(PROGRAM)
     path = os.pathsep.join([str(tmp_path), engines._pythonpath()])
     return lambda mode, **kw: launch("rank_program", {"mode": mode}, 2,
-                                     env=lambda rank: {"PYTHONPATH": path}, **kw)
+                                     env=lambda rank: {"PYTHONPATH": path, **kw.pop("env", {})},
+                                     preload=request.param, **kw)
 
 
 def test_a_run_whose_ranks_all_finish_is_ok_with_each_ranks_records(program):
@@ -83,6 +91,32 @@ def test_a_rank_that_aborts_after_its_results_is_an_abort_at_exit(program):
     assert outcome.detail == "rank 1: killed by SIGABRT"
     assert check(DEFAULT_CONFIG, ["F", "F"], outcome) == [
         "abort at exit: rank 1: killed by SIGABRT"]
+
+
+def test_a_forked_rank_is_what_python_m_makes_of_it_and_its_zygote_serves_later_launches(
+        tmp_path):
+    (tmp_path / "rank_program.py").write_text(PROGRAM)
+    path = os.pathsep.join([str(tmp_path), engines._pythonpath()])
+
+    def who(preload):
+        outcome = launch("rank_program", {"mode": "who"}, 2, timeout=60, preload=preload,
+                         env=lambda rank: {"PYTHONPATH": path, "RANK_VAR": f"r{rank}"})
+        assert outcome.status == "ok", outcome
+        return [record["steps"][0] for record in outcome.records]
+
+    first, again = who(("fractions",)), who(("fractions",))
+    for rank, seen in enumerate(first):
+        assert seen["cwd"] == seen["out"] and seen["main"] == "__main__", seen
+        assert seen["argv0"] == str(tmp_path / "rank_program.py") and seen["argc"] == 2
+        assert seen["var"] == f"r{rank}" and seen["session"] and seen["preloaded"]
+    # each rank's environment has a zygote of its own, which forks it again next time
+    parents = [seen["ppid"] for seen in first]
+    assert [seen["ppid"] for seen in again] == parents
+    assert os.getpid() not in parents and parents[0] != parents[1]
+    plain = who(())
+    assert os.getpid() in {seen["ppid"] for seen in plain} and not plain[0]["preloaded"]
+    # a preload that fails there runs the ranks plain
+    assert who(("no_such_framework_anywhere",))[0]["ppid"] == os.getpid()
 
 
 def records_following_the_spec(config: ScalerConfig, kinds: list[str]) -> Outcome:

@@ -101,8 +101,10 @@ def _steps(kinds: str) -> list[dict[str, Any]]:
 
 
 def _launch(teardown: str) -> Outcome:
+    # Forks of an interpreter that imported torch, and nothing of torch.distributed's
+    # modules the recipe orders.
     return launch("test_torch_teardown", {"teardown": teardown}, 2, timeout=120,
-                  env=lambda rank: {"PYTHONPATH": os.pathsep.join(
+                  preload=("torch",), env=lambda rank: {"PYTHONPATH": os.pathsep.join(
                       [TESTS, SRC, *filter(None, [os.environ.get("PYTHONPATH")])])})
 
 

@@ -61,6 +61,7 @@ import numpy as np
 import unifiedamp
 from unifiedamp import spec
 from unifiedamp._files import write_bytes
+from unifiedamp.conformance.engines._forks import ForkedRank, zygote_for
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 #: The frameworks with a module here, by the name the command line takes.
@@ -159,7 +160,7 @@ def _pythonpath() -> str:
 
 def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120.0,
            env: Callable[[int], Mapping[str, str]] | None = None,
-           grace: float = 15.0) -> Outcome:
+           grace: float = 15.0, preload: Sequence[str] = ()) -> Outcome:
     """Runs ``python -m module JOB`` as ``world`` processes; ``JOB`` is ``job`` as JSON
     with ``rank``, ``world``, ``port`` (one free port for the rendezvous) and ``out``
     added. A rank writes its records with :func:`rank_main`.
@@ -169,17 +170,42 @@ def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120
 
     Args:
         env: Per rank, environment variables to add (e.g. ``TF_CONFIG``).
+        preload: Modules (the rank's framework) that a *zygote* imports once: the ranks
+            are then forks of it instead of fresh interpreters, for this launch and every
+            later one in this process with the same ``preload`` and rank environment (the
+            zygote is keyed by the environment, since frameworks read variables when
+            imported). Each rank is otherwise what ``python -m`` makes of it: its own
+            session, cwd, environment, ``__main__`` and exit status.
+            ``unifiedamp.conformance.engines._zygote`` says what else differs. A preload
+            that fails runs the ranks as plain interpreters, where the error shows.
+
+    Example:
+        >>> outcome = launch("this", {}, 2, timeout=60, preload=["json"])
+        >>> outcome.status, outcome.returncodes, outcome.records  # ranks that wrote nothing
+        ('error', [0, 0], [None, None])
+        >>> outcome.logs[1].splitlines()[0]
+        'The Zen of Python, by Tim Peters'
     """
     start = time.monotonic()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="unifiedamp-engine-") as out:
-        procs, logs = [], []
+        procs: list[Any] = []
+        logs = []
         for rank in range(world):
             rank_job = {**job, "rank": rank, "world": world, "port": port, "out": out}
             rank_env = {**os.environ, "PYTHONPATH": _pythonpath(), "PYTHONUNBUFFERED": "1",
                         **(env(rank) if env else {})}
-            log = open(os.path.join(out, f"{rank}.log"), "w+b")  # noqa: SIM115
+            log_path = os.path.join(out, f"{rank}.log")
+            log = open(log_path, "w+b")  # noqa: SIM115
             logs.append(log)
+            zygote = zygote_for(tuple(preload), rank_env) if preload else None
+            exit_path = os.path.join(out, f"{rank}.exit")
+            if zygote is not None:
+                pid = zygote.fork(module, [json.dumps(rank_job)], out, rank_env, log_path,
+                                  exit_path)
+                if pid is not None:
+                    procs.append(ForkedRank(pid, exit_path, zygote))
+                    continue
             # Run from the temp folder with -m: nothing beside it shadows a framework.
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", module, json.dumps(rank_job)], cwd=out, env=rank_env,
@@ -198,7 +224,10 @@ def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120
         for p in procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
+                    try:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    except ProcessLookupError:  # a fork not yet in its own session
+                        os.kill(p.pid, signal.SIGKILL)
         for p in procs:
             p.wait()
         tails = []

@@ -117,7 +117,7 @@ def run(engine: str, scaler: str, kinds: list[str] | None = None,
         raise ValueError(f"kinds: one string of {''.join(STEP_KINDS)} per rank, {WORLD} ranks; "
                          f"got {kinds!r}")
     job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict()}
-    outcome = launch(__name__, job, WORLD, timeout, env=_rank_env)
+    outcome = launch(__name__, job, WORLD, timeout, env=_rank_env, preload=("jax",))
     return Run(config, kinds, outcome, replicas=True, reference=reference(kinds))
 
 

@@ -196,7 +196,8 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
     # log then says which collective each rank waits in.
     job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict(),
            "stacks_after": max(timeout - 10.0, 0.75 * timeout)}
-    outcome = launch(MODULE, job, spec.world, timeout=timeout)
+    # The ranks fork from an interpreter that imported torch (half a rank's CPU).
+    outcome = launch(MODULE, job, spec.world, timeout=timeout, preload=("torch",))
     ref = reference(engine, kinds) if spec.reference and outcome.status == "ok" else None
     return Run(config, kinds, outcome, spec.replicas, ref, spec.rtol)
 
