@@ -63,7 +63,7 @@ What differs from a fresh interpreter:
   ``sys.modules``;
 - the objects the preload created are frozen (:func:`gc.freeze`): the child's collector
   never visits them (it would write to their memory pages, and so copy them from the
-  server's: a third of a docs example's CPU), so a reference cycle among them stays;
+  server's: a fifth of a docs example's CPU), so a reference cycle among them stays;
 - the server's frames are under the script's: a warning whose stacklevel goes past the
   script's first frame names the server's file instead of ``sys:1``, and an uncaught
   ``KeyboardInterrupt`` (exit by SIGINT, as usual) prints them in its traceback.

@@ -20,7 +20,8 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 #: "spec" layer also holds the framework-free helpers every layer may use.
 LAYERS = [
     ("spec", ["unifiedamp.spec", "unifiedamp.spec.*", "unifiedamp._tree",
-              "unifiedamp._isolation", "unifiedamp._files", "unifiedamp.diagnostics"]),
+              "unifiedamp._isolation", "unifiedamp._files", "unifiedamp._forks",
+              "unifiedamp._zygote", "unifiedamp.diagnostics"]),
     ("registry", ["unifiedamp._registry"]),
     ("facade", ["unifiedamp", "unifiedamp._scaler", "unifiedamp._monitor"]),
     ("backends", ["unifiedamp.backends", "unifiedamp.backends.*"]),

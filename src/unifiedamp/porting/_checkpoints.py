@@ -389,16 +389,16 @@ _KERAS_MARK = "@@unifiedamp-keras@@"
 
 
 def _keras_child(mode: str, path: Any, trusted: bool, *args: str) -> dict[str, Any]:
-    import subprocess
-    import sys
+    from unifiedamp._forks import run_code
 
     if not zipfile.is_zipfile(path):
         raise ValueError(f"{path} is not a Keras .keras archive (model.save writes a zip "
                          "file): it is damaged or of another type; nothing was read")
     _check_zip(path)
-    proc = subprocess.run([sys.executable, "-c", _KERAS_CHILD, mode, os.fspath(path),
-                           "trusted" if trusted else "safe", *args],
-                          capture_output=True, text=True, env=dict(os.environ))
+    # Forked from an interpreter that imported Keras (for this process's later files too):
+    # the import is most of a file's time.
+    proc = run_code(_KERAS_CHILD, [mode, os.fspath(path), "trusted" if trusted else "safe",
+                                   *args], preload=("keras", "unifiedamp.backends.keras"))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_KERAS_MARK)]
     if proc.returncode != 0 or not lines:
         # The exception's own line says why; the child's traceback says nothing more to a user.

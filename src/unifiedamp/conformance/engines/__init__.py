@@ -61,7 +61,7 @@ import numpy as np
 import unifiedamp
 from unifiedamp import spec
 from unifiedamp._files import write_bytes
-from unifiedamp.conformance.engines._forks import ForkedRank, zygote_for
+from unifiedamp._forks import zygote_for
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 #: The frameworks with a module here, by the name the command line takes.
@@ -176,7 +176,7 @@ def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120
             zygote is keyed by the environment, since frameworks read variables when
             imported). Each rank is otherwise what ``python -m`` makes of it: its own
             session, cwd, environment, ``__main__`` and exit status.
-            ``unifiedamp.conformance.engines._zygote`` says what else differs. A preload
+            ``unifiedamp._zygote`` says what else differs. A preload
             that fails runs the ranks as plain interpreters, where the error shows.
 
     Example:
@@ -199,13 +199,12 @@ def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120
             log = open(log_path, "w+b")  # noqa: SIM115
             logs.append(log)
             zygote = zygote_for(tuple(preload), rank_env) if preload else None
-            exit_path = os.path.join(out, f"{rank}.exit")
-            if zygote is not None:
-                pid = zygote.fork(module, [json.dumps(rank_job)], out, rank_env, log_path,
-                                  exit_path)
-                if pid is not None:
-                    procs.append(ForkedRank(pid, exit_path, zygote))
-                    continue
+            forked = zygote.fork({"module": module}, [json.dumps(rank_job)], out, rank_env,
+                                 log_path, log_path, os.path.join(out, f"{rank}.exit")
+                                 ) if zygote else None
+            if forked is not None:
+                procs.append(forked)
+                continue
             # Run from the temp folder with -m: nothing beside it shadows a framework.
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", module, json.dumps(rank_job)], cwd=out, env=rank_env,
@@ -223,11 +222,11 @@ def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120
         # would see its connection closed and write that as its error.
         for p in procs:
             if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    try:
+                if isinstance(p, subprocess.Popen):
+                    with contextlib.suppress(ProcessLookupError):
                         os.killpg(p.pid, signal.SIGKILL)
-                    except ProcessLookupError:  # a fork not yet in its own session
-                        os.kill(p.pid, signal.SIGKILL)
+                else:
+                    p.kill()
         for p in procs:
             p.wait()
         tails = []
