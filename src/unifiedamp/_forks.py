@@ -104,6 +104,8 @@ def zygote_for(preload: tuple[str, ...], env: Mapping[str, str]) -> Zygote | Non
         zygote = _zygotes.get(key)
         # One whose preload failed stays: the next call would fail the same way.
         if zygote is None or (zygote.ok and zygote.process.poll() is not None):
+            if zygote is not None:  # exited when idle: its folder goes too
+                zygote.close()
             zygote = _zygotes[key] = Zygote(preload, env)
     return zygote if zygote.ok else None
 
@@ -143,11 +145,17 @@ class ForkedProcess:
 
     def kill(self) -> None:
         """Kills the child's process group (its session)."""
-        with contextlib.suppress(ProcessLookupError):
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except ProcessLookupError:  # forked, not yet in a session of its own
-                os.kill(self.pid, signal.SIGKILL)
+        kill_group(self.pid)
+
+
+def kill_group(pid: int) -> None:
+    """Kills the process group of ``pid``, a child started in a session of its own (by
+    ``subprocess.Popen(start_new_session=True)`` or a zygote); nothing if it is gone."""
+    with contextlib.suppress(ProcessLookupError):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:  # forked, not yet in a session of its own
+            os.kill(pid, signal.SIGKILL)
 
 
 def run_code(code: str, argv: Sequence[str] = (), preload: Sequence[str] = (),

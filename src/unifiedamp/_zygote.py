@@ -20,10 +20,10 @@ from ``cwd`` with exactly the environment ``env``, stdout and stderr written to 
 stdin ``/dev/null``, in a session of its own (so that a caller can kill it with its process
 group): the module or code runs as ``__main__``, and the interpreter then finalizes as
 usual (atexit handlers, threads, a crash at exit shows as the signal). What differs from a
-fresh interpreter: the preloaded modules (and the zygote's own: json, select, gc, runpy)
-were imported before ``cwd`` was on ``sys.path`` and with the zygote's environment, so a
-variable that a framework reads when imported must be the same for every child of a
-zygote (callers key their zygotes by the whole environment); the hash seed of ``str`` is
+fresh interpreter: the preloaded modules (and the zygote's own: json, select, gc, runpy,
+unifiedamp._files) were imported before ``cwd`` was on ``sys.path`` and with the zygote's
+environment, so a variable that a framework reads when imported must be the same for every
+child of a zygote (callers key their zygotes by the whole environment); the hash seed of ``str`` is
 the zygote's; the preloaded objects are frozen for the collector (:func:`gc.freeze`: it
 would otherwise write to their memory pages, and so copy them into every child). The
 zygote never computes: a thread that a computation started would be missing in its
@@ -37,6 +37,8 @@ import select
 import sys
 import time
 
+from unifiedamp._files import write_bytes
+
 
 def _reply(fd, message):
     data = (json.dumps(message) + "\n").encode()
@@ -45,9 +47,8 @@ def _reply(fd, message):
 
 
 def _write_exit(path, status):
-    with open(path + ".part", "w") as f:
-        f.write(str(os.waitstatus_to_exitcode(status)))
-    os.replace(path + ".part", path)
+    # Atomic: a reader never sees half of it.
+    write_bytes(path, str(os.waitstatus_to_exitcode(status)).encode())
 
 
 class _Lines:

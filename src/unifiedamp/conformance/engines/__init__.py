@@ -40,7 +40,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import math
@@ -61,7 +60,7 @@ import numpy as np
 import unifiedamp
 from unifiedamp import spec
 from unifiedamp._files import write_bytes
-from unifiedamp._forks import zygote_for
+from unifiedamp._forks import kill_group, zygote_for
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 #: The frameworks with a module here, by the name the command line takes.
@@ -222,11 +221,7 @@ def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120
         # would see its connection closed and write that as its error.
         for p in procs:
             if p.poll() is None:
-                if isinstance(p, subprocess.Popen):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(p.pid, signal.SIGKILL)
-                else:
-                    p.kill()
+                kill_group(p.pid)
         for p in procs:
             p.wait()
         tails = []
