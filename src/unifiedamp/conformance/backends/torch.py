@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import gc
 import importlib
-import json
-import os
-import tempfile
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -15,7 +12,6 @@ import numpy as np
 import torch
 
 from unifiedamp.conformance.adapters import STEP_KINDS, ImperativeAdapter, Problem
-from unifiedamp.conformance.engines import free_port
 from unifiedamp.spec import ScalerState
 
 OPTIMIZERS = {
@@ -105,30 +101,21 @@ class TorchAdapter(ImperativeAdapter):
 
 def run_ranks(config: dict[str, Any], kinds_per_rank: list[str], optimizer: str = "adam",
               iterations: int = 1) -> list[dict[str, Any]]:
-    """Spawns one gloo process per rank; rank r trains on gradients of kind kinds[r].
+    """Runs one gloo process per rank; rank r trains on gradients of kind kinds[r].
 
     Returns per rank: ``state`` (scale, trackers), ``stepped`` (did any parameter
     change) and ``skipped`` (skipped steps).
     """
-    import torch.multiprocessing as mp
+    from unifiedamp.conformance.backends.torch_ranks import spawn_ranks
 
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank_main, args=(len(kinds_per_rank), free_port(), config, kinds_per_rank,
-                                   optimizer, iterations, tmp),
-                 nprocs=len(kinds_per_rank), join=True)
-        results = []
-        for rank in range(len(kinds_per_rank)):
-            with open(os.path.join(tmp, f"{rank}.json")) as f:
-                results.append(json.load(f))
-    return results
+    return spawn_ranks(_rank_main, len(kinds_per_rank), config, kinds_per_rank, optimizer,
+                       iterations)
 
 
 def _rank_main(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
-               optimizer: str, iterations: int, out: str) -> None:
+               optimizer: str, iterations: int) -> dict[str, Any]:
     init_gloo_rank(rank, world, port)
-    result = run_then_leave(lambda: _train_rank(config, kinds[rank], optimizer, iterations))
-    with open(os.path.join(out, f"{rank}.json"), "w") as f:
-        json.dump(result, f)
+    return run_then_leave(lambda: _train_rank(config, kinds[rank], optimizer, iterations))
 
 
 def _train_rank(config: dict[str, Any], kind: str, optimizer: str,
@@ -165,6 +152,7 @@ def init_gloo_rank(rank: int, world: int, port: int) -> None:
 
     Example:
         >>> import torch.distributed as dist
+        >>> from unifiedamp.conformance.engines import free_port
         >>> init_gloo_rank(0, 1, free_port())
         >>> dist.get_world_size()
         1
@@ -220,6 +208,7 @@ def destroy_process_group() -> None:
 
     Example:
         >>> import torch.distributed as dist
+        >>> from unifiedamp.conformance.engines import free_port
         >>> init_gloo_rank(0, 1, free_port())
         >>> held = dist.group.WORLD
         >>> destroy_process_group()

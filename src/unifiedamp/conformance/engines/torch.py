@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from unifiedamp.conformance.backends.torch_ranks import RANK_PRELOAD
 from unifiedamp.conformance.engines import (
     DEFAULT_CONFIG,
     NO_GRADIENT,
@@ -196,8 +197,9 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
     # log then says which collective each rank waits in.
     job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict(),
            "stacks_after": max(timeout - 10.0, 0.75 * timeout)}
-    # The ranks fork from an interpreter that imported torch (half a rank's CPU).
-    outcome = launch(MODULE, job, spec.world, timeout=timeout, preload=("torch",))
+    # The ranks fork from an interpreter that imported torch and the parts of it a rank
+    # imports (most of a rank's CPU).
+    outcome = launch(MODULE, job, spec.world, timeout=timeout, preload=RANK_PRELOAD)
     ref = reference(engine, kinds) if spec.reference and outcome.status == "ok" else None
     return Run(config, kinds, outcome, spec.replicas, ref, spec.rtol)
 

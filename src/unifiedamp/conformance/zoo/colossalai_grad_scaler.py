@@ -82,17 +82,17 @@ def _prepare_runtime(rank: int = 0, world: int = 1, port: int | None = None) -> 
                                     world_size=world)
 
 
-def _rank_main(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
-               out: str) -> None:
+def _rank_main(rank: int, world: int, port: int, config: dict[str, Any],
+               kinds: list[str]) -> list[Any]:
     from unifiedamp.conformance.backends.torch import PINNING_MODULES
-    from unifiedamp.conformance.zoo.torch_grad_scaler import write_rank_state
+    from unifiedamp.conformance.zoo.torch_grad_scaler import rank_state
 
-    # Imported after the group starts, these would hold it past its end (write_rank_state
+    # Imported after the group starts, these would hold it past its end (rank_state
     # checks that it ends).
     for module in PINNING_MODULES:
         importlib.import_module(module)
     _prepare_runtime(rank, world, port)
-    write_rank_state(ColossalAIDynamicGradScaler(), config, kinds, rank, out)
+    return rank_state(ColossalAIDynamicGradScaler(), config, kinds, rank)
 
 
 class ColossalAIDynamicGradScaler(Adapter):

@@ -376,49 +376,33 @@ _SHARDED_GROWTH = Difference(
             "inf, inf.")
 
 def _sharded_rank(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
-                  dev: str, out: str) -> None:
+                  dev: str) -> list[Any]:
     from unifiedamp.conformance.backends.torch import init_gloo_rank
 
     init_gloo_rank(rank, world, port)
     adapter = ShardedGradScaler()
     adapter.device = dev
-    write_rank_state(adapter, config, kinds, rank, out)
+    return rank_state(adapter, config, kinds, rank)
 
 
-def spawn_rank_states(main: Callable[..., None], world: int, *args: Any) -> list[ScalerState]:
-    """Runs ``main(rank, world, port, *args, out)`` in ``world`` spawned processes, which
-    meet on a free local port, and returns the state each wrote with
-    :func:`write_rank_state`."""
-    import json
+def spawn_rank_states(main: Callable[..., list[Any]], world: int,
+                      *args: Any) -> list[ScalerState]:
+    """Runs ``main(rank, world, port, *args)`` on ``world`` gloo ranks, which meet on a
+    free local port, and returns the state each returned with :func:`rank_state`."""
+    from unifiedamp.conformance.backends.torch_ranks import spawn_ranks
 
-    import torch.multiprocessing as mp
-
-    from unifiedamp.conformance.backends.torch import free_port
-
-    with tempfile.TemporaryDirectory() as out:
-        mp.spawn(main, args=(world, free_port(), *args, out), nprocs=world, join=True)
-        states = []
-        for rank in range(world):
-            with open(os.path.join(out, f"{rank}.json")) as f:
-                states.append(ScalerState(*json.load(f)))
-    return states
+    return [ScalerState(*state) for state in spawn_ranks(main, world, *args)]
 
 
-def write_rank_state(adapter: Any, config: dict[str, Any], kinds: list[str], rank: int,
-                     out: str) -> None:
-    """One rank's iteration in a spawned process: writes its state to ``out/<rank>.json``
-    and ends the process group (see
-    :func:`unifiedamp.conformance.backends.torch.destroy_process_group`, which checks that
-    the group is gone; the rank joins it with ``init_gloo_rank``)."""
-    import json
-
+def rank_state(adapter: Any, config: dict[str, Any], kinds: list[str], rank: int) -> list[Any]:
+    """One rank's iteration: its state after it, once the rank has ended the process group
+    (see :func:`unifiedamp.conformance.backends.torch.destroy_process_group`, which checks
+    that the group is gone; the rank joins it with ``init_gloo_rank``)."""
     from unifiedamp.conformance.backends.torch import run_then_leave
 
     # The handle (the scaler, which may hold the group, and its model) lives in the lambda.
-    state = run_then_leave(lambda: list(adapter.read(adapter.iterate(
+    return run_then_leave(lambda: list(adapter.read(adapter.iterate(
         adapter.new(ScalerConfig(**config)), kinds[rank]))))
-    with open(os.path.join(out, f"{rank}.json"), "w") as f:
-        json.dump(state, f)
 
 
 #: Test id -> how torch's scalers differ there, checked by hand. Where the two adapters
