@@ -209,3 +209,14 @@ def test_the_suites_process_loads_no_conftest_of_a_project_around_the_tests(tmp_
     (tmp_path / "run").mkdir()
     proc = run_pytest([str(project / "pkg" / "test_one.py")], rootdir=tmp_path / "run")
     assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_suites_process_loads_no_installed_plugin_but_the_suites_and_hypothesis(tmp_path):
+    """Installed plugins (pytest-xdist's ``-n`` here) stay out of the run; the suite's and
+    Hypothesis's options are there."""
+    (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
+    proc = run_pytest(["-n", "2", str(tmp_path / "test_one.py")], rootdir=tmp_path)
+    assert proc.returncode == 4 and "unrecognized arguments: -n" in proc.stderr, proc.stderr
+    proc = run_pytest(["--hypothesis-seed", "0", "--unifiedamp-max-examples", "3",
+                       str(tmp_path / "test_one.py")], rootdir=tmp_path)
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout + proc.stderr

@@ -8,6 +8,7 @@ suite and the documented examples the same way.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -20,9 +21,12 @@ def run_pytest(args: list[str], *, rootdir: str | os.PathLike[str] | None = None
                env: dict[str, str] | None = None,
                timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """``python -m pytest -q ARGS`` with an empty ini, no cache and no ``conftest.py``, in
-    ``rootdir``. (Without ``--noconftest`` pytest would load the ``conftest.py`` of every
-    folder above a collected file, however far from ``rootdir``: a project's, above the
-    suite of an editable install, with whatever that imports.)
+    ``rootdir``, with no plugin but the suite's and Hypothesis's. (Without ``--noconftest``
+    pytest would load the ``conftest.py`` of every folder above a collected file, however
+    far from ``rootdir``: a project's, above the suite of an editable install, with
+    whatever that imports. Without ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` it would read the
+    entry points of every installed package and load every plugin installed, whose
+    options and hooks the suite does not use.)
 
     Args:
         args: pytest's arguments (test paths, ``--pyargs ...``, plugin options).
@@ -42,9 +46,18 @@ def run_pytest(args: list[str], *, rootdir: str | os.PathLike[str] | None = None
             f.write("[pytest]\n")  # keeps any project's pytest configuration out of the run
         where = os.fspath(rootdir) if rootdir is not None else tmp
         cmd = [sys.executable, "-m", "pytest", "-c", ini, "--rootdir", where, "-q",
-               "-p", "no:cacheprovider", "--noconftest", *args]
+               "-p", "no:cacheprovider", "--noconftest", *_PLUGINS, *args]
         return subprocess.run(cmd, cwd=where, capture_output=True, text=True, timeout=timeout,
-                              env=absolute_pythonpath({**os.environ, **(env or {})}))
+                              env=absolute_pythonpath({**os.environ, **(env or {}),
+                                                       "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}))
+
+
+#: The plugins of a run: the suite's (the package first, so that pytest rewrites the
+#: asserts of all its modules, as it does for a plugin found by its entry point) and
+#: Hypothesis's (its options, such as ``--hypothesis-seed``, and statistics).
+_PLUGINS = ("-p", "unifiedamp.conformance", "-p", "unifiedamp.conformance.plugin",
+            *(("-p", "_hypothesis_pytestplugin")
+              if importlib.util.find_spec("_hypothesis_pytestplugin") else ()))
 
 
 def absolute_pythonpath(env: dict[str, str]) -> dict[str, str]:
