@@ -22,6 +22,7 @@ import textwrap
 from types import SimpleNamespace
 
 import pytest
+from _shared_child import shared_result
 
 pytest.importorskip("libcst")
 
@@ -591,20 +592,39 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("to", TARGETS)
-def test_the_rewritten_source_builds_the_same_scaler_in_the_real_framework(to):
+def _keys(to: str) -> list[str]:
+    return [k for k in SOURCES if not (k == "sharded" and to not in ("torch", "unifiedamp"))]
+
+
+def _build_for_every_target() -> dict[str, list]:
+    """Each target's rewritten sources, run in one child (paddle, torch, keras on JAX and
+    jmp imported once): per target, each source's scaler class and config."""
+    # torch's default device "cuda" disables the scaler on this CPU-only machine.
+    codes = {to: [ported(k, to).code.replace('"cuda"', '"cpu"') for k in _keys(to)]
+             for to in TARGETS}
+    env = {**os.environ, "KERAS_BACKEND": "jax", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-c", PRELUDE,
+                           json.dumps([c for to in TARGETS for c in codes[to]])],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = iter(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return {to: [next(built) for _ in codes[to]] for to in TARGETS}
+
+
+@pytest.fixture(scope="module")
+def built_by_target(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list]:
     for module in ("torch", "paddle", "keras", "jmp"):  # found, not imported here
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed")
-    keys = [k for k in SOURCES if not (k == "sharded" and to not in ("torch", "unifiedamp"))]
+    # One child for the session, whichever xdist worker asks first.
+    return shared_result(tmp_path_factory, "port_source_built", _build_for_every_target)
+
+
+@pytest.mark.parametrize("to", TARGETS)
+def test_the_rewritten_source_builds_the_same_scaler_in_the_real_framework(to, built_by_target):
+    keys = _keys(to)
     results = {k: ported(k, to) for k in keys}
-    # torch's default device "cuda" disables the scaler on this CPU-only machine.
-    codes = [results[k].code.replace('"cuda"', '"cpu"') for k in keys]
-    env = {**os.environ, "KERAS_BACKEND": "jax", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-c", PRELUDE, json.dumps(codes)],
-                          capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    built = built_by_target[to]
     for key, (cls, values) in zip(keys, built, strict=True):
         source, live = expected(key), ScalerConfig(**values)
         problems = " ".join(results[key].problems)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from _shared_child import shared_result
 
 from unifiedamp import spec
 from unifiedamp.conformance import contract
@@ -91,13 +92,18 @@ print("RESULT" + json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def probe() -> dict:
+def _run_probe() -> dict:
     proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
     return json.loads(line[len("RESULT"):])
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    # One probe for the session: every xdist worker reads the same findings.
+    return shared_result(tmp_path_factory, "colossalai_probe", _run_probe)
 
 
 def test_the_adapter_builds_colossalais_fp16_optimizer_and_scaler(probe: dict) -> None:
