@@ -110,19 +110,17 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
     if scaler == "keras":
         _native_config(config)
     # One port per worker's server (launch's own port is for one rendezvous).
-    ports = free_ports(world)
-    workers = [f"localhost:{p}" for p in ports]
-
-    def env(rank: int) -> dict[str, str]:
-        return {"TF_CONFIG": json.dumps({"cluster": {"worker": workers},
-                                         "task": {"type": "worker", "index": rank}}),
-                "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3",
-                "CUDA_VISIBLE_DEVICES": ""}
-
-    job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict()}
+    workers = [f"localhost:{p}" for p in free_ports(world)]
+    env = {"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+    # The workers' addresses go in the job, not in TF_CONFIG: each worker sets TF_CONFIG
+    # itself (TensorFlow reads it when the strategy is built), so that every worker of every
+    # launch has the same environment and forks from one interpreter that imported Keras.
+    job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict(),
+           "workers": workers}
     if timeout is None:
         timeout = 60.0 if scaler == "keras" else 120.0
-    outcome = launch(_MODULE, job, world, timeout=timeout, env=env)
+    outcome = launch(_MODULE, job, world, timeout=timeout, env=lambda rank: env,
+                     preload=("tensorflow", "keras"))
     return Run(config, kinds, outcome, replicas=True, reference=reference(kinds))
 
 
@@ -130,8 +128,13 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
 
 
 def train(job: dict[str, Any]) -> list[dict[str, Any]]:
-    """One worker: its records, one per step (run by :func:`run` through ``launch``)."""
+    """One worker: its records, one per step (run by :func:`run` through ``launch``).
+    ``job["workers"]``, where given, are the cluster's addresses (else ``TF_CONFIG`` is)."""
     import tensorflow as tf
+
+    if "workers" in job:
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": job["workers"]},
+                                              "task": {"type": "worker", "index": job["rank"]}})
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     import keras
