@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from unifiedamp.conformance.adapters import STEP_KINDS, ImperativeAdapter, Problem
+from unifiedamp.conformance.backends.torch_ranks import PINNING_MODULES, spawn_ranks
 from unifiedamp.spec import ScalerState
 
 OPTIMIZERS = {
@@ -106,8 +107,6 @@ def run_ranks(config: dict[str, Any], kinds_per_rank: list[str], optimizer: str 
     Returns per rank: ``state`` (scale, trackers), ``stepped`` (did any parameter
     change) and ``skipped`` (skipped steps).
     """
-    from unifiedamp.conformance.backends.torch_ranks import spawn_ranks
-
     return spawn_ranks(_rank_main, len(kinds_per_rank), config, kinds_per_rank, optimizer,
                        iterations)
 
@@ -134,15 +133,6 @@ def _train_rank(config: dict[str, Any], kind: str, optimizer: str,
     stepped = any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     return {"state": list(scaler.state), "stepped": stepped, "skipped": scaler.num_skipped_steps}
 
-
-#: Modules of torch that copy ``torch.distributed.group.WORLD`` into a default argument
-#: when first imported: ``torch.distributed.nn``'s collectives (imported through
-#: ``torch._dynamo`` when the first optimizer is built), ``ShardedGradScaler.__init__``
-#: and ``ZeroRedundancyOptimizer``'s ``_broadcast_object``. Imported after
-#: ``init_process_group``, they hold the group for the life of the process, past
-#: ``destroy_process_group()``.
-PINNING_MODULES = ("torch.distributed.nn.functional", "torch.distributed.fsdp.sharded_grad_scaler",
-                   "torch.distributed.optim.zero_redundancy_optimizer")
 
 
 def init_gloo_rank(rank: int, world: int, port: int) -> None:

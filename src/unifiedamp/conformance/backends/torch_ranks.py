@@ -17,14 +17,21 @@ from typing import Any
 
 from unifiedamp.conformance.engines import launch, rank_main
 
+#: Modules of torch that copy ``torch.distributed.group.WORLD`` into a default argument
+#: when first imported: ``torch.distributed.nn``'s collectives (imported through
+#: ``torch._dynamo`` when the first optimizer is built), ``ShardedGradScaler.__init__``
+#: and ``ZeroRedundancyOptimizer``'s ``_broadcast_object``. Imported after
+#: ``init_process_group``, they hold the group for the life of the process, past
+#: ``destroy_process_group()``.
+PINNING_MODULES = ("torch.distributed.nn.functional", "torch.distributed.fsdp.sharded_grad_scaler",
+                   "torch.distributed.optim.zero_redundancy_optimizer")
+
 #: What the ranks' interpreter imports before it forks them: torch, and the parts of it a
 #: gloo rank imports anyway (its optimizers build through ``torch._dynamo``, and
-#: ``init_gloo_rank`` imports the modules that must come before ``init_process_group``),
-#: so that no rank imports them again.
+#: ``init_gloo_rank`` imports :data:`PINNING_MODULES`, which must come before
+#: ``init_process_group``), so that no rank imports them again.
 RANK_PRELOAD = ("torch", "torch._dynamo", "torch.distributed.fsdp", "torch.distributed.optim",
-                "torch.distributed.nn.functional",
-                "torch.distributed.fsdp.sharded_grad_scaler",
-                "torch.distributed.optim.zero_redundancy_optimizer")
+                *PINNING_MODULES)
 
 
 def spawn_ranks(main: Callable[..., Any], world: int, *args: Any,
@@ -54,7 +61,7 @@ def spawn_ranks(main: Callable[..., Any], world: int, *args: Any,
                        for rank, log in enumerate(outcome.logs))
         raise RuntimeError(f"{world} torch ranks of {job['main']}: {outcome.status}: "
                            f"{outcome.detail}{logs}")
-    return [record["steps"] for record in outcome.records if record is not None]
+    return [record["steps"] for record in outcome.records]
 
 
 def _call(job: dict[str, Any]) -> Any:
