@@ -61,7 +61,11 @@ def spawn_ranks(main: Callable[..., Any], world: int, *args: Any,
                        for rank, log in enumerate(outcome.logs))
         raise RuntimeError(f"{world} torch ranks of {job['main']}: {outcome.status}: "
                            f"{outcome.detail}{logs}")
-    return [record["steps"] for record in outcome.records]
+    steps = []
+    for record in outcome.records:
+        assert record is not None, "an ok outcome holds every rank's records"
+        steps.append(record["steps"])
+    return steps
 
 
 def _call(job: dict[str, Any]) -> Any:
