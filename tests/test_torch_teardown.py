@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 import unifiedamp
+from unifiedamp.conformance.backends.torch_ranks import RANK_PRELOAD
 from unifiedamp.conformance.engines import Outcome, check, launch, rank_main, step_record
 from unifiedamp.spec import ScalerConfig
 
@@ -101,10 +102,14 @@ def _steps(kinds: str) -> list[dict[str, Any]]:
 
 
 def _launch(teardown: str) -> Outcome:
-    # Forks of an interpreter that imported torch, and nothing of torch.distributed's
-    # modules the recipe orders.
+    # The recipe's ranks fork from an interpreter that imported what the library's own
+    # ranks import before they join (the pinning modules among them, as the recipe orders:
+    # test_the_recipe_imports_what_would_hold_the_group_before_joining checks that the
+    # recipe itself does); the old order's from one that imported torch only, and nothing
+    # of torch.distributed's modules the recipe orders.
+    preload = RANK_PRELOAD if teardown == "recipe" else ("torch",)
     return launch("test_torch_teardown", {"teardown": teardown}, 2, timeout=120,
-                  preload=("torch",), env=lambda rank: {"PYTHONPATH": os.pathsep.join(
+                  preload=preload, env=lambda rank: {"PYTHONPATH": os.pathsep.join(
                       [TESTS, SRC, *filter(None, [os.environ.get("PYTHONPATH")])])})
 
 
@@ -116,6 +121,25 @@ def runs(teardown: str, count: int, parallel: int = 3) -> tuple[collections.Coun
     problems = [check(CONFIG, KINDS, outcome) for outcome in outcomes]
     return (collections.Counter(o.status for o in outcomes),
             [f"run {i}: {p[0]}" for i, p in enumerate(problems) if p])
+
+
+def test_the_recipe_imports_what_would_hold_the_group_before_joining(run_python) -> None:
+    # From an interpreter that imported torch only: building the first optimizer after
+    # joining imports torch._dynamo, and with it torch.distributed.nn's collectives, which
+    # would hold the group (the checked destroy_process_group raises) had the recipe not
+    # imported them before init_process_group.
+    proc = run_python("""
+import sys
+import torch
+from unifiedamp.conformance.backends.torch import destroy_process_group, init_gloo_rank
+from unifiedamp.conformance.engines import free_port
+assert "torch.distributed.nn.functional" not in sys.modules
+init_gloo_rank(0, 1, free_port())
+torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1).step()
+destroy_process_group()
+print("left")
+""", timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "left\n", proc.stderr[-3000:]
 
 
 @pytest.mark.slow
