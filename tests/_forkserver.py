@@ -31,7 +31,16 @@ changes per test), since frameworks read variables such as ``KERAS_BACKEND`` or 
 when imported: a script with ``env={...}`` gets a server started with that environment.
 Each pytest process keeps at most :data:`MAX_SERVERS` servers (each holds 70 to 320 MB of
 memory of its own); the one that saved least (import time times scripts forked) stops first,
-all stop at the end of the session. The server only imports: it never runs a computation
+all stop at the end of the session.
+
+Shared servers (``ForkServers(shared=folder)``, as ``run_python`` has them): the pytest-xdist
+workers of a session use one server per preload and environment (less
+``PYTEST_XDIST_WORKER``), found by a Unix socket in the session's folder: where each worker
+started its own, most servers forked one or two scripts. A worker talks to a *session*, a
+fork of the server that forks the scripts as a private server does; stopping it closes the
+session, and the server exits once it has had none for :data:`SHARED_IDLE_SECONDS`.
+
+The server only imports: it never runs a computation
 (JAX warns when forked once its backend is up, and threads started by a computation would be
 missing in the child).
 
@@ -50,7 +59,8 @@ script is reported (:class:`ForkServerError`, with the end of its log).
 
 What differs from a fresh interpreter:
 
-- the process is a fork: its pid is new, its parent is the server, and a thread a framework
+- the process is a fork: its pid is new, its parent is the server (a shared server's
+  session), and a thread a framework
   started at import would not run in it (there is none on Linux: the servers have one
   thread);
 - the imports ran in an empty directory, not in the script's cwd (which is ``sys.path[0]``
@@ -76,6 +86,8 @@ from __future__ import annotations
 
 import ast
 import collections
+import fcntl
+import hashlib
 import itertools
 import locale
 import marshal
@@ -103,8 +115,14 @@ _SERVER_FILE = str(pathlib.Path(__file__).with_name("_forkserver_main.py"))
 # runs (unclosed, it would warn on the command's frame, that is in __main__).
 _BOOT = (f"exec(compile((lambda f: (f.read(), f.close())[0])(open({_SERVER_FILE!r}, 'rb')), "
          f"{_SERVER_FILE!r}, 'exec', dont_inherit=True), {{'__name__': '__forkserver__'}})")
-#: Set by pytest for each test: not read by any framework, and would key a server per test.
-_PER_TEST_VARIABLES = ("PYTEST_CURRENT_TEST",)
+#: Seconds a shared server waits without a session before it exits.
+SHARED_IDLE_SECONDS = 60.0
+
+#: Set by pytest for each test or worker: not read by any framework, and would key a server
+#: per test or worker.
+_PER_TEST_VARIABLES = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER")
+#: A Unix socket's path is at most 107 bytes.
+_MAX_SOCKET_PATH = 107
 #: How long a killed child may take to be reported.
 _GRACE = 30.0
 
@@ -169,7 +187,8 @@ class _Timeout(Exception):
 class _Server:
     """One server process: its preload, its pipes, its log."""
 
-    def __init__(self, preload: tuple[Import, ...], env: dict[str, str], folder: str):
+    def __init__(self, preload: tuple[Import, ...], env: dict[str, str], folder: str,
+                 share: dict | None = None):
         self.preload, self.folder = preload, folder
         self.broken = False
         self.uses = 0  # scripts forked
@@ -177,7 +196,7 @@ class _Server:
         self.answers: dict[tuple[Import, ...], bool] = {}  # to serves()
         self.log = os.path.join(folder, "server.log")
         empty = os.path.join(folder, "cwd")  # where the imports run: no module to find
-        os.mkdir(empty)
+        os.makedirs(empty, exist_ok=True)
         request_read, self.request = os.pipe()
         self.reply, reply_write = os.pipe()
         try:
@@ -190,14 +209,45 @@ class _Server:
         finally:
             os.close(request_read)
             os.close(reply_write)
+        self.pid = self.process.pid
         try:
             self._send({"preload": [list(pair) for pair in preload],
                         "out": os.path.join(folder, "import.out"),
-                        "err": os.path.join(folder, "import.err"), "log": self.log})
+                        "err": os.path.join(folder, "import.err"), "log": self.log,
+                        **(share or {})})
         except OSError:
             self.process.kill()
             self.stop()
             raise
+
+    @classmethod
+    def session(cls, path: str, preload: tuple[Import, ...], folder: str,
+                deadline: float | None) -> _Server | None:
+        """A session of the shared server listening on ``path`` (its fifos in ``folder``),
+        or None where no server answers there."""
+        import socket
+
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(path)
+        except OSError:
+            connection.close()
+            return None
+        self = cls.__new__(cls)
+        self.folder, self.broken, self.uses, self.answers = folder, False, 0, {}
+        self.log = os.path.join(path.removesuffix(".sock"), "server.log")
+        self.process = None
+        self.request = self.reply = connection.detach()
+        try:
+            hello = self._receive(deadline)
+        except (OSError, _Timeout):
+            hello = None
+        if not hello:  # it exited as it accepted
+            self.stop()
+            return None
+        self.preload = preload[:hello["done"]]
+        self.start_seconds, self.pid = hello["seconds"], hello["pid"]
+        return self
 
     # -- messages: an 8-byte length, then a marshal dump (tests/_forkserver_main.py)
 
@@ -267,6 +317,8 @@ class _Server:
         return not rest or self.answers[rest]
 
     def alive(self) -> bool:
+        if self.process is None:  # a session: nothing to read between scripts, unless closed
+            return not self.broken and not select.select([self.reply], [], [], 0)[0]
         return not self.broken and self.process.poll() is None
 
     def log_tail(self) -> str:
@@ -344,12 +396,22 @@ class _Server:
         out, err = (b"".join(chunks[fd]) for fd in readers)
         return returncode, out, err
 
-    def stop(self) -> None:
+    def release(self) -> None:
+        """Closes the pipes to a shared server's first process and reaps it (the server
+        goes on in its fork; its folder stays)."""
         for fd in (self.request, self.reply):
+            os.close(fd)
+        self.process.communicate()
+
+    def stop(self) -> None:
+        for fd in {self.request, self.reply}:
             try:
                 os.close(fd)
             except OSError:
                 pass
+        if self.process is None:  # a session ends at the end of its input
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return
         try:  # at the end of its input it exits, unless a fork of this process holds it
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -363,8 +425,13 @@ class _Server:
 class ForkServers:
     """The fork servers of one pytest process; :meth:`run` is ``run_python``'s runner."""
 
-    def __init__(self, max_servers: int = MAX_SERVERS, heavy: frozenset[str] = HEAVY):
+    def __init__(self, max_servers: int = MAX_SERVERS, heavy: frozenset[str] = HEAVY,
+                 shared: str | os.PathLike[str] | None = None):
         self.max_servers, self.heavy = max_servers, heavy
+        #: The folder of the shared servers' sockets (None: this process's own servers).
+        self.shared = None if shared is None else os.path.abspath(shared)
+        if self.shared and len(os.path.join(self.shared, "k" * 24 + ".sock")) > _MAX_SOCKET_PATH:
+            self.shared = None  # a socket there could not be bound: servers of its own
         self.forked = 0  # scripts run in a fork
         self.folder = tempfile.mkdtemp(prefix="unifiedamp-forkserver-")
         #: environment -> the servers started with it.
@@ -434,6 +501,8 @@ class ForkServers:
         if len(alive) >= self.max_servers:
             # The one that saved least: an import that is quick to do again, or seldom used.
             self._stop(min(alive, key=lambda s: s.start_seconds * (1 + s.uses)))
+        if self.shared is not None:
+            return self._join(preload, environment, env, deadline)
         try:
             server = _Server(preload, env, tempfile.mkdtemp(dir=self.folder))
         except OSError as error:
@@ -454,6 +523,58 @@ class ForkServers:
         self.servers[environment].append(server)
         return server
 
+    def _join(self, preload: tuple[Import, ...], environment: tuple, env: dict[str, str],
+              deadline: float | None) -> _Server | None:
+        """A session of the shared server for this preload and environment, started if no
+        worker has one running; None where the preload fails in a server."""
+        assert self.shared is not None
+        os.makedirs(self.shared, exist_ok=True)
+        key = hashlib.sha256(marshal.dumps((preload, environment))).hexdigest()[:24]
+        path = os.path.join(self.shared, f"{key}.sock")
+        lock = os.open(os.path.join(self.shared, f"{key}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            while True:  # another worker may be starting it: its imports take seconds
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise _Timeout from None
+                    time.sleep(0.02)
+            session = _Server.session(path, preload, tempfile.mkdtemp(dir=self.folder),
+                                      deadline)
+            if session is None:
+                if os.path.exists(path):  # left by a server that was killed
+                    os.unlink(path)
+                share = {"listen": path, "lock": os.path.join(self.shared, f"{key}.lock"),
+                         "idle": SHARED_IDLE_SECONDS}
+                try:
+                    server = _Server(preload, env, path.removesuffix(".sock"), share)
+                except OSError as error:
+                    self.unforkable[preload, environment] = f"the server did not start: {error}"
+                    return None
+                try:
+                    failure = server.started(deadline)
+                except _Timeout:
+                    server.process.kill()
+                    raise
+                except OSError as error:
+                    failure = f"the server did not answer: {error}"
+                finally:
+                    server.release()
+                if failure is not None:
+                    self.unforkable[preload, environment] = failure
+                    return None
+                session = _Server.session(path, preload, tempfile.mkdtemp(dir=self.folder),
+                                          deadline)
+                if session is None:
+                    self.unforkable[preload, environment] = "the shared server did not answer"
+                    return None
+        finally:
+            os.close(lock)
+        self.servers[environment].append(session)
+        return session
+
     def _stop(self, server: _Server) -> None:
         for group in self.servers.values():
             if server in group:
@@ -462,7 +583,7 @@ class ForkServers:
 
     def alive(self) -> dict[int, tuple[Import, ...]]:
         """The servers running: pid -> preload."""
-        return {s.process.pid: s.preload for group in self.servers.values() for s in group
+        return {s.pid: s.preload for group in self.servers.values() for s in group
                 if s.alive()}
 
     def close(self) -> None:

@@ -3,7 +3,8 @@
 Started as ``python -c BOOT REQUEST_FD REPLY_FD``, where BOOT executes this file in a
 namespace of its own, so ``__main__`` stays the bare module a ``python -c`` script starts
 in. It uses only modules every interpreter has loaded before running a script (os, sys,
-marshal), so the forked scripts see no module of the server's in ``sys.modules``.
+marshal), so the forked scripts see no module of the server's in ``sys.modules`` (a shared
+server's ``_socket`` and ``fcntl`` are taken out of it in each session).
 
 Protocol (each message is an 8-byte length, then a marshal dump):
 
@@ -20,6 +21,14 @@ Protocol (each message is an 8-byte length, then a marshal dump):
 3. ``{"imported": [[module, fromlist], ...]}`` asks whether those imports would only bind
    names in this process (:func:`_imported`): the reply is ``{"imported": bool}``;
 4. at end of input the server exits.
+
+Shared (``"listen": path`` in the first message, with ``"lock"`` and ``"idle"``): the
+server answers step 1 once it listens on the Unix socket ``path``, closes the pipes and
+forks; the first process exits (its client reaps it) and the fork accepts connections,
+forking a *session* per connection, which sends ``{"ok": True, "done": n, "seconds": s,
+"pid": pid}`` and then serves steps 2 to 4 on the connection as above. The server exits
+when it has had no session for ``idle`` seconds, removing ``path`` while it holds the
+``lock`` file, which clients hold while they look for a server or start one.
 
 The child closes the server's descriptors, takes the FIFOs as its stdout and stderr,
 replays the import output, moves to ``cwd``, sets ``os.environ`` to ``env`` and
@@ -86,7 +95,7 @@ def _preload(request_fd, reply_fd):
     write = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     _point(1, config["out"], write)
     _point(2, config["err"], write)
-    imports, done = config["preload"], 0
+    imports, done, began = config["preload"], 0, os.times().elapsed
     try:
         while done < len(imports):
             module, fromlist = imports[done]
@@ -113,8 +122,10 @@ def _preload(request_fd, reply_fd):
     __import__("gc").freeze()
     if not imported_gc:
         del sys.modules["gc"]
-    _send(reply_fd, {"ok": True, "done": done})
-    return captured
+    config.update(done=done, seconds=os.times().elapsed - began)
+    if "listen" not in config:
+        _send(reply_fd, {"ok": True, "done": done})
+    return captured, config
 
 
 def _reseed_in_child():
@@ -140,7 +151,9 @@ def _imported(imports):
 
 def _serve(request_fd, reply_fd):
     """Forks a child per request; returns the script's code, in the child only."""
-    out, err = _preload(request_fd, reply_fd)
+    (out, err), config = _preload(request_fd, reply_fd)
+    if "listen" in config:
+        request_fd = reply_fd = _share(config, request_fd, reply_fd)
     while True:
         request = _receive(request_fd)
         if request is None:
@@ -153,8 +166,8 @@ def _serve(request_fd, reply_fd):
         _flush_std()
         pid = os.fork()
         if pid == 0:
-            os.close(request_fd)
-            os.close(reply_fd)
+            for fd in {request_fd, reply_fd}:
+                os.close(fd)
             os.dup2(child_out, 1)
             os.dup2(child_err, 2)
             os.close(child_out)
@@ -177,6 +190,65 @@ def _serve(request_fd, reply_fd):
         _send(reply_fd, {"pid": pid})
         _, status = os.waitpid(pid, 0)
         _send(reply_fd, {"returncode": os.waitstatus_to_exitcode(status)})
+
+
+def _share(config, request_fd, reply_fd):
+    """Shared mode (see the protocol above): accepts connections until idle; returns a
+    session's connection, in the session only."""
+    # Modules the scripts would not see in a plain interpreter: a session removes them
+    # from sys.modules again (as _preload does for gc).
+    unseen = [name for name in ("_socket", "fcntl") if name not in sys.modules]
+    import _socket
+    import fcntl
+
+    listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    listener.bind(config["listen"])
+    listener.listen(64)
+    _send(reply_fd, {"ok": True, "done": config["done"]})
+    os.close(request_fd)
+    os.close(reply_fd)
+    if os.fork():  # the client waits for this process; the server goes on in the fork
+        os._exit(0)
+    sessions, idle_since = set(), os.times().elapsed
+    while True:
+        for pid in [pid for pid in sessions if os.waitpid(pid, os.WNOHANG)[0]]:
+            sessions.discard(pid)
+        if sessions:
+            idle_since = os.times().elapsed
+        fd = None
+        if not sessions and os.times().elapsed - idle_since > config["idle"]:
+            lock = os.open(config["lock"], os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a client is looking: it may connect, so go on serving
+                os.close(lock)
+            else:
+                # No client can connect while this process holds the lock: one that
+                # connected before is served; otherwise no one is left to serve.
+                listener.setblocking(False)
+                try:
+                    fd, _ = listener._accept()
+                except BlockingIOError:
+                    os.unlink(config["listen"])
+                    os._exit(0)
+                os.close(lock)
+        if fd is None:
+            listener.settimeout(0.5)
+            try:
+                fd, _ = listener._accept()
+            except TimeoutError:
+                continue
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            for name in unseen:
+                del sys.modules[name]
+            os.set_blocking(fd, True)
+            _send(fd, {"ok": True, "done": config["done"], "seconds": config["seconds"],
+                       "pid": os.getpid()})
+            return fd
+        os.close(fd)
+        sessions.add(pid)
 
 
 def _print_exception(exc, traceback):

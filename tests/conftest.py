@@ -74,12 +74,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def fork_servers():
-    """This process's fork servers (tests/_forkserver.py), stopped at the end of the session."""
+def fork_servers(tmp_path_factory):
+    """The fork servers of the session's workers (tests/_forkserver.py): this process's
+    sessions of them are stopped at the end of the session."""
     # Imported here: tests/test_registry.py runs a copy of this file in a folder without it.
     from _forkserver import ForkServers
+    from _shared_child import shared_folder
 
-    servers = ForkServers()
+    servers = ForkServers(shared=shared_folder(tmp_path_factory) / "forkservers")
     yield servers
     servers.close()
 

@@ -6,12 +6,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 
+import _forkserver
 import pytest
 from _forkserver import HEAVY, ForkServerError, ForkServers, preload_of
 
@@ -37,9 +42,12 @@ def result(proc: subprocess.CompletedProcess) -> tuple:
     return proc.args, proc.returncode, proc.stdout, proc.stderr
 
 
-@pytest.fixture(scope="module")
-def servers():
-    servers = ForkServers()
+@pytest.fixture(scope="module", params=["own", "shared"])
+def servers(request, tmp_path_factory):
+    # A server of this process's own, and a session of a shared one (as run_python's).
+    shared = tmp_path_factory.mktemp("shared") if request.param == "shared" else None
+    servers = ForkServers(shared=shared)
+    assert servers.shared or not shared
     servers.run(NUMPY)  # started before the timed tests
     yield servers
     servers.close()
@@ -157,6 +165,42 @@ def test_what_the_imports_print_comes_first_in_each_script(tmp_path):
         assert fork.stderr == "fakefw: a warning\nfakefw: from C\n"
     finally:
         servers.close()
+
+
+COUNTED = "import os\nwith open(os.environ['FAKEFW_LOG'], 'a') as log:\n    log.write('x')\n"
+
+
+def test_the_processes_sharing_a_folder_share_its_servers(tmp_path, monkeypatch):
+    # fakefw counts its imports: one server imports it for both; the next server, once
+    # the first has exited (idle, with no session), imports it again.
+    monkeypatch.setattr(_forkserver, "SHARED_IDLE_SECONDS", 1.0)
+    (tmp_path / "fakefw.py").write_text(COUNTED)
+    count = tmp_path / "imports"
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "FAKEFW_LOG": str(count), "PYTEST_XDIST_WORKER": "gw0"}
+    code = "import fakefw\nimport os\nprint(os.environ['PYTEST_XDIST_WORKER'])"
+    shared = tempfile.mkdtemp(prefix="fs-")  # short: a socket's path is at most 107 bytes
+    one, two = (ForkServers(heavy=HEAVY | {"fakefw"}, shared=shared) for _ in range(2))
+    assert one.shared == shared
+    try:
+        assert one.run(code, env=env).stdout == "gw0\n"
+        assert two.run(code, env={**env, "PYTEST_XDIST_WORKER": "gw1"}).stdout == "gw1\n"
+        assert one.forked == two.forked == 1 and count.read_text() == "x"
+        (socket,) = pathlib.Path(shared).glob("*.sock")
+    finally:
+        one.close()
+        two.close()
+    for _ in range(100):  # both sessions closed: the server exits after a second
+        if not socket.exists():
+            break
+        time.sleep(0.1)
+    assert not socket.exists()
+    three = ForkServers(heavy=HEAVY | {"fakefw"}, shared=shared)
+    try:
+        assert three.run(code, env=env).stdout == "gw0\n" and count.read_text() == "xx"
+    finally:
+        three.close()
+        shutil.rmtree(shared)
 
 
 def test_a_script_that_does_not_start_with_imports_runs_in_a_plain_interpreter(own_servers):
