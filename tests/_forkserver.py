@@ -503,24 +503,36 @@ class ForkServers:
             self._stop(min(alive, key=lambda s: s.start_seconds * (1 + s.uses)))
         if self.shared is not None:
             return self._join(preload, environment, env, deadline)
+        server = self._launch(preload, environment, env, tempfile.mkdtemp(dir=self.folder),
+                              deadline)
+        if server is not None:
+            self.servers[environment].append(server)
+        return server
+
+    def _launch(self, preload: tuple[Import, ...], environment: tuple, env: dict[str, str],
+                folder: str, deadline: float | None, share: dict | None = None
+                ) -> _Server | None:
+        """A server started in ``folder``, once its preload is done; None where it cannot
+        serve. A shared one's (``share``) first process is reaped: its fork serves."""
         try:
-            server = _Server(preload, env, tempfile.mkdtemp(dir=self.folder))
+            server = _Server(preload, env, folder, share)
         except OSError as error:
             self.unforkable[preload, environment] = f"the server did not start: {error}"
             return None
+        end = server.release if share else server.stop
         try:
             failure = server.started(deadline)
         except _Timeout:
             server.process.kill()
-            server.stop()
+            end()
             raise
         except OSError as error:
             failure = f"the server did not answer: {error}"
+        if share or failure is not None:
+            end()
         if failure is not None:
-            server.stop()
             self.unforkable[preload, environment] = failure
             return None
-        self.servers[environment].append(server)
         return server
 
     def _join(self, preload: tuple[Import, ...], environment: tuple, env: dict[str, str],
@@ -548,22 +560,8 @@ class ForkServers:
                     os.unlink(path)
                 share = {"listen": path, "lock": os.path.join(self.shared, f"{key}.lock"),
                          "idle": SHARED_IDLE_SECONDS}
-                try:
-                    server = _Server(preload, env, path.removesuffix(".sock"), share)
-                except OSError as error:
-                    self.unforkable[preload, environment] = f"the server did not start: {error}"
-                    return None
-                try:
-                    failure = server.started(deadline)
-                except _Timeout:
-                    server.process.kill()
-                    raise
-                except OSError as error:
-                    failure = f"the server did not answer: {error}"
-                finally:
-                    server.release()
-                if failure is not None:
-                    self.unforkable[preload, environment] = failure
+                if self._launch(preload, environment, env, path.removesuffix(".sock"),
+                                deadline, share) is None:
                     return None
                 session = _Server.session(path, preload, tempfile.mkdtemp(dir=self.folder),
                                           deadline)
