@@ -123,6 +123,8 @@ SHARED_IDLE_SECONDS = 60.0
 _PER_TEST_VARIABLES = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_WORKER")
 #: A Unix socket's path is at most 107 bytes.
 _MAX_SOCKET_PATH = 107
+#: Hex digits of a shared server's key (its socket's name).
+_KEY_DIGITS = 24
 #: How long a killed child may take to be reported.
 _GRACE = 30.0
 
@@ -221,10 +223,10 @@ class _Server:
             raise
 
     @classmethod
-    def session(cls, path: str, preload: tuple[Import, ...], folder: str,
+    def session(cls, path: str, preload: tuple[Import, ...], parent: str,
                 deadline: float | None) -> _Server | None:
-        """A session of the shared server listening on ``path`` (its fifos in ``folder``),
-        or None where no server answers there."""
+        """A session of the shared server listening on ``path`` (its fifos in a new folder
+        in ``parent``), or None where no server answers there."""
         import socket
 
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -234,7 +236,8 @@ class _Server:
             connection.close()
             return None
         self = cls.__new__(cls)
-        self.folder, self.broken, self.uses, self.answers = folder, False, 0, {}
+        self.folder = tempfile.mkdtemp(dir=parent)  # once there is a server to talk to
+        self.broken, self.uses, self.answers = False, 0, {}
         self.log = os.path.join(path.removesuffix(".sock"), "server.log")
         self.process = None
         self.request = self.reply = connection.detach()
@@ -430,7 +433,8 @@ class ForkServers:
         self.max_servers, self.heavy = max_servers, heavy
         #: The folder of the shared servers' sockets (None: this process's own servers).
         self.shared = None if shared is None else os.path.abspath(shared)
-        if self.shared and len(os.path.join(self.shared, "k" * 24 + ".sock")) > _MAX_SOCKET_PATH:
+        socket_path = os.path.join(self.shared or "", "k" * _KEY_DIGITS + ".sock")
+        if self.shared and len(socket_path) > _MAX_SOCKET_PATH:
             self.shared = None  # a socket there could not be bound: servers of its own
         self.forked = 0  # scripts run in a fork
         self.folder = tempfile.mkdtemp(prefix="unifiedamp-forkserver-")
@@ -541,9 +545,9 @@ class ForkServers:
         worker has one running; None where the preload fails in a server."""
         assert self.shared is not None
         os.makedirs(self.shared, exist_ok=True)
-        key = hashlib.sha256(marshal.dumps((preload, environment))).hexdigest()[:24]
-        path = os.path.join(self.shared, f"{key}.sock")
-        lock = os.open(os.path.join(self.shared, f"{key}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        key = hashlib.sha256(marshal.dumps((preload, environment))).hexdigest()[:_KEY_DIGITS]
+        path, lock_path = (os.path.join(self.shared, f"{key}.{end}") for end in ("sock", "lock"))
+        lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             while True:  # another worker may be starting it: its imports take seconds
                 try:
@@ -553,18 +557,15 @@ class ForkServers:
                     if deadline is not None and time.monotonic() > deadline:
                         raise _Timeout from None
                     time.sleep(0.02)
-            session = _Server.session(path, preload, tempfile.mkdtemp(dir=self.folder),
-                                      deadline)
+            session = _Server.session(path, preload, self.folder, deadline)
             if session is None:
                 if os.path.exists(path):  # left by a server that was killed
                     os.unlink(path)
-                share = {"listen": path, "lock": os.path.join(self.shared, f"{key}.lock"),
-                         "idle": SHARED_IDLE_SECONDS}
+                share = {"listen": path, "lock": lock_path, "idle": SHARED_IDLE_SECONDS}
                 if self._launch(preload, environment, env, path.removesuffix(".sock"),
                                 deadline, share) is None:
                     return None
-                session = _Server.session(path, preload, tempfile.mkdtemp(dir=self.folder),
-                                          deadline)
+                session = _Server.session(path, preload, self.folder, deadline)
                 if session is None:
                     self.unforkable[preload, environment] = "the shared server did not answer"
                     return None
