@@ -50,10 +50,16 @@ BROKEN = {
 }
 
 
+#: Examples per property for the broken scalers. With seed 0, 20 examples fail exactly the
+#: tests that 50 fail, for each of them; a budget is no superset of a smaller one (30 misses
+#: GrowsOneStepLate in the random-config test): change it only with that comparison redone.
+BROKEN_EXAMPLES = "20"
+
+
 @pytest.mark.parametrize("broken", sorted(BROKEN))
 def test_each_broken_scaler_fails_the_named_tests(broken, tmp_path):
     proc, report = run_suite(tmp_path, "--unifiedamp-backend", f"broken_scalers:{broken}",
-                             "--unifiedamp-max-examples", "50")
+                             "--unifiedamp-max-examples", BROKEN_EXAMPLES)
     assert proc.returncode == 1, proc.stdout[-3000:]
     tests = report["tests"]
     failed = sorted(name for name, t in tests.items() if t["outcome"] == "failed")

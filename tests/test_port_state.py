@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -377,16 +376,22 @@ PORTER = r'''
 import json, sys
 from unifiedamp.porting import port_state_file
 from unifiedamp.spec import ScalerConfig
-to, dst_name = sys.argv[1:3]
-for src, dst in zip(sys.argv[3::2], sys.argv[4::2]):
+for to, src, dst in json.loads(sys.argv[1]):
     # Keras's variables carry no config: the one its optimizer was built with.
     port_state_file(src, dst, to=to, config=ScalerConfig(1024.0, growth_interval=3))
 '''
 
+#: The imports a worker's framework begins with: its script is forked from an interpreter
+#: that made them (tests/_forkserver.py), as the other tests' scripts of that framework are.
+PRELOADS = {"torch": "import torch\n", "paddle": "import paddle\n",
+            "keras": "import keras\nimport tensorflow\n", "jax": "import jax\nimport optax\n",
+            "numpy": "import numpy\n"}
 
-def _run(script, *args, timeout=240):
-    proc = subprocess.run([sys.executable, "-c", script, *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+
+def _run(run_python, script, *args, preload="", timeout=240):
+    """``python -c script *args``, forked from an interpreter that ran ``preload``."""
+    argv = f"import sys\nsys.argv[1:] = {[str(a) for a in args]!r}\n"
+    proc = run_python(preload + argv + script, timeout=timeout)
     assert proc.returncode == 0, f"{args}: {proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -404,7 +409,7 @@ def _first_difference(got, want):
 
 @pytest.mark.slow
 def test_a_run_checkpointed_in_one_framework_resumes_in_every_other_with_the_same_trajectory(
-        tmp_path):
+        tmp_path, run_python):
     frameworks = [fw for fw, module in [("torch", "torch"), ("paddle", "paddle"),
                                         ("keras", "tensorflow"), ("jax", "optax"),
                                         ("numpy", "numpy")]
@@ -416,13 +421,11 @@ def test_a_run_checkpointed_in_one_framework_resumes_in_every_other_with_the_sam
         f.mkdir()
 
     def work(fw, mode, *files):
-        return json.loads(_run(WORKER, fw, mode, folder[fw], PATTERN, CHECKPOINT_AT,
-                               *files).splitlines()[-1])
+        return json.loads(_run(run_python, WORKER, fw, mode, folder[fw], PATTERN,
+                               CHECKPOINT_AT, *files, preload=PRELOADS[fw]).splitlines()[-1])
 
     # 1. Uninterrupted run in each framework, checkpointing in its own form after AT steps.
-    with ThreadPoolExecutor(2) as pool:
-        full = dict(zip(frameworks, pool.map(lambda fw: _states(work(fw, "run", SAVES[fw])),
-                                             frameworks), strict=True))
+    full = {fw: _states(work(fw, "run", SAVES[fw])) for fw in frameworks}
     state, expected = ScalerState.initial(PLAIN), []
     for kind in PATTERN:
         state = spec.update(PLAIN, state, kind == "I")
@@ -430,22 +433,18 @@ def test_a_run_checkpointed_in_one_framework_resumes_in_every_other_with_the_sam
     for fw in frameworks:  # every framework's own run follows the spec
         assert full[fw] == expected, (fw, full[fw], expected)
 
-    # 2. port-state: each A checkpoint into each B's form, one process per target form.
-    def port(b):
-        to, name = RESUMES[b]
-        pairs = [str(p) for a in frameworks if a != b
-                 for p in (folder[a] / SAVES[a], folder[b] / f"from-{a}-{name}")]
-        _run(PORTER, to, name, *pairs)
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(port, frameworks))
+    # 2. port-state: each A checkpoint into each B's form, in one process.
+    moves = [(RESUMES[b][0], str(folder[a] / SAVES[a]),
+              str(folder[b] / f"from-{a}-{RESUMES[b][1]}"))
+             for b in frameworks for a in frameworks if a != b]
+    _run(run_python, PORTER, json.dumps(moves))
 
     # 3. Resume in B from every A, continue the pattern, compare with A's uninterrupted run.
-    def resume(b):
+    resumed = {}
+    for b in frameworks:
         sources = [a for a in frameworks if a != b]
         files = [folder[b] / f"from-{a}-{RESUMES[b][1]}" for a in sources]
-        return b, dict(zip(sources, work(b, "resume", *files), strict=True))
-    with ThreadPoolExecutor(2) as pool:
-        resumed = dict(pool.map(resume, frameworks))
+        resumed[b] = dict(zip(sources, work(b, "resume", *files), strict=True))
     failures = []
     for b, by_source in resumed.items():
         for a, raw in by_source.items():
@@ -577,11 +576,13 @@ print(json.dumps([type(opt).__name__, float(opt.dynamic_scale.numpy()),
 
 @pytest.mark.slow
 def test_a_keras_file_is_read_and_written_through_its_loss_scale_optimizer(tmp_path,
-                                                                           monkeypatch):
+                                                                           monkeypatch,
+                                                                           run_python):
     pytest.importorskip("tensorflow")
     monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
-    expected = json.loads(_run(KERAS_MAKER, tmp_path).strip().splitlines()[-1])
+    expected = json.loads(_run(run_python, KERAS_MAKER, tmp_path,
+                               preload="import keras\n").strip().splitlines()[-1])
     # F F (a growth to 2048) then I: hysteresis 2 keeps the scale and counts the inf
     assert (expected["scale"], expected["hysteresis_tracker"]) == (2048.0, 1)
 
@@ -600,7 +601,8 @@ def test_a_keras_file_is_read_and_written_through_its_loss_scale_optimizer(tmp_p
     report = port_state_file(tmp_path / "t.json", tmp_path / "native.keras", to="keras")
     assert report["whole"] and report["key"] == "scaler"
     assert os.path.exists(tmp_path / "native.keras")
-    got = json.loads(_run(KERAS_READER, tmp_path / "native.keras").strip().splitlines()[-1])
+    got = json.loads(_run(run_python, KERAS_READER, tmp_path / "native.keras",
+                          preload="import keras\n").strip().splitlines()[-1])
     assert got == ["LossScaleOptimizer", 256.0, 2, 3]
 
     # bad input: no loss-scale optimizer, a missing destination, a non-keras form
