@@ -62,6 +62,7 @@ def test_readme_test_command_is_what_ci_runs():
     pip_args = install[1].split("pip install ", 1)[1]
     assert pip_args.startswith("-c constraints.txt ") and (ROOT / "constraints.txt").exists()
     assert any(line.endswith(pip_args) for line in ci), pip_args
+    assert install[2] == ".venv/bin/python -m compileall -q src" and install[2] in ci
 
 
 def test_worked_third_party_example_passes_the_suite():
