@@ -45,7 +45,7 @@ The server only imports: it never runs a computation
 missing in the child).
 
 What a script sees, as under ``python -c CODE``: the bare ``__main__`` module, where its code
-runs; ``__name__ == "__main__"``; ``sys.argv == ["-c"]``; its cwd; exactly its environment in
+runs; ``__name__ == "__main__"``; ``sys.argv == ["-c", *args]``; its cwd; exactly its environment in
 ``os.environ``; stdin ``/dev/null`` (as pytest's fd 0 is, during a test); stdout and stderr
 pipes that start with what the imports printed; an uncaught exception printed by
 ``sys.excepthook`` with the script's own frames, and exit status 1; ``sys.exit(n)``, atexit
@@ -65,6 +65,8 @@ What differs from a fresh interpreter:
   thread);
 - the imports ran in an empty directory, not in the script's cwd (which is ``sys.path[0]``
   for ``-c``): only a module there named like one the frameworks import would change that;
+- the imports saw ``sys.argv == ["-c"]``, not the script's arguments (no framework the
+  tests preload reads them at import);
 - what is drawn once per interpreter is the server's: the hash seed of ``str`` (a set of
   strings iterates in the same order in every child of one server) and any seed a framework
   draws at import (numpy's global generator is reseeded in each child, ``random`` reseeds
@@ -331,8 +333,8 @@ class _Server:
         except OSError:
             return ""
 
-    def run(self, code: str, env: dict[str, str], cwd: str, deadline: float | None,
-            names: itertools.count) -> tuple[int, bytes, bytes]:
+    def run(self, code: str, args: list[str], env: dict[str, str], cwd: str,
+            deadline: float | None, names: itertools.count) -> tuple[int, bytes, bytes]:
         """The child's return code, stdout and stderr; raises _Timeout past the deadline
         (with the output so far in its args) once the child is killed."""
         n = next(names)
@@ -344,8 +346,8 @@ class _Server:
                 # Opened before the server opens it for writing; read only once the
                 # server has answered, when an empty read means the end.
                 readers.append(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
-            self._send({"code": code, "cwd": cwd, "env": env, "out": fifos[0],
-                        "err": fifos[1], "argv0": sys.executable})
+            self._send({"code": code, "args": args, "cwd": cwd, "env": env,
+                        "out": fifos[0], "err": fifos[1], "argv0": sys.executable})
             return self._collect(readers, deadline)
         finally:
             for fd in readers:
@@ -446,12 +448,12 @@ class ForkServers:
         self._names = itertools.count()
 
     def run(self, code: str, timeout: float | None = None, env: dict | None = None,
-            cwd: str | os.PathLike[str] | None = None, fresh: bool = False
-            ) -> subprocess.CompletedProcess:
-        """As ``subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-        timeout=timeout, env={**os.environ, **env}, cwd=cwd)``, in a fork where it can
-        (never with ``fresh``)."""
-        command = [sys.executable, "-c", code]
+            cwd: str | os.PathLike[str] | None = None, fresh: bool = False,
+            args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+        """As ``subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+        text=True, timeout=timeout, env={**os.environ, **env}, cwd=cwd)``, in a fork where it
+        can (never with ``fresh``)."""
+        command = [sys.executable, "-c", code, *args]
         full_env = {**os.environ, **(env or {})}
         preload = preload_of(code, self.heavy)
         where = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
@@ -472,7 +474,8 @@ class ForkServers:
         server.uses += 1
         self.forked += 1
         try:
-            returncode, out, err = server.run(code, full_env, where, deadline, self._names)
+            returncode, out, err = server.run(code, list(args), full_env, where, deadline,
+                                              self._names)
         except _Timeout as timed_out:
             if server.broken:
                 self._stop(server)

@@ -15,7 +15,7 @@ Protocol (each message is an 8-byte length, then a marshal dump):
    them at ``log`` and replies ``{"ok": True, "done": n}`` or ``{"ok": False, "error":
    text}``; it stops after the first n imports when the others would only bind names
    (``import keras`` imports numpy and tensorflow too);
-2. for each script, the client sends ``{"code", "cwd", "env", "out", "err", "argv0"}`` (out
+2. for each script, the client sends ``{"code", "args", "cwd", "env", "out", "err", "argv0"}`` (out
    and err: FIFOs the client reads); the server opens the FIFOs, forks and replies
    ``{"pid": pid}``, then ``{"returncode": n}`` when the child has exited;
 3. ``{"imported": [[module, fromlist], ...]}`` asks whether those imports would only bind
@@ -32,7 +32,7 @@ when it has had no session for ``idle`` seconds, removing ``path`` while it hold
 
 The child closes the server's descriptors, takes the FIFOs as its stdout and stderr,
 replays the import output, moves to ``cwd``, sets ``os.environ`` to ``env`` and
-``sys.argv`` to ``["-c"]``, and returns from the loop to run the script in ``__main__``
+``sys.argv`` to ``["-c", *args]``, and returns from the loop to run the script in ``__main__``
 as the interpreter runs a ``-c`` command; the interpreter then finalizes as usual.
 """
 
@@ -181,8 +181,8 @@ def _serve(request_fd, reply_fd):
                 os._exit(255)
             os.environ.clear()
             os.environ.update(request["env"])
-            sys.argv[:] = ["-c"]
-            sys.orig_argv[:] = [request["argv0"], "-c", request["code"]]
+            sys.argv[:] = ["-c", *request["args"]]
+            sys.orig_argv[:] = [request["argv0"], "-c", request["code"], *request["args"]]
             _reseed_in_child()
             return request["code"]
         os.close(child_out)

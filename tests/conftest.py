@@ -88,7 +88,8 @@ def fork_servers(tmp_path_factory):
 
 @pytest.fixture
 def run_python(fork_servers):
-    """Runs Python code as ``python -c`` does, returning ``subprocess.run``'s result.
+    """Runs Python code as ``python -c code *args`` does, returning ``subprocess.run``'s
+    result.
 
     A script that starts by importing heavy frameworks runs in a fork of a server that
     imported them (tests/_forkserver.py says what it sees and what differs); ``fresh=True``
@@ -97,7 +98,9 @@ def run_python(fork_servers):
     """
 
     def run(code: str, timeout: float = 300, env: dict | None = None,
-            cwd: str | os.PathLike[str] | None = None, fresh: bool = False):
-        return fork_servers.run(code, timeout=timeout, env=env, cwd=cwd, fresh=fresh)
+            cwd: str | os.PathLike[str] | None = None, fresh: bool = False,
+            args: tuple[str, ...] = ()):
+        return fork_servers.run(code, timeout=timeout, env=env, cwd=cwd, fresh=fresh,
+                                args=args)
 
     return run

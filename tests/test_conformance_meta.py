@@ -50,9 +50,9 @@ BROKEN = {
 }
 
 
-#: Examples per property for the broken scalers. With seed 0, 20 examples fail exactly the
-#: tests that 50 fail, for each of them; a budget is no superset of a smaller one (30 misses
-#: GrowsOneStepLate in the random-config test): change it only with that comparison redone.
+#: Examples per property for the broken scalers: with seed 0, 20 fail exactly the tests that
+#: 50 fail, for each of them. A larger budget is no superset of a smaller one's examples
+#: (docs/development.md), so a change needs that comparison redone.
 BROKEN_EXAMPLES = "20"
 
 

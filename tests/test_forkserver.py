@@ -33,8 +33,8 @@ ORDER = [m for m in ("numpy", "fakefw") if m in sys.modules]
 """
 
 
-def plain(code: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+def plain(code: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           **kwargs)
 
 
@@ -106,6 +106,14 @@ def test_a_forked_script_gives_what_python_c_gives(name, servers):
     if name != "syntax-error":  # which does not compile: plain, where it fails as it should
         assert servers.forked == forked + 1, "not run in a fork"
     assert result(fork) == result(plain(code, stdin=subprocess.DEVNULL))
+
+
+def test_a_script_gets_its_arguments_as_python_c_gives_them(servers):
+    code = NUMPY + "import sys\nprint(sys.argv, sys.orig_argv[3:])"
+    args = ("a", "b c", "-c")
+    fork = servers.run(code, args=args)
+    assert result(fork) == result(plain(code, *args, stdin=subprocess.DEVNULL))
+    assert fork.stdout == f"{['-c', *args]} {list(args)}\n"
 
 
 def test_what_the_scripts_above_give():

@@ -389,9 +389,8 @@ PRELOADS = {"torch": "import torch\n", "paddle": "import paddle\n",
 
 
 def _run(run_python, script, *args, preload="", timeout=240):
-    """``python -c script *args``, forked from an interpreter that ran ``preload``."""
-    argv = f"import sys\nsys.argv[1:] = {[str(a) for a in args]!r}\n"
-    proc = run_python(preload + argv + script, timeout=timeout)
+    """``python -c preload+script *args``, forked from an interpreter that ran ``preload``."""
+    proc = run_python(preload + script, timeout=timeout, args=tuple(map(str, args)))
     assert proc.returncode == 0, f"{args}: {proc.stderr[-3000:]}"
     return proc.stdout
 
