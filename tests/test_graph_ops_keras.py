@@ -22,7 +22,7 @@ import pytest
 
 pytestmark = pytest.mark.framework("keras")
 
-#: Ops a good step may run over Keras's LossScaleOptimizer (58 now): the finiteness test's
+#: Ops a good step may run over Keras's LossScaleOptimizer (67 now): the finiteness test's
 #: fast form and the unscalable-scale test, the conds that keep the scale and its
 #: reciprocal, the trackers and the update counters.
 MARGIN = 70

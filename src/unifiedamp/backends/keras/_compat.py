@@ -77,9 +77,10 @@ def replicas_update_themselves() -> bool:
 class LossScaleOptimizerHooks(keras.optimizers.LossScaleOptimizer):
     """``keras.optimizers.LossScaleOptimizer`` with its private hooks routed to methods a
     subclass defines (``_apply_checked``, ``_apply_across_replicas``, ``_apply_finite``,
-    ``_apply_skipped``, ``_stateless_finite``, ``_stateless_skipped``), and the private
-    members of Keras's ``Optimizer`` it reads under names of its own (``_optimized_variables``,
-    ``_own_values``, ``_overwritten_by_gradient``, ``_variable_index``)."""
+    ``_apply_skipped``, ``_assign_next``, ``_stateless_finite``, ``_stateless_skipped``), and
+    the private members of Keras's ``Optimizer`` it reads under names of its own
+    (``_optimized_variables``, ``_own_values``, ``_overwritten_by_gradient``,
+    ``_variable_index``)."""
 
     # ------------------------------------------------------------ Keras's hooks
 
@@ -91,12 +92,14 @@ class LossScaleOptimizerHooks(keras.optimizers.LossScaleOptimizer):
 
     def _stateful_handle_finite_grads(self, grads: list[Any], trainable_variables: Any) -> None:
         self._apply_finite(grads, trainable_variables)
+        self._assign_next(True)
 
     def _stateful_handle_non_finite_grads(self, grads: list[Any] | None = None,
                                           trainable_variables: Any = None,
                                           replicas: list[list[Any]] | None = None) -> None:
         # Keras's takes no argument: every one here is optional.
         self._apply_skipped(grads, trainable_variables, replicas)
+        self._assign_next(False)
 
     def _stateless_handle_finite_grads(self, optimizer_variables: Any, grads: Any,
                                        trainable_variables: Any) -> Any:
@@ -120,6 +123,9 @@ class LossScaleOptimizerHooks(keras.optimizers.LossScaleOptimizer):
 
     def _apply_skipped(self, grads: list[Any] | None, trainable_variables: Any,
                        replicas: list[list[Any]] | None) -> None:
+        raise NotImplementedError
+
+    def _assign_next(self, finite: Any) -> None:
         raise NotImplementedError
 
     def _stateless_finite(self, optimizer_variables: Any, grads: Any,

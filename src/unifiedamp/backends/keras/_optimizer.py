@@ -269,52 +269,55 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
 
     # ------------------------------------------------------------ the rule
 
-    def _next(self, finite: bool) -> tuple[Any, Any, Any]:
-        """(scale, growth_tracker, hysteresis_tracker) after an update with ``finite``, by
-        the rule in ``scaler_rule``."""
+    def _next(self, finite: Any) -> tuple[Any, Any, Any, Any]:
+        """(scale bits, unscale factors, growth_tracker, hysteresis_tracker) after an update
+        with ``finite`` (a Python bool or a bool tensor), by the rule in ``scaler_rule``."""
         scale, growth, hyst = (ops.convert_to_tensor(v) for v in (
             self.dynamic_scale, self.step_counter, self.hysteresis_counter))
         grow_n, grow_e, back_n, back_e, interval, hysteresis, min_bits, max_bits, dynamic = (
             ops.unstack(ops.convert_to_tensor(self.scaler_rule)))
-        zero_g, zero_h = ops.zeros_like(growth), ops.zeros_like(hyst)
-        bits = F32.bits(scale)
-        # The products on bits (about 150 ops each) in a cond, not computed and selected:
-        # a step runs them only when the scale moves.
-        if finite:
-            growth = growth + 1
-            grow = growth >= ops.cast(interval, growth.dtype)
-
-            def grown() -> Any:
-                # max_bits is inf's without a max_scale: an overflow stays inf and keeps
-                # the scale.
-                product = ops.minimum(F32.mul_bits(bits, F32.from_bits(grow_n), grow_e),
-                                      max_bits)
-                return ops.where(F32.is_finite(product), product, bits)
-
-            # The step that keeps the scale first: what tests/test_graph_ops_keras.py counts.
-            new = (ops.cond(ops.logical_not(grow), lambda: bits, grown),
-                   ops.where(grow, zero_g, growth), zero_h)
-        else:
-            hyst = hyst + 1
-            back_off = hyst >= ops.cast(hysteresis, hyst.dtype)
-
-            new = (ops.cond(ops.logical_not(back_off), lambda: bits, lambda: ops.maximum(
-                F32.mul_bits(bits, F32.from_bits(back_n), back_e), min_bits)), zero_g,
-                ops.where(back_off, zero_h, hyst))
+        finite = ops.convert_to_tensor(finite, "bool")
         # dynamic=False: the scale stays, the trackers are reset.
         dynamic = ops.not_equal(dynamic, 0)
-        return (F32.from_bits(ops.where(dynamic, new[0], bits)), ops.where(dynamic, new[1], zero_g),
-                ops.where(dynamic, new[2], zero_h))
-
-    def _assign_next(self, finite: bool) -> None:
-        scale, growth, hyst = self._next(finite)
-        self._record(not finite, scale)
-        # f32(1 / scale) on bits (about 180 ops) only when the scale moved.
+        counting_g = ops.logical_and(dynamic, finite)
+        counting_h = ops.logical_and(dynamic, ops.logical_not(finite))
+        growth, hyst = growth + 1, hyst + 1
+        full_g = growth >= ops.cast(interval, growth.dtype)
+        full_h = hyst >= ops.cast(hysteresis, hyst.dtype)
+        grow, back_off = ops.logical_and(counting_g, full_g), ops.logical_and(counting_h, full_h)
+        zero_g, zero_h = ops.zeros_like(growth), ops.zeros_like(hyst)
+        growth = ops.where(counting_g, ops.where(full_g, zero_g, growth), zero_g)
+        hyst = ops.where(counting_h, ops.where(full_h, zero_h, hyst), zero_h)
         bits = F32.bits(scale)
-        self.unscale_factors.assign(ops.cond(
-            ops.equal(bits, F32.bits(self.dynamic_scale)),
-            lambda: ops.convert_to_tensor(self.unscale_factors),
-            lambda: ops.stack(F32.split(F32.reciprocal_bits(bits)))))
+
+        def moved() -> tuple[Any, Any]:
+            # One product for either move: the factor is chosen, not the product. The
+            # new scale's f32(1 / scale) (about 180 ops) is computed here, once it moved.
+            product = F32.mul_bits(bits, F32.from_bits(ops.where(grow, grow_n, back_n)),
+                                   ops.where(grow, grow_e, back_e))
+            # max_bits is inf's without a max_scale: an overflow stays inf and keeps
+            # the scale.
+            grown = ops.minimum(product, max_bits)
+            new = ops.where(grow, ops.where(F32.is_finite(grown), grown, bits),
+                            ops.maximum(product, min_bits))
+            return new, ops.stack(F32.split(F32.reciprocal_bits(new)))
+
+        # The products on bits in a cond, not computed and selected: a step runs them only
+        # when the scale moves. The step that keeps the scale first: what
+        # tests/test_graph_ops_keras.py counts.
+        new_bits, factors = ops.cond(
+            ops.logical_not(ops.logical_or(grow, back_off)),
+            lambda: (bits, ops.convert_to_tensor(self.unscale_factors)), moved)
+        return new_bits, factors, growth, hyst
+
+    def _assign_next(self, finite: Any) -> None:
+        """Writes the state after an update with ``finite`` (a Python bool in a branch of
+        its own, else a bool tensor), and records the update."""
+        bits, factors, growth, hyst = self._next(finite)
+        scale = F32.from_bits(bits)
+        self._record(not finite if isinstance(finite, bool) else ops.logical_not(finite),
+                     scale)
+        self.unscale_factors.assign(factors)
         self.dynamic_scale.assign(scale)
         self.step_counter.assign(ops.cast(growth, self.step_counter.dtype))
         self.hysteresis_counter.assign(ops.cast(hyst, self.hysteresis_counter.dtype))
@@ -358,12 +361,12 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         self._backend_paths.apply_across_replicas(self, grads, trainable_variables)
 
     def _apply_finite(self, grads: list[Any], trainable_variables: Any) -> None:
-        """The finite branch: the inner optimizer steps with the unscaled gradients."""
+        """The finite branch: the inner optimizer steps with the unscaled gradients. The
+        state's update follows the branches (``_assign_next``): traced once, not in each."""
         tvs = trainable_variables or self._optimized_variables
         unscaled = [g if g is None or self._overwritten_by_gradient(v) else u
                     for g, u, v in zip(grads, self.unscale_gradients(grads), tvs, strict=True)]
         self.inner_optimizer.apply(unscaled, trainable_variables=trainable_variables)
-        self._assign_next(True)
 
     def _apply_skipped(self, grads: list[Any] | None, trainable_variables: Any,
                        replicas: list[list[Any]] | None) -> None:
@@ -374,7 +377,6 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
             if replicas is None and grads is not None:
                 replicas = [list(grads)]
             self._record_overflow(replicas, self._indices(tvs))
-        self._assign_next(False)
 
     def stateless_apply(self, optimizer_variables: Any, grads: Any,
                         trainable_variables: Any) -> Any:

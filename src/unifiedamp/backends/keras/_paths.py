@@ -86,10 +86,12 @@ class BackendPaths:
     def apply(self, opt: SpecLossScaleOptimizer, grads: list[Any],
               trainable_variables: Any) -> None:
         """``apply(grads)`` of the wrapper: checks, then steps or skips, and updates."""
-        # Keras's own, with the gradients given to the skipped branch too.
-        ops.cond(opt.check_finite(grads),
-                 lambda: opt._apply_finite(grads, trainable_variables),
+        # Keras's own, with the gradients given to the skipped branch too; the state's
+        # update after the branches, on the same flag.
+        finite = opt.check_finite(grads)
+        ops.cond(finite, lambda: opt._apply_finite(grads, trainable_variables),
                  lambda: opt._apply_skipped(grads, trainable_variables, None))
+        opt._assign_next(finite)
 
     def apply_across_replicas(self, opt: SpecLossScaleOptimizer, grads: list[Any],
                               trainable_variables: Any) -> None:

@@ -88,8 +88,9 @@ class TensorFlowPaths(BackendPaths):
             total = context.all_reduce(tf.distribute.ReduceOp.SUM, non_finite(grads))
             # Each replica holds its own gradients: diagnose records the step and scale
             # but no per-gradient counts here (overflow_checked -1; see overflow_report).
-            ops.cond(ops.equal(total, 0.0), apply_fn,
-                     lambda: opt._apply_skipped(None, None, None))
+            finite = ops.equal(total, 0.0)
+            ops.cond(finite, apply_fn, lambda: opt._apply_skipped(None, None, None))
+            opt._assign_next(finite)
             return
 
         def cross_replica(distribution: Any, grads: Any, trainable_variables: Any) -> None:
@@ -110,7 +111,9 @@ class TensorFlowPaths(BackendPaths):
                 opt._apply_skipped(None, trainable_variables, replicas)
 
             # In the cross-replica context, as Keras: the inner optimizer's apply merges.
-            ops.cond(ops.equal(total, 0.0), apply_each, skip)
+            finite = ops.equal(total, 0.0)
+            ops.cond(finite, apply_each, skip)
+            opt._assign_next(finite)
 
         tf.distribute.get_replica_context().merge_call(
             cross_replica, args=(grads, trainable_variables))
