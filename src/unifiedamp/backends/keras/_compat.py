@@ -77,7 +77,8 @@ def replicas_update_themselves() -> bool:
 class LossScaleOptimizerHooks(keras.optimizers.LossScaleOptimizer):
     """``keras.optimizers.LossScaleOptimizer`` with its private hooks routed to methods a
     subclass defines (``_apply_checked``, ``_apply_across_replicas``, ``_apply_finite``,
-    ``_apply_skipped``, ``_assign_next``, ``_stateless_finite``, ``_stateless_skipped``), and
+    ``_apply_skipped``, ``_assign_next``, ``_stateless_finite``, ``_stateless_skipped``,
+    ``_stateless_next``), and
     the private members of Keras's ``Optimizer`` it reads under names of its own
     (``_optimized_variables``, ``_own_values``, ``_overwritten_by_gradient``,
     ``_variable_index``)."""
@@ -103,12 +104,14 @@ class LossScaleOptimizerHooks(keras.optimizers.LossScaleOptimizer):
 
     def _stateless_handle_finite_grads(self, optimizer_variables: Any, grads: Any,
                                        trainable_variables: Any) -> Any:
-        return self._stateless_finite(optimizer_variables, grads, trainable_variables)
+        tvs, ovs = self._stateless_finite(optimizer_variables, grads, trainable_variables)
+        return tvs, self._stateless_next(ovs, True)
 
     def _stateless_handle_non_finite_grads(self, optimizer_variables: Any,
                                            trainable_variables: Any, grads: Any = None) -> Any:
         # Keras's takes no gradients: they are optional here.
-        return self._stateless_skipped(optimizer_variables, trainable_variables, grads)
+        tvs, ovs = self._stateless_skipped(optimizer_variables, trainable_variables, grads)
+        return tvs, self._stateless_next(ovs, False)
 
     # ------------------------------------------------------------ what the subclass defines
 
@@ -126,6 +129,9 @@ class LossScaleOptimizerHooks(keras.optimizers.LossScaleOptimizer):
         raise NotImplementedError
 
     def _assign_next(self, finite: Any) -> None:
+        raise NotImplementedError
+
+    def _stateless_next(self, optimizer_variables: Any, finite: Any) -> list[Any]:
         raise NotImplementedError
 
     def _stateless_finite(self, optimizer_variables: Any, grads: Any,

@@ -400,11 +400,21 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
             old_tvs, old_ovs = self._stateless_skipped(
                 optimizer_variables, trainable_variables, None)
             pick = partial(select, finite)
-            return (list(map(pick, new_tvs, old_tvs)), list(map(pick, new_ovs, old_ovs)))
-        return ops.cond(
-            finite,
-            lambda: self._stateless_finite(optimizer_variables, grads, trainable_variables),
-            lambda: self._stateless_skipped(optimizer_variables, trainable_variables, grads))
+            tvs, ovs = list(map(pick, new_tvs, old_tvs)), list(map(pick, new_ovs, old_ovs))
+        else:
+            tvs, ovs = ops.cond(
+                finite,
+                lambda: self._stateless_finite(optimizer_variables, grads, trainable_variables),
+                lambda: self._stateless_skipped(optimizer_variables, trainable_variables, grads))
+        return tvs, self._stateless_next(ovs, finite)
+
+    def _stateless_next(self, optimizer_variables: Any, finite: Any) -> list[Any]:
+        """``optimizer_variables`` with the state after an update with ``finite`` (as
+        ``_assign_next``): after the branches, as the stateful step does."""
+        mapping = list(zip(self.variables, optimizer_variables, strict=True))
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            self._assign_next(finite)
+            return [scope.get_current_value(v) for v in self.variables]
 
     def _stateless_finite(self, optimizer_variables: Any, grads: Any,
                           trainable_variables: Any) -> Any:
@@ -415,7 +425,6 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
                                            self._optimized_variables, strict=True)]
             new_tvs, new_inner = self.inner_optimizer.stateless_apply(
                 self.inner_optimizer.variables, unscaled, trainable_variables)
-            self._assign_next(True)
             own = self._own_values(scope)
         return new_tvs, own + list(new_inner)
 
@@ -426,7 +435,6 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
             if self._diagnose and grads is not None:
                 # The gradients are in the order of the optimizer's variables.
                 self._record_overflow([list(grads)], list(range(len(grads))))
-            self._assign_next(False)
             new = [scope.get_current_value(v) for v in self.variables]
         return trainable_variables, new
 
