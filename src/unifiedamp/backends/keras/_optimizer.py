@@ -276,47 +276,40 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
             self.dynamic_scale, self.step_counter, self.hysteresis_counter))
         grow_n, grow_e, back_n, back_e, interval, hysteresis, min_bits, max_bits, dynamic = (
             ops.unstack(ops.convert_to_tensor(self.scaler_rule)))
-        finite = ops.convert_to_tensor(finite, "bool")
         # dynamic=False: the scale stays, the trackers are reset.
-        dynamic = ops.not_equal(dynamic, 0)
+        finite, dynamic = ops.convert_to_tensor(finite, "bool"), ops.not_equal(dynamic, 0)
         counting_g = ops.logical_and(dynamic, finite)
         counting_h = ops.logical_and(dynamic, ops.logical_not(finite))
         growth, hyst = growth + 1, hyst + 1
         full_g = growth >= ops.cast(interval, growth.dtype)
         full_h = hyst >= ops.cast(hysteresis, hyst.dtype)
         grow, back_off = ops.logical_and(counting_g, full_g), ops.logical_and(counting_h, full_h)
-        zero_g, zero_h = ops.zeros_like(growth), ops.zeros_like(hyst)
+        zero_g, zero_h, bits = ops.zeros_like(growth), ops.zeros_like(hyst), F32.bits(scale)
         growth = ops.where(counting_g, ops.where(full_g, zero_g, growth), zero_g)
         hyst = ops.where(counting_h, ops.where(full_h, zero_h, hyst), zero_h)
-        bits = F32.bits(scale)
 
         def moved() -> tuple[Any, Any]:
-            # One product for either move: the factor is chosen, not the product. The
-            # new scale's f32(1 / scale) (about 180 ops) is computed here, once it moved.
+            # One product, its factor chosen by the outcome; max_bits is inf's without a
+            # max_scale (an overflow keeps the scale); then f32(1 / scale) (180 ops).
             product = F32.mul_bits(bits, F32.from_bits(ops.where(grow, grow_n, back_n)),
                                    ops.where(grow, grow_e, back_e))
-            # max_bits is inf's without a max_scale: an overflow stays inf and keeps
-            # the scale.
             grown = ops.minimum(product, max_bits)
             new = ops.where(grow, ops.where(F32.is_finite(grown), grown, bits),
                             ops.maximum(product, min_bits))
             return new, ops.stack(F32.split(F32.reciprocal_bits(new)))
 
-        # The products on bits in a cond, not computed and selected: a step runs them only
-        # when the scale moves. The step that keeps the scale first: what
-        # tests/test_graph_ops_keras.py counts.
+        # In a cond, run only when the scale moves; the step that keeps it first (what
+        # tests/test_graph_ops_keras.py counts).
         new_bits, factors = ops.cond(
             ops.logical_not(ops.logical_or(grow, back_off)),
             lambda: (bits, ops.convert_to_tensor(self.unscale_factors)), moved)
         return new_bits, factors, growth, hyst
 
     def _assign_next(self, finite: Any) -> None:
-        """Writes the state after an update with ``finite`` (a Python bool in a branch of
-        its own, else a bool tensor), and records the update."""
+        """Writes and records the state after an update with ``finite`` (bool or tensor)."""
         bits, factors, growth, hyst = self._next(finite)
         scale = F32.from_bits(bits)
-        self._record(not finite if isinstance(finite, bool) else ops.logical_not(finite),
-                     scale)
+        self._record(not finite if isinstance(finite, bool) else ops.logical_not(finite), scale)
         self.unscale_factors.assign(factors)
         self.dynamic_scale.assign(scale)
         self.step_counter.assign(ops.cast(growth, self.step_counter.dtype))
@@ -361,8 +354,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         self._backend_paths.apply_across_replicas(self, grads, trainable_variables)
 
     def _apply_finite(self, grads: list[Any], trainable_variables: Any) -> None:
-        """The finite branch: the inner optimizer steps with the unscaled gradients. The
-        state's update follows the branches (``_assign_next``): traced once, not in each."""
+        """The finite branch: the inner optimizer steps with the unscaled gradients."""
         tvs = trainable_variables or self._optimized_variables
         unscaled = [g if g is None or self._overwritten_by_gradient(v) else u
                     for g, u, v in zip(grads, self.unscale_gradients(grads), tvs, strict=True)]
@@ -409,8 +401,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         return tvs, self._stateless_next(ovs, finite)
 
     def _stateless_next(self, optimizer_variables: Any, finite: Any) -> list[Any]:
-        """``optimizer_variables`` with the state after an update with ``finite`` (as
-        ``_assign_next``): after the branches, as the stateful step does."""
+        """``optimizer_variables`` with the state after an update with ``finite``."""
         mapping = list(zip(self.variables, optimizer_variables, strict=True))
         with keras.StatelessScope(state_mapping=mapping) as scope:
             self._assign_next(finite)
