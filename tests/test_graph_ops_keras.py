@@ -23,7 +23,7 @@ import pytest
 pytestmark = pytest.mark.framework("keras")
 
 #: Ops a good step may run over Keras's LossScaleOptimizer (67 now): the finiteness test's
-#: fast form and the unscalable-scale test, the conds that keep the scale and its
+#: fast form and the unscalable-scale test, the cond that keeps the scale and its
 #: reciprocal, the trackers and the update counters.
 MARGIN = 70
 CONFIGS = {"keras": {}, "extended rule": {"hysteresis": 2, "min_scale": 1.0}}

@@ -78,9 +78,8 @@ class LossScaleOptimizerHooks(keras.optimizers.LossScaleOptimizer):
     """``keras.optimizers.LossScaleOptimizer`` with its private hooks routed to methods a
     subclass defines (``_apply_checked``, ``_apply_across_replicas``, ``_apply_finite``,
     ``_apply_skipped``, ``_assign_next``, ``_stateless_finite``, ``_stateless_skipped``,
-    ``_stateless_next``), and
-    the private members of Keras's ``Optimizer`` it reads under names of its own
-    (``_optimized_variables``, ``_own_values``, ``_overwritten_by_gradient``,
+    ``_stateless_next``), and the private members of Keras's ``Optimizer`` it reads under
+    names of its own (``_optimized_variables``, ``_own_values``, ``_overwritten_by_gradient``,
     ``_variable_index``)."""
 
     # ------------------------------------------------------------ Keras's hooks
