@@ -12,6 +12,7 @@ modes that group by file or steal work do not keep it and are refused.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -34,6 +35,11 @@ def pytest_configure(config: pytest.Config) -> None:
         # (two queued), in collection order all the same, so the import order holds.
         config.option.maxschedchunk = 1
     _share_jax_compilations(config)
+    # A worker holds every framework and what its tests traced: with the default thresholds
+    # (700, 10, 10) the collector takes several percent of a Keras test's time (half of
+    # that with these), traversing objects that live as long as the worker. A test that
+    # needs a collection at a given point calls gc.collect().
+    gc.set_threshold(50_000, 20, 20)
     config.addinivalue_line(
         "markers", "framework(name): the test imports this framework; ordered for import safety"
     )

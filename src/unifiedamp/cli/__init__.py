@@ -12,6 +12,7 @@ reported, not fatal.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``unifiedamp`` console script."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_worker"]:
+        # A process that imports one framework and exits: the collector would spend about
+        # a fifth of TensorFlow's import looking for garbage that dies with the process.
+        gc.disable()
         from unifiedamp.cli.backends import worker
 
         print(json.dumps(worker(argv[1])))
