@@ -36,7 +36,9 @@ all stop at the end of the session.
 Shared servers (``ForkServers(shared=folder)``, as ``run_python`` has them): the pytest-xdist
 workers of a session use one server per preload and environment (less
 ``PYTEST_XDIST_WORKER``), found by a Unix socket in the session's folder: where each worker
-started its own, most servers forked one or two scripts. A worker talks to a *session*, a
+started its own, most servers forked one or two scripts. A worker also forks a script from
+a server another worker started for the beginning of the script's preload, when that
+server says the rest would only bind names. A worker talks to a *session*, a
 fork of the server that forks the scripts as a private server does; stopping it closes the
 session, and the server exits once it has had none for :data:`SHARED_IDLE_SECONDS`.
 
@@ -509,7 +511,8 @@ class ForkServers:
             # The one that saved least: an import that is quick to do again, or seldom used.
             self._stop(min(alive, key=lambda s: s.start_seconds * (1 + s.uses)))
         if self.shared is not None:
-            return self._join(preload, environment, env, deadline)
+            return (self._join_prefix(preload, environment, deadline)
+                    or self._join(preload, environment, env, deadline))
         server = self._launch(preload, environment, env, tempfile.mkdtemp(dir=self.folder),
                               deadline)
         if server is not None:
@@ -542,14 +545,45 @@ class ForkServers:
             return None
         return server
 
+    def _path(self, preload: tuple[Import, ...], environment: tuple) -> str:
+        """Where the shared server for this preload and environment listens."""
+        assert self.shared is not None
+        # repr, not marshal: marshal's output of equal tuples depends on their reference
+        # counts (it writes back-references to objects held elsewhere).
+        key = hashlib.sha256(repr((preload, environment)).encode()).hexdigest()[:_KEY_DIGITS]
+        return os.path.join(self.shared, f"{key}.sock")
+
+    def _join_prefix(self, preload: tuple[Import, ...], environment: tuple,
+                     deadline: float | None) -> _Server | None:
+        """A session of a running shared server, for this preload or one that begins it
+        and serves it: another process may have started one for a script whose imports
+        begin the same (``import keras`` for ``import keras, numpy, tensorflow``, which
+        keras imports); None if there is none."""
+        for end in range(len(preload), 0, -1):
+            path = self._path(preload[:end], environment)
+            session = (_Server.session(path, preload[:end], self.folder, deadline)
+                       if os.path.exists(path) else None)
+            if session is None:
+                continue
+            try:
+                serves = session.serves(preload, deadline)
+            except _Timeout:
+                session.stop()
+                raise
+            if serves:
+                self.servers[environment].append(session)
+                return session
+            session.stop()
+        return None
+
     def _join(self, preload: tuple[Import, ...], environment: tuple, env: dict[str, str],
               deadline: float | None) -> _Server | None:
         """A session of the shared server for this preload and environment, started if no
         worker has one running; None where the preload fails in a server."""
         assert self.shared is not None
         os.makedirs(self.shared, exist_ok=True)
-        key = hashlib.sha256(marshal.dumps((preload, environment))).hexdigest()[:_KEY_DIGITS]
-        path, lock_path = (os.path.join(self.shared, f"{key}.{end}") for end in ("sock", "lock"))
+        path = self._path(preload, environment)
+        lock_path = path.removesuffix(".sock") + ".lock"
         lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             while True:  # another worker may be starting it: its imports take seconds

@@ -150,11 +150,12 @@ def compiled(fn):
         return jax.jit(fn)
     return fn
 
+# As the Keras backend holds a factor: its parts as tensors (a variable's values), so one
+# compiled function serves every factor.
+mul = compiled(lambda b, cn, ec: f.mul_bits(ops.convert_to_tensor(b), cn, ec))
 for i, c in enumerate(FACTORS):
     c = spec.f32(c)
     cn, ec = factor_parts(c)
-    # As the Keras backend holds a factor: its parts as tensors (a variable's values).
-    mul = compiled(lambda b, cn, ec: f.mul_bits(ops.convert_to_tensor(b), cn, ec))
     results[f"mul{{i}}"] = ops.convert_to_numpy(mul(
         bits, ops.convert_to_tensor(cn, "float32"), ops.convert_to_tensor(ec, "int32")))
     results[f"mul_by{{i}}"] = ops.convert_to_numpy(compiled(

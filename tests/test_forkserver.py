@@ -211,6 +211,35 @@ def test_the_processes_sharing_a_folder_share_its_servers(tmp_path, monkeypatch)
         shutil.rmtree(shared)
 
 
+def test_a_process_forks_from_the_server_another_started_for_the_start_of_its_imports(
+        tmp_path):
+    # fakefw imports fakesub, not fakeother: "import fakefw, fakesub" is forked from the
+    # server the first process started for "import fakefw"; "import fakefw, fakeother"
+    # is not (fakeother would be imported in the child), and gets a server of its own.
+    (tmp_path / "fakefw.py").write_text(COUNTED + "import fakesub\n")
+    for name in ("fakesub", "fakeother"):
+        (tmp_path / f"{name}.py").write_text("")
+    count = tmp_path / "imports"
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "FAKEFW_LOG": str(count)}
+    heavy = HEAVY | {"fakefw", "fakesub", "fakeother"}
+    shared = tempfile.mkdtemp(prefix="fs-")  # short: a socket's path is at most 107 bytes
+    one, two = (ForkServers(heavy=heavy, shared=shared) for _ in range(2))
+    try:
+        assert one.run("import fakefw\n", env=env).returncode == 0
+        code = "import fakefw\nimport {}\nimport sys\nprint('fakeother' in sys.modules)"
+        proc = two.run(code.format("fakesub"), env=env)
+        assert proc.stdout == "False\n" and two.forked == 1, proc.stderr
+        assert count.read_text() == "x" and len(list(pathlib.Path(shared).glob("*.sock"))) == 1
+        proc = two.run(code.format("fakeother"), env=env)
+        assert proc.stdout == "True\n" and count.read_text() == "xx", proc.stderr
+        assert len(list(pathlib.Path(shared).glob("*.sock"))) == 2
+    finally:
+        one.close()
+        two.close()
+        shutil.rmtree(shared)
+
+
 def test_a_script_that_does_not_start_with_imports_runs_in_a_plain_interpreter(own_servers):
     code = "x = 1\nimport numpy, os\nprint(os.getppid())"
     assert preload_of(code) == ()
