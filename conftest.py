@@ -8,7 +8,15 @@ leaves paddle alone: ``unifiedamp._isolation`` refuses to load it there.)"""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+
+# Between parallel regions the idle threads of an OpenMP runtime (torch's libgomp, the Intel
+# runtime paddle loads) spin for a while before they sleep: with three workers on two cores,
+# and the processes the tests start, those spins take the cores the others need. Passive
+# waiting changes no thread count and no result. Set before paddle or torch is loaded (the
+# runtimes read it when they load), here and in every process started from here.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if ("tensorflow" not in sys.modules and importlib.util.find_spec("paddle") is not None
         and importlib.util.find_spec("tensorflow") is not None):
