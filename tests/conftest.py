@@ -35,6 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
         # (two queued), in collection order all the same, so the import order holds.
         config.option.maxschedchunk = 1
     _share_jax_compilations(config)
+    _share_hypothesis_storage(config)
     # A worker holds every framework and what its tests traced: with the default thresholds
     # (700, 10, 10) the collector takes several percent of a Keras test's time (half of
     # that with these), traversing objects that live as long as the worker. A test that
@@ -67,6 +68,16 @@ def _share_jax_compilations(config: pytest.Config) -> None:
                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                       JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+def _share_hypothesis_storage(config: pytest.Config) -> None:
+    """The processes the tests start use this run's Hypothesis folder (the rootdir's
+    ``.hypothesis``, where the workers keep theirs). Without it each, started in a folder of
+    its own (the conformance suite's runs), builds Hypothesis's caches again: the Unicode
+    table that ``st.text`` reads and the constants it collects from the project's modules.
+    (The conformance suite keeps no example database there.) An environment that sets
+    HYPOTHESIS_STORAGE_DIRECTORY keeps its own."""
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(config.rootpath / ".hypothesis"))
 
 
 def _framework_of(item: pytest.Item) -> str | None:

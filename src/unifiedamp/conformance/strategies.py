@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -27,23 +28,33 @@ def powers_of_two(lo: int = -20, hi: int = 40) -> st.SearchStrategy[float]:
     return st.integers(lo, hi).map(lambda k: 2.0**k)
 
 
+# Strategies are built once (at import, or once per dtype) and drawn from many times:
+# Hypothesis validates each strategy object the first time it draws from it, and strategies
+# built anew in every draw made generating the examples cost more than running them.
+_INIT_SCALES = powers_of_two(-130, 127) | st.floats(1e-30, 3e38)
+_GROWTH_FACTORS = st.sampled_from([1.0, 2.0, 4.0]) | st.floats(1.0, 8.0)
+_BACKOFF_FACTORS = st.sampled_from([0.5, 0.25, 1.0]) | st.floats(0.05, 1.0)
+_BOUNDS = st.lists(st.floats(1e-30, 1e30), min_size=2, max_size=2)
+_DYNAMIC = st.sampled_from([True, True, True, False])
+
+
 @st.composite
 def configs(draw: Any) -> ScalerConfig:
     """Valid dynamic-scaling configs, biased towards the edges the spec cares about:
     factors of 1, non-power-of-two factors, short intervals, hysteresis, clamps,
     scales near float32's limits, static mode.
     """
-    init = draw(powers_of_two(-130, 127) | st.floats(1e-30, 3e38))
-    growth = draw(st.sampled_from([1.0, 2.0, 4.0]) | st.floats(1.0, 8.0))
-    backoff = draw(st.sampled_from([0.5, 0.25, 1.0]) | st.floats(0.05, 1.0))
-    bounds = sorted(draw(st.lists(st.floats(1e-30, 1e30), min_size=2, max_size=2)))
+    init = draw(_INIT_SCALES)
+    growth = draw(_GROWTH_FACTORS)
+    backoff = draw(_BACKOFF_FACTORS)
+    bounds = sorted(draw(_BOUNDS))
     # Bounds hold init_scale, as a valid config needs.
     min_scale = min(bounds[0], init) if draw(st.booleans()) else None
     max_scale = max(bounds[1], init) if draw(st.booleans()) else None
     return ScalerConfig(
         init, growth, backoff, draw(st.integers(1, 6)),
         hysteresis=draw(st.integers(1, 3)), min_scale=min_scale, max_scale=max_scale,
-        dynamic=draw(st.sampled_from([True, True, True, False])),
+        dynamic=draw(_DYNAMIC),
     )
 
 
@@ -60,18 +71,30 @@ def step_sequences(max_size: int = 30) -> st.SearchStrategy[str]:
     return st.text(alphabet="FIN", max_size=max_size)
 
 
+def _signed_power(m: int, k: int, sign: float) -> float:
+    return sign * m * 2.0**k
+
+
+# Magnitudes 2**-8 .. 2**4 or zero, so that scaling by 2**-4 .. 2**8 neither
+# overflows nor leaves the normal range, even in float16: scale-then-unscale
+# is then exact.
+_VALUES = st.lists(st.builds(_signed_power, st.integers(1, 7), st.integers(-8, 1),
+                             st.sampled_from([1.0, -1.0])) | st.just(0.0),
+                   min_size=1, max_size=6)
+
+
+@functools.cache
 def _leaf(dtype: str) -> st.SearchStrategy[np.ndarray]:
-    # Magnitudes 2**-8 .. 2**4 or zero, so that scaling by 2**-4 .. 2**8 neither
-    # overflows nor leaves the normal range, even in float16: scale-then-unscale
-    # is then exact.
-    value = st.builds(lambda m, k, sign: sign * m * 2.0**k,
-                      st.integers(1, 7), st.integers(-8, 1), st.sampled_from([1.0, -1.0]))
-    return st.lists(value | st.just(0.0), min_size=1, max_size=6).map(
-        lambda xs: np.array(xs, dtype=dtype))
+    return _VALUES.map(functools.partial(np.array, dtype=dtype))
 
 
 def finite_trees(dtypes: tuple[str, ...]) -> st.SearchStrategy[Any]:
     """Nested dicts/lists of finite arrays of the given dtypes (possibly empty)."""
+    return _finite_trees(tuple(dtypes))
+
+
+@functools.cache
+def _finite_trees(dtypes: tuple[str, ...]) -> st.SearchStrategy[Any]:
     leaves = st.sampled_from(dtypes).flatmap(_leaf)
     return st.recursive(
         st.lists(leaves, max_size=3),
@@ -81,10 +104,15 @@ def finite_trees(dtypes: tuple[str, ...]) -> st.SearchStrategy[Any]:
     )
 
 
+@functools.cache
+def _nonempty_trees(dtypes: tuple[str, ...]) -> st.SearchStrategy[Any]:
+    return _finite_trees(dtypes).filter(lambda t: len(leaves(t)) > 0)
+
+
 @st.composite
 def nonfinite_trees(draw: Any, dtypes: tuple[str, ...]) -> Any:
     """A finite tree with one element of one leaf set to +inf, -inf or NaN."""
-    tree = draw(finite_trees(dtypes).filter(lambda t: len(leaves(t)) > 0))
+    tree = draw(_nonempty_trees(tuple(dtypes)))
     target = draw(st.integers(0, len(leaves(tree)) - 1))
     bad = draw(st.sampled_from([np.inf, -np.inf, np.nan]))
     counter = iter(range(len(leaves(tree))))
