@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from unifiedamp.backends._float32 import Float32Bits
+from unifiedamp.backends._float32 import Float32Bits, factor_parts
 from unifiedamp.backends._functional import LEAVES, FunctionalGradScaler
 from unifiedamp.backends.jax._agreement import require_agreed, warn_if_unagreed
 from unifiedamp.backends.jax._compat import is_tracer
@@ -24,6 +24,14 @@ from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, f32_bits
 
 #: Float32 arithmetic on bit patterns, in ``jax.numpy``.
 F32 = Float32Bits.for_jax()
+
+# The float32 helpers are a few dozen small integer and float ops each: run eagerly (a step
+# outside jit) each op is dispatched on its own, compiled together they are one dispatch.
+# Under an outer jit they are inlined. A factor's exponent is static and its significand an
+# array: another factor compiles again only where its exponent is new.
+_mul_bits = jax.jit(F32.mul_bits, static_argnums=2)
+_split = jax.jit(F32.split)
+_reciprocal_split = jax.jit(lambda bits: F32.split(F32.reciprocal_bits(bits)))
 
 
 def _multiply(tree: Any, hi: jax.Array, lo: jax.Array) -> Any:
@@ -177,7 +185,8 @@ class JaxGradScaler(FunctionalGradScaler):
         return f32_bits(value)
 
     def _multiply(self, scale: jax.Array, factor: float) -> jax.Array:
-        return F32.mul_bits_by(F32.bits(scale), factor)
+        cn, ec = factor_parts(factor)
+        return _mul_bits(F32.bits(scale), F32.float32(cn), ec)
 
     def _is_finite(self, bits: jax.Array) -> jax.Array:
         return F32.is_finite(bits)
@@ -220,7 +229,7 @@ class JaxGradScaler(FunctionalGradScaler):
             return outputs
         # F32.bits reads the leaf with jnp.asarray: in a flax nnx optimizer state it is a
         # Variable, not an array.
-        return _multiply(outputs, *F32.split(F32.bits(self.loss_scale)))
+        return _multiply(outputs, *_split(F32.bits(self.loss_scale)))
 
     def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
         """``new`` where ``finite``, else ``old``: pytrees of the same structure, selected
@@ -258,7 +267,7 @@ class JaxGradScaler(FunctionalGradScaler):
     def _unscale(self, grads: Any, axis_name: Any, caller: str) -> tuple[Any, jax.Array]:
         if not self._config.enabled:
             return grads, jnp.array(True)
-        inverse = F32.split(F32.reciprocal_bits(F32.bits(self.loss_scale)))
+        inverse = _reciprocal_split(F32.bits(self.loss_scale))
         finite = _all_finite(grads, axis_name, caller) & self._reciprocal_finite()
         return _multiply(grads, *inverse), finite
 
