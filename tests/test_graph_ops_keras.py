@@ -2,9 +2,11 @@
 ops of its traced graph next to Keras's own ``LossScaleOptimizer``'s.
 
 A step's ops are those of the ``tf.function`` that runs ``optimizer.apply(grads)``: its
-top-level graph, and of each ``If``/``StatelessIf`` the branch a good step takes (every
-cond here puts that case first: Keras's ``cond(finite, step, skip)``, the wrapper's fast
-finiteness test and its one-multiply unscale of a normal scale), nested conds included.
+top-level graph, of each function it calls (the wrapper's update rule is a ``tf.function``
+of its own, traced once per process), and of each ``If``/``StatelessIf`` the branch a good
+step takes (every cond here puts that case first: Keras's ``cond(finite, step, skip)``, the
+wrapper's fast finiteness test and its one-multiply unscale of a normal scale), nested conds
+included.
 TensorFlow runs each op through its executor, so on a small model these ops are the
 step's cost beyond the inner optimizer's. Run with ``pytest -s`` to see the counts by op.
 
@@ -22,7 +24,7 @@ import pytest
 
 pytestmark = pytest.mark.framework("keras")
 
-#: Ops a good step may run over Keras's LossScaleOptimizer (67 now): the finiteness test's
+#: Ops a good step may run over Keras's LossScaleOptimizer (69 now): the finiteness test's
 #: fast form and the unscalable-scale test, the cond that keeps the scale and its
 #: reciprocal, the trackers and the update counters.
 MARGIN = 70
@@ -43,16 +45,23 @@ def _step_graph(make_optimizer) -> Any:
     return step.get_concrete_function(specs).graph.as_graph_def()
 
 
+#: Ops that call a function of the graph's library (the wrapper's rule, traced once per
+#: process), by the attribute naming it: TensorFlow inlines the call, so its ops run.
+CALLS = {"PartitionedCall": "f", "StatefulPartitionedCall": "f", "If": "then_branch",
+         "StatelessIf": "then_branch"}
+
+
 def good_step_ops(graph_def) -> collections.Counter[str]:
-    """The ops of the top-level graph and of the taken branch of every cond, recursively."""
+    """The ops of the top-level graph, of every function it calls and of the taken branch
+    of every cond, recursively (a call or cond op counted besides its body's ops)."""
     functions = {f.signature.name: f for f in graph_def.library.function}
     ops: collections.Counter[str] = collections.Counter()
 
     def count(nodes) -> None:
         for node in nodes:
             ops[node.op] += 1
-            if node.op in ("If", "StatelessIf"):
-                count(functions[node.attr["then_branch"].func.name].node_def)
+            if node.op in CALLS:
+                count(functions[node.attr[CALLS[node.op]].func.name].node_def)
 
     count(graph_def.node)
     return ops

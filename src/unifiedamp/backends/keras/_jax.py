@@ -9,6 +9,7 @@ custom loop (docs/backends/keras.md, Measured overhead, has the figures behind t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from keras import ops
@@ -21,6 +22,15 @@ if TYPE_CHECKING:
 
 class JaxPaths(BackendPaths):
     """The paths of the JAX Keras backend, for one wrapper."""
+
+    @staticmethod
+    def compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` under ``jax.jit``: inside another jitted step its traced form is reused
+        (and inlined), outside one it runs as one compiled call."""
+        import jax
+
+        function = jax.jit(fn)
+        return lambda *args: function(*(ops.convert_to_tensor(a) for a in args))
 
     def __init__(self) -> None:
         #: The wrapper's ``stateless_apply`` under ``jax.jit``, compiled at the first apply.

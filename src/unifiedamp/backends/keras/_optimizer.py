@@ -1,6 +1,6 @@
 """The wrapper every Keras backend shares: :class:`SpecLossScaleOptimizer`, a
 ``keras.optimizers.LossScaleOptimizer`` whose variables hold the scale and both trackers and
-whose update is the spec's rule written in ``keras.ops``.
+whose update is the spec's rule written in ``keras.ops`` (``_rule.py``).
 
 What differs per Keras backend is in ``_tensorflow.py``, ``_jax.py`` and ``_torch.py``; the
 wrapper picks its backend's paths once, when it is made (:func:`paths_for`). Keras's private
@@ -11,7 +11,6 @@ API is reached through ``_compat.py`` only; the diagnostics' variables and repor
 from __future__ import annotations
 
 import gc
-import math
 import warnings
 import weakref
 from functools import partial
@@ -21,7 +20,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from unifiedamp.backends._float32 import EXP_MASK, reciprocal_factors
+from unifiedamp.backends._float32 import reciprocal_factors
 from unifiedamp.backends._imperative import diagnostics_options
 from unifiedamp.diagnostics import OverflowReport
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32, f32_bits
@@ -30,6 +29,7 @@ from ._compat import no_automatic_dependency_tracking
 from ._diagnostics import OptimizerDiagnostics
 from ._jax import JaxPaths
 from ._paths import F32, BackendPaths, multiply, select
+from ._rule import next_state, rule_values
 from ._tensorflow import TensorFlowPaths
 from ._torch import TorchPaths
 
@@ -43,9 +43,6 @@ def paths_for(backend: str) -> type[BackendPaths]:
     return PATHS.get(backend, BackendPaths)
 
 
-# ------------------------------------------------------------ the rule, as data
-
-
 def _exactly(value: Any) -> Any:
     """An initializer that gives ``value`` bit for bit (Keras's ``Constant`` multiplies by
     ones, which flushes a subnormal scale to 0 on TensorFlow)."""
@@ -54,21 +51,6 @@ def _exactly(value: Any) -> Any:
         return ops.convert_to_tensor(np.asarray(value, dtype=dtype).reshape(shape))
 
     return initializer
-
-
-def _rule_values(config: ScalerConfig) -> list[int]:
-    """The rule's parameters as the int32 vector ``scaler_rule`` holds: f32(growth_factor)
-    and f32(backoff_factor) each as the bits of its significand (in [1, 2)) and its exponent
-    (split here, not in every step), growth_interval, hysteresis, the bits of min_scale (0
-    for none: every scale is above), of max_scale (inf for none), dynamic."""
-    c = config
-    factors = []
-    for factor in (c.growth_factor, c.backoff_factor):
-        mantissa, exponent = math.frexp(f32(factor))  # exact, subnormals included
-        factors += [f32_bits(mantissa * 2), exponent - 1]
-    return [*factors, c.growth_interval, c.hysteresis,
-            0 if c.min_scale is None else f32_bits(c.min_scale),
-            EXP_MASK if c.max_scale is None else f32_bits(c.max_scale), int(c.dynamic)]
 
 
 # ------------------------------------------------------------ the optimizer
@@ -211,7 +193,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         self.inner_optimizer.build(var_list)
         self._build_optimizer(var_list)
         self.hysteresis_counter = add("hysteresis_counter", "int", start.hysteresis_tracker)
-        self.scaler_rule = add("scaler_rule", "int32", _rule_values(self._config))
+        self.scaler_rule = add("scaler_rule", "int32", rule_values(self._config))
         # Not state, so model.save leaves them out, like the rule.
         self.update_count = add("update_count", "int32", 0)
         self.skipped_count = add("skipped_count", "int32", 0)
@@ -258,7 +240,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         self.initial_scale = f32(config.init_scale)
         self.dynamic_growth_steps = config.growth_interval
         if self.built:
-            self.scaler_rule.assign(ops.convert_to_tensor(_rule_values(config), "int32"))
+            self.scaler_rule.assign(ops.convert_to_tensor(rule_values(config), "int32"))
 
     def _assign_state(self, state: ScalerState) -> None:
         self.dynamic_scale.assign(ops.convert_to_tensor(state.scale, "float32"))
@@ -272,38 +254,9 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
     def _next(self, finite: Any) -> tuple[Any, Any, Any, Any]:
         """(scale bits, unscale factors, growth_tracker, hysteresis_tracker) after an update
         with ``finite`` (a Python bool or a bool tensor), by the rule in ``scaler_rule``."""
-        scale, growth, hyst = (ops.convert_to_tensor(v) for v in (
-            self.dynamic_scale, self.step_counter, self.hysteresis_counter))
-        grow_n, grow_e, back_n, back_e, interval, hysteresis, min_bits, max_bits, dynamic = (
-            ops.unstack(ops.convert_to_tensor(self.scaler_rule)))
-        # dynamic=False: the scale stays, the trackers are reset.
-        finite, dynamic = ops.convert_to_tensor(finite, "bool"), ops.not_equal(dynamic, 0)
-        counting_g = ops.logical_and(dynamic, finite)
-        counting_h = ops.logical_and(dynamic, ops.logical_not(finite))
-        growth, hyst = growth + 1, hyst + 1
-        full_g = growth >= ops.cast(interval, growth.dtype)
-        full_h = hyst >= ops.cast(hysteresis, hyst.dtype)
-        grow, back_off = ops.logical_and(counting_g, full_g), ops.logical_and(counting_h, full_h)
-        zero_g, zero_h, bits = ops.zeros_like(growth), ops.zeros_like(hyst), F32.bits(scale)
-        growth = ops.where(counting_g, ops.where(full_g, zero_g, growth), zero_g)
-        hyst = ops.where(counting_h, ops.where(full_h, zero_h, hyst), zero_h)
-
-        def moved() -> tuple[Any, Any]:
-            # One product, its factor chosen by the outcome; max_bits is inf's without a
-            # max_scale (an overflow keeps the scale); then f32(1 / scale) (180 ops).
-            product = F32.mul_bits(bits, F32.from_bits(ops.where(grow, grow_n, back_n)),
-                                   ops.where(grow, grow_e, back_e))
-            grown = ops.minimum(product, max_bits)
-            new = ops.where(grow, ops.where(F32.is_finite(grown), grown, bits),
-                            ops.maximum(product, min_bits))
-            return new, ops.stack(F32.split(F32.reciprocal_bits(new)))
-
-        # In a cond, run only when the scale moves; the step that keeps it first (what
-        # tests/test_graph_ops_keras.py counts).
-        new_bits, factors = ops.cond(
-            ops.logical_not(ops.logical_or(grow, back_off)),
-            lambda: (bits, ops.convert_to_tensor(self.unscale_factors)), moved)
-        return new_bits, factors, growth, hyst
+        return self._backend_paths.compiled(next_state)(
+            self.dynamic_scale, self.step_counter, self.hysteresis_counter, self.scaler_rule,
+            ops.convert_to_tensor(finite, "bool"), self.unscale_factors)
 
     def _assign_next(self, finite: Any) -> None:
         """Writes and records the state after an update with ``finite`` (bool or tensor)."""

@@ -54,10 +54,20 @@ def all_finite_exact(grads: list[Any]) -> Any:
     return every(grads, lambda g: ops.all(ops.isfinite(g)))
 
 
+def unscale_factors(bits: Any) -> Any:
+    """``f32(1 / scale)`` as two normal float32 factors (:meth:`Float32Bits.split`), stacked,
+    from the scale's int32 bits."""
+    return ops.stack(F32.split(F32.reciprocal_bits(bits)))
+
+
 def select(finite: Any, new: Any, old: Any) -> Any:
     """``new`` where ``finite``, else ``old``, bit for bit (old may be a variable)."""
     old = ops.convert_to_tensor(old)
     return ops.where(finite, ops.cast(new, old.dtype), old)
+
+
+#: What :meth:`BackendPaths.compiled` made, by backend and function.
+_COMPILED: dict[tuple[type, Callable[..., Any]], Callable[..., Any]] = {}
 
 
 class BackendPaths:
@@ -70,6 +80,21 @@ class BackendPaths:
     #: Whether ``diagnose`` counts a skipped step's gradients into device variables, in the
     #: compiled step's skipped branch (where the gradients are).
     counts_on_device = True
+
+    @staticmethod
+    def compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn``, a function of tensors alone, as this backend runs it best from the steps
+        that call it: as it is here, its arguments made tensors (variables read)."""
+        return lambda *args: fn(*(ops.convert_to_tensor(a) for a in args))
+
+    @classmethod
+    def compiled(cls, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """:meth:`compile`'s form of ``fn``, made at the first call and kept: where a
+        backend traces ``fn`` (TensorFlow, JAX), every later step that calls it, in any
+        model, reuses the trace instead of tracing its few hundred ops again."""
+        if (cls, fn) not in _COMPILED:
+            _COMPILED[cls, fn] = cls.compile(fn)
+        return _COMPILED[cls, fn]
 
     @staticmethod
     def all_finite(grads: list[Any]) -> Any:

@@ -25,7 +25,7 @@ from unifiedamp.diagnostics import OverflowReport, ScaleHistory
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32_bits
 
 from ._optimizer import SpecLossScaleOptimizer, paths_for
-from ._paths import F32, multiply, select
+from ._paths import F32, multiply, select, unscale_factors
 
 # ------------------------------------------------------------ the protocol's flag
 
@@ -290,7 +290,7 @@ class KerasGradScaler(HostCounters, GradScaler):
         tensors = tree_map(ops.convert_to_tensor, grads)
         finite = ops.logical_and(self._backend_paths.all_finite(leaves(tensors)),
                                  bits >= f32_bits(MIN_UNSCALABLE))
-        hi, lo = F32.split(F32.reciprocal_bits(bits))
+        hi, lo = ops.unstack(self._backend_paths.compiled(unscale_factors)(bits))
         return tree_map(lambda g: multiply(g, hi, lo), tensors), finite
 
     def where_finite(self, finite: Any, new: Any, old: Any) -> Any:

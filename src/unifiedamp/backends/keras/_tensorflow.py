@@ -8,6 +8,7 @@ pass of its own over its tensors; the forms here read each gradient as few times
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -22,6 +23,15 @@ if TYPE_CHECKING:
 
 class TensorFlowPaths(BackendPaths):
     """The paths of the TensorFlow Keras backend."""
+
+    @staticmethod
+    def compile(fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` as a ``tf.function``: traced once per process (per dtypes), then one call
+        in each graph that calls it, which TensorFlow inlines when it runs the graph."""
+        import tensorflow as tf
+
+        function = tf.function(fn, autograph=False)
+        return lambda *args: function(*(tf.convert_to_tensor(a) for a in args))
 
     @staticmethod
     def all_finite(grads: list[Any]) -> Any:
