@@ -339,13 +339,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "tests/test_paddle_backend.py::test_a_float64_gradient_is_checked_in_float64 "
            + _T_PADDLE),
     # ---------------------------------------------------------------- keras
-    Mutant("keras-grow-gt", f"{BACKENDS}/keras/_optimizer.py",
+    Mutant("keras-grow-gt", f"{BACKENDS}/keras/_rule.py",
            "full_g = growth >= ops.cast(interval, growth.dtype)",
            "full_g = growth > ops.cast(interval, growth.dtype)", _T_KERAS),
-    Mutant("keras-backoff-gt", f"{BACKENDS}/keras/_optimizer.py",
+    Mutant("keras-backoff-gt", f"{BACKENDS}/keras/_rule.py",
            "full_h = hyst >= ops.cast(hysteresis, hyst.dtype)",
            "full_h = hyst > ops.cast(hysteresis, hyst.dtype)", _T_KERAS),
-    Mutant("keras-no-overflow-guard", f"{BACKENDS}/keras/_optimizer.py",
+    Mutant("keras-no-overflow-guard", f"{BACKENDS}/keras/_rule.py",
            "ops.where(F32.is_finite(grown), grown, bits)",
            "ops.where(F32.is_finite(grown), grown, grown)", _T_KERAS),
     Mutant("keras-no-reciprocal-overflow-check", f"{BACKENDS}/keras/_optimizer.py",
