@@ -29,8 +29,7 @@ class JaxPaths(BackendPaths):
         (and inlined), outside one it runs as one compiled call."""
         import jax
 
-        function = jax.jit(fn)
-        return lambda *args: function(*(ops.convert_to_tensor(a) for a in args))
+        return jax.jit(fn)
 
     def __init__(self) -> None:
         #: The wrapper's ``stateless_apply`` under ``jax.jit``, compiled at the first apply.

@@ -84,16 +84,23 @@ class BackendPaths:
     @staticmethod
     def compile(fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn``, a function of tensors alone, as this backend runs it best from the steps
-        that call it: as it is here, its arguments made tensors (variables read)."""
-        return lambda *args: fn(*(ops.convert_to_tensor(a) for a in args))
+        that call it: as it is here (an eager backend runs its ops as they come)."""
+        return fn
+
+    @staticmethod
+    def tensor(x: Any) -> Any:
+        """``x`` as a tensor of this backend (a variable read)."""
+        return ops.convert_to_tensor(x)
 
     @classmethod
     def compiled(cls, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """:meth:`compile`'s form of ``fn``, made at the first call and kept: where a
-        backend traces ``fn`` (TensorFlow, JAX), every later step that calls it, in any
-        model, reuses the trace instead of tracing its few hundred ops again."""
+        """:meth:`compile`'s form of ``fn``, made at the first call and kept, its arguments
+        made tensors (:meth:`tensor`): where a backend traces ``fn`` (TensorFlow, JAX),
+        every later step that calls it, in any model, reuses the trace instead of tracing
+        its few hundred ops again."""
         if (cls, fn) not in _COMPILED:
-            _COMPILED[cls, fn] = cls.compile(fn)
+            function = cls.compile(fn)
+            _COMPILED[cls, fn] = lambda *args: function(*(cls.tensor(a) for a in args))
         return _COMPILED[cls, fn]
 
     @staticmethod

@@ -30,8 +30,15 @@ class TensorFlowPaths(BackendPaths):
         in each graph that calls it, which TensorFlow inlines when it runs the graph."""
         import tensorflow as tf
 
-        function = tf.function(fn, autograph=False)
-        return lambda *args: function(*(tf.convert_to_tensor(a) for a in args))
+        return tf.function(fn, autograph=False)
+
+    @staticmethod
+    def tensor(x: Any) -> Any:
+        """``x`` as a ``tf.Tensor``: ``keras.ops.convert_to_tensor`` gives a Keras variable
+        back as it is, which a ``tf.function`` cannot take as an argument."""
+        import tensorflow as tf
+
+        return tf.convert_to_tensor(x)
 
     @staticmethod
     def all_finite(grads: list[Any]) -> Any:
