@@ -8,16 +8,26 @@ or keras 3.5 s, paddle 1 s, jax and flax about 0.7 s). A server imports them onc
 a child per script.
 
 Which scripts: the *leading imports* of a script are its statements up to the first that
-is not a plain ``import``/``from ... import`` (docstrings and comments do not end them).
+is not a plain ``import``/``from ... import`` or an ``os.environ["NAME"] = "value"`` of
+string literals after ``import os`` (docstrings and comments do not end them).
 Of those, the imports of a heavy framework (:data:`HEAVY`) are the preload, in the script's
 order, as long as the only other imports among them are of the standard library; the first
 import of anything else (``import unifiedamp``, ``from . import x``) ends the preload, since
 that module could see or hook the frameworks imported after it. A script without a preload
 runs in a plain ``python -c`` interpreter, as does one whose preload failed in a server (an
-import error or a crash: the plain run shows it as it happens). So ``os.environ[...] = ...``
-followed by ``import keras`` preloads nothing, and ``import paddle; import tensorflow``
-preloads both in that order (the other order segfaults in one process: the server crashes
-and the script runs plain, where it crashes the same way).
+import error or a crash: the plain run shows it as it happens). So ``import paddle; import
+tensorflow`` preloads both in that order (the other order segfaults in one process: the
+server crashes and the script runs plain, where it crashes the same way). The variables
+the leading statements set (``os.environ["KERAS_BACKEND"] = "jax"`` before ``import
+keras``) are in the server's environment when it imports, as they would be in the script's
+when it comes to its imports; the script sets them again in the child, whose environment
+starts as the script's own (a ``PYTHON...`` variable, which the interpreter reads at its
+start, ends the leading statements instead).
+
+Servers are keyed by the preload less its ``numpy`` imports where it also imports a
+framework that imports numpy itself (:data:`IMPORT_NUMPY`): ``import numpy; import keras``
+is forked from the server for ``import keras``, whose import of numpy is then the one
+that came first in the script.
 
 The server does the imports as the statements would (``__import__`` with the statement's
 module and names) without binding any name: the script's own statements run again in the
@@ -74,7 +84,8 @@ What differs from a fresh interpreter:
   draws at import (numpy's global generator is reseeded in each child, ``random`` reseeds
   itself at fork);
 - standard-library imports that came before the preload in the script come after it in
-  ``sys.modules``;
+  ``sys.modules``, and so does a script's ``import numpy`` before a framework that imports
+  numpy (that framework's import brought it in the server);
 - the objects the preload created are frozen (:func:`gc.freeze`): the child's collector
   never visits them (it would write to their memory pages, and so copy them from the
   server's: a fifth of a docs example's CPU), so a reference cycle among them stays;
@@ -111,6 +122,8 @@ Import = tuple[str, "tuple[str, ...] | None"]
 #: Top-level packages whose import is worth doing once per server.
 HEAVY = frozenset({"torch", "paddle", "jax", "optax", "flax", "tensorflow", "keras", "mlx",
                    "lightning", "accelerate", "transformers", "numpy"})
+#: The heavy frameworks whose import imports numpy (measured: mlx.core does not).
+IMPORT_NUMPY = HEAVY - {"numpy", "mlx"}
 #: Servers alive at once in one pytest process (each holds 70 to 320 MB of its own).
 MAX_SERVERS = 6
 
@@ -120,7 +133,7 @@ _SERVER_FILE = str(pathlib.Path(__file__).with_name("_forkserver_main.py"))
 _BOOT = (f"exec(compile((lambda f: (f.read(), f.close())[0])(open({_SERVER_FILE!r}, 'rb')), "
          f"{_SERVER_FILE!r}, 'exec', dont_inherit=True), {{'__name__': '__forkserver__'}})")
 #: Seconds a shared server waits without a session before it exits.
-SHARED_IDLE_SECONDS = 60.0
+SHARED_IDLE_SECONDS = 600.0
 
 #: Set by pytest for each test or worker: not read by any framework, and would key a server
 #: per test or worker.
@@ -151,19 +164,37 @@ def preload_of(code: str, heavy: frozenset[str] = HEAVY) -> tuple[Import, ...]:
     >>> preload_of("from jax import numpy as jnp, lax\\nimport os, keras.ops")
     (('jax', ('numpy', 'lax')), ('keras.ops', None))
     >>> preload_of("import os\\nos.environ['KERAS_BACKEND'] = 'jax'\\nimport keras")
-    ()
+    (('keras', None),)
+    """
+    return leading_statements(code, heavy)[0]
+
+
+def leading_statements(code: str, heavy: frozenset[str] = HEAVY
+                       ) -> tuple[tuple[Import, ...], dict[str, str]]:
+    """The preload of ``code`` and the variables its leading statements set.
+
+    >>> leading_statements("import os\\nos.environ['KERAS_BACKEND'] = 'jax'\\nimport keras")
+    ((('keras', None),), {'KERAS_BACKEND': 'jax'})
+    >>> leading_statements("import os\\nos.environ['PYTHONHASHSEED'] = '0'\\nimport keras")
+    ((), {})
     """
     try:  # what does not compile runs plain, where it fails before importing anything
         tree = ast.parse(code)
         compile(tree, "<string>", "exec", dont_inherit=True)
     except (SyntaxError, ValueError):
-        return ()
+        return (), {}
     imports: list[Import] = []
+    assigned: dict[str, str] = {}
+    os_imported = False
     for node in tree.body:
         if _is_docstring(node):
             continue
+        if os_imported and (name_value := _environ_assignment(node)) is not None:
+            assigned[name_value[0]] = name_value[1]
+            continue
         if isinstance(node, ast.Import):
             found = [(alias.name, None) for alias in node.names]
+            os_imported |= any(a.name == "os" and a.asname is None for a in node.names)
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             found = [(node.module, tuple(alias.name for alias in node.names))]
         else:
@@ -172,7 +203,41 @@ def preload_of(code: str, heavy: frozenset[str] = HEAVY) -> tuple[Import, ...]:
         if not all(root in heavy or root in sys.stdlib_module_names for root in roots):
             break
         imports += [pair for pair, root in zip(found, roots, strict=True) if root in heavy]
-    return tuple(imports)
+    return tuple(imports), (assigned if imports else {})
+
+
+def _environ_assignment(node: ast.stmt) -> tuple[str, str] | None:
+    """``(name, value)`` of ``os.environ["NAME"] = "value"`` (string literals, not a
+    ``PYTHON...`` variable); None for any other statement."""
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+            and isinstance(target := node.targets[0], ast.Subscript)):
+        return None
+    environ = target.value
+    key, value = target.slice, node.value
+    if not (isinstance(environ, ast.Attribute) and environ.attr == "environ"
+            and isinstance(environ.value, ast.Name) and environ.value.id == "os"
+            and isinstance(key, ast.Constant) and isinstance(key.value, str)
+            and isinstance(value, ast.Constant) and isinstance(value.value, str)):
+        return None
+    if not key.value or key.value.startswith("PYTHON") or "=" in key.value \
+            or "\0" in key.value + value.value:
+        return None
+    return key.value, value.value
+
+
+def server_preload(preload: tuple[Import, ...]) -> tuple[Import, ...]:
+    """The preload a server is keyed by: ``preload`` less its numpy imports where one of
+    its frameworks imports numpy itself.
+
+    >>> server_preload((("numpy", None), ("keras", None), ("numpy", ("float32",))))
+    (('keras', None),)
+    >>> server_preload((("numpy", None), ("mlx.core", None)))
+    (('numpy', None), ('mlx.core', None))
+    """
+    root = lambda pair: pair[0].partition(".")[0]  # noqa: E731
+    if not any(root(pair) in IMPORT_NUMPY for pair in preload):
+        return preload
+    return tuple(pair for pair in preload if root(pair) != "numpy")
 
 
 def _decode(data: bytes) -> str:
@@ -303,11 +368,12 @@ class _Server:
         return None
 
     def serves(self, preload: tuple[Import, ...], deadline: float | None) -> bool:
-        """Whether a script with this preload can be forked from this server: its preload
-        begins with the server's, and the rest would only bind names (the server says)."""
-        if preload[:len(self.preload)] != self.preload:
+        """Whether a script with this preload can be forked from this server: its
+        :func:`server_preload` begins with the server's, and the rest would only bind names
+        (the server says)."""
+        if server_preload(preload)[:len(self.preload)] != self.preload:
             return False
-        rest = preload[len(self.preload):]
+        rest = tuple(pair for pair in preload if pair not in self.preload)
         if rest and rest not in self.answers:
             try:
                 self._send({"imported": [list(pair) for pair in rest]})
@@ -457,18 +523,20 @@ class ForkServers:
         can (never with ``fresh``)."""
         command = [sys.executable, "-c", code, *args]
         full_env = {**os.environ, **(env or {})}
-        preload = preload_of(code, self.heavy)
+        preload, assigned = leading_statements(code, self.heavy)
         where = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
         valid_env = all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k
                         and "\0" not in k + v for k, v in full_env.items())
         if fresh or not preload or not valid_env or not os.path.isdir(where):
             # Where subprocess raises (a bad cwd or env), it raises here as well.
             return _plain(command, timeout, full_env, cwd)
-        environment = tuple(sorted((k, v) for k, v in full_env.items()
+        # The server imports with the variables the script sets before its imports.
+        server_env = {**full_env, **assigned}
+        environment = tuple(sorted((k, v) for k, v in server_env.items()
                                    if k not in _PER_TEST_VARIABLES))
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            server = self._server_for(preload, environment, full_env, deadline)
+            server = self._server_for(preload, environment, server_env, deadline)
         except _Timeout:
             raise subprocess.TimeoutExpired(command, timeout) from None
         if server is None:
@@ -497,23 +565,30 @@ class ForkServers:
         if there is none; None where the preload fails in a server."""
         for server in [s for group in self.servers.values() for s in group if not s.alive()]:
             self._stop(server)
-        if (preload, environment) in self.unforkable:
+        keyed = server_preload(preload)
+        if (preload, environment) in self.unforkable or (keyed, environment) in self.unforkable:
             return None
         for server in sorted(self.servers[environment], key=lambda s: -len(s.preload)):
             if server.serves(preload, deadline):
                 return server
-        return self._start(preload, environment, env, deadline)
+        server = self._start(keyed, preload, environment, env, deadline)
+        if server is None or keyed == preload or server.serves(preload, deadline):
+            return server
+        # Its numpy import would not only bind names there: a server for the script's own.
+        return self._start(preload, preload, environment, env, deadline)
 
-    def _start(self, preload: tuple[Import, ...], environment: tuple, env: dict[str, str],
-               deadline: float | None) -> _Server | None:
+    def _start(self, imports: tuple[Import, ...], preload: tuple[Import, ...],
+               environment: tuple, env: dict[str, str], deadline: float | None
+               ) -> _Server | None:
+        """A server that does ``imports``, for a script whose preload is ``preload``."""
         alive = [s for group in self.servers.values() for s in group]
         if len(alive) >= self.max_servers:
             # The one that saved least: an import that is quick to do again, or seldom used.
             self._stop(min(alive, key=lambda s: s.start_seconds * (1 + s.uses)))
         if self.shared is not None:
-            return (self._join_prefix(preload, environment, deadline)
-                    or self._join(preload, environment, env, deadline))
-        server = self._launch(preload, environment, env, tempfile.mkdtemp(dir=self.folder),
+            return (self._join_prefix(imports, preload, environment, deadline)
+                    or self._join(imports, environment, env, deadline))
+        server = self._launch(imports, environment, env, tempfile.mkdtemp(dir=self.folder),
                               deadline)
         if server is not None:
             self.servers[environment].append(server)
@@ -553,15 +628,15 @@ class ForkServers:
         key = hashlib.sha256(repr((preload, environment)).encode()).hexdigest()[:_KEY_DIGITS]
         return os.path.join(self.shared, f"{key}.sock")
 
-    def _join_prefix(self, preload: tuple[Import, ...], environment: tuple,
-                     deadline: float | None) -> _Server | None:
-        """A session of a running shared server, for this preload or one that begins it
-        and serves it: another process may have started one for a script whose imports
-        begin the same (``import keras`` for ``import keras, numpy, tensorflow``, which
-        keras imports); None if there is none."""
-        for end in range(len(preload), 0, -1):
-            path = self._path(preload[:end], environment)
-            session = (_Server.session(path, preload[:end], self.folder, deadline)
+    def _join_prefix(self, imports: tuple[Import, ...], preload: tuple[Import, ...],
+                     environment: tuple, deadline: float | None) -> _Server | None:
+        """A session of a running shared server, for these imports or some that begin them,
+        that serves a script with this preload: another process may have started one for a
+        script whose imports begin the same (``import keras`` for ``import keras, numpy,
+        tensorflow``, which keras imports); None if there is none."""
+        for end in range(len(imports), 0, -1):
+            path = self._path(imports[:end], environment)
+            session = (_Server.session(path, imports[:end], self.folder, deadline)
                        if os.path.exists(path) else None)
             if session is None:
                 continue

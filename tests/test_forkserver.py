@@ -175,6 +175,31 @@ def test_what_the_imports_print_comes_first_in_each_script(tmp_path):
         servers.close()
 
 
+#: A framework that says at import what the environment held then.
+READS_ENVIRONMENT = "import os\nAT_IMPORT = os.environ.get('FAKEFW_MODE')\n"
+
+
+def test_variables_set_before_the_imports_are_the_servers_when_it_imports(tmp_path):
+    (tmp_path / "fakefw.py").write_text(READS_ENVIRONMENT)
+    servers = ForkServers(heavy=HEAVY | {"fakefw"})
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    script = ("import os\n\nos.environ['FAKEFW_MODE'] = {!r}  # before fakefw\nimport fakefw\n"
+              "print(fakefw.AT_IMPORT, os.environ['FAKEFW_MODE'])")
+    try:
+        for mode in ("a", "b", "a"):
+            code = script.format(mode)
+            fork = servers.run(code, env=env)
+            assert result(fork) == result(plain(code, env={**os.environ, **env}))
+            assert fork.stdout == f"{mode} {mode}\n", fork.stderr
+        assert servers.forked == 3 and len(servers.alive()) == 2  # one server per value
+        # A variable the interpreter reads at its start ends the leading statements.
+        code = "import os\nos.environ['PYTHONHASHSEED'] = '0'\nimport fakefw\n"
+        assert preload_of(code, HEAVY | {"fakefw"}) == ()
+        assert servers.run(code, env=env).returncode == 0 and servers.forked == 3
+    finally:
+        servers.close()
+
+
 COUNTED = "import os\nwith open(os.environ['FAKEFW_LOG'], 'a') as log:\n    log.write('x')\n"
 
 
@@ -263,8 +288,18 @@ def test_a_script_is_not_forked_from_a_server_that_imported_more(own_servers):
                                     "print(list(sys.modules))").stdout
     proc = own_servers.run("import numpy\nimport sys\nprint('jax' in sys.modules)")
     assert proc.stdout == "False\n"
-    assert sorted(own_servers.alive().values()) == [
-        (("numpy", None),), (("numpy", None), ("jax", None))]
+    # The first script's numpy import is jax's in its server (jax imports numpy).
+    assert sorted(own_servers.alive().values()) == [(("jax", None),), (("numpy", None),)]
+
+
+def test_a_script_importing_numpy_first_is_forked_from_the_frameworks_server(own_servers):
+    pytest.importorskip("jax")
+    code = "import numpy as np\nimport jax\nimport sys\nprint(sorted(m for m in sys.modules " \
+           "if m in ('jax', 'numpy')), np.__name__)"
+    assert result(own_servers.run(code)) == result(plain(code))
+    assert list(own_servers.alive().values()) == [(("jax", None),)]
+    assert own_servers.run("import jax\nprint('again')").stdout == "again\n"
+    assert own_servers.forked == 2 and len(own_servers.alive()) == 1
 
 
 def test_a_server_stops_importing_where_the_rest_is_imported_already(own_servers):
@@ -329,12 +364,18 @@ def test_paddle_then_tensorflow_are_preloaded_in_that_order(own_servers):
     assert list(own_servers.alive().values()) == [(("paddle", None), ("tensorflow", None))]
 
 
-@frameworks
-@pytest.mark.slow
-def test_a_server_that_crashes_while_importing_runs_the_script_plain(own_servers):
-    # tensorflow then paddle segfaults in one process: in the server, then in the plain run.
-    code = "import tensorflow\nimport paddle\nprint('unreached')"
-    proc = own_servers.run(code)
-    assert proc.returncode == plain(code).returncode < 0 and not proc.stdout
-    assert own_servers.forked == 0
-    assert re.search(r"exited with -\d+ while importing", "".join(own_servers.unforkable.values()))
+def test_a_server_that_crashes_while_importing_runs_the_script_plain(tmp_path):
+    # A framework whose import segfaults (as paddle's does after tensorflow's): in the
+    # server, then in the plain run, which shows the crash as it happens.
+    (tmp_path / "fakefw.py").write_text("import ctypes\nctypes.string_at(0)\n")
+    servers = ForkServers(heavy=HEAVY | {"fakefw"})
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    code = "import numpy\nimport fakefw\nprint('unreached')"
+    try:
+        proc = servers.run(code, env=env)
+        assert result(proc) == result(plain(code, env={**os.environ, **env}))
+        assert proc.returncode == -signal.SIGSEGV and not proc.stdout
+        assert servers.forked == 0 and servers.alive() == {}
+        assert re.search(r"exited with -\d+ while importing", "".join(servers.unforkable.values()))
+    finally:
+        servers.close()

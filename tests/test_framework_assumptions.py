@@ -216,3 +216,12 @@ def test_keras_members_the_keras_backend_relies_on(run_python):
     """)
     proc = run_python(code, env={"KERAS_BACKEND": "tensorflow"})
     assert proc.returncode == 0 and proc.stdout.split()[-1] == "ok", proc.stderr[-3000:]
+
+
+@pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("paddle", "tensorflow")),
+                    reason="paddle and tensorflow are not both installed")
+def test_paddle_imported_after_tensorflow_crashes_the_process(run_python):
+    """Why unifiedamp._isolation refuses that order (and the tests import paddle first)."""
+    proc = run_python("import tensorflow\nimport paddle\nprint('unreached')", fresh=True)
+    assert proc.returncode < 0 and "unreached" not in proc.stdout, proc.stderr[-2000:]
+
