@@ -21,6 +21,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -81,6 +82,7 @@ class SharedChild:
         except FileExistsError:
             self.owner = False
         self.proc: subprocess.Popen | None = None
+        self.thread: threading.Thread | None = None
 
     def start(self, cmd: list[str], env: dict[str, str]) -> None:
         """Starts ``cmd`` if this worker is the first to ask for ``key``; no-op otherwise."""
@@ -90,6 +92,37 @@ class SharedChild:
                                       str(self.log), *cmd], cwd=self.where, env=env,
                                      start_new_session=True)
         atexit.register(self._finish)
+
+    def start_script(self, code: str, env: dict[str, str]) -> None:
+        """Starts ``python -c code`` with ``os.environ`` and ``env`` as :meth:`start` does,
+        in a fork of the session's shared fork server for the script's leading imports
+        (tests/_forkserver.py): children that import the same frameworks with the same
+        variables share one import of them."""
+        if not self.owner:
+            return
+        self.thread = threading.Thread(target=self._run_script, args=(code, env), daemon=True)
+        self.thread.start()
+        atexit.register(self._finish)
+
+    def _run_script(self, code: str, env: dict[str, str]) -> None:
+        from _forkserver import ForkServers
+
+        servers = ForkServers(shared=self.where.parent / "forkservers")
+        try:
+            result = servers.run(code, timeout=self.timeout, env=env, cwd=self.where)
+            code_text, output = str(result.returncode), result.stdout + result.stderr
+        except subprocess.TimeoutExpired as timed_out:
+            # No exit code: wait() reports the timeout.
+            code_text, output = None, f"{timed_out.output or ''}{timed_out.stderr or ''}"
+        except Exception as error:  # a fork server that failed: the reader sees why
+            code_text, output = "-1", f"{type(error).__name__}: {error}"
+        finally:
+            servers.close()
+        if isinstance(output, bytes):
+            output = output.decode(errors="replace")
+        write_bytes(self.log, output.encode())
+        if code_text is not None:
+            write_bytes(self._done, code_text.encode())
 
     def wait(self) -> int | None:
         """The child's exit code once it ended; None if it did not end within ``timeout``
@@ -117,6 +150,8 @@ class SharedChild:
     def _finish(self) -> None:
         # At the worker's exit: another worker may still read the child; wait for it, then
         # make sure nothing is left running.
+        if self.thread is not None:
+            self.thread.join(timeout=self.timeout)
         if self.proc is not None:
             try:
                 self.proc.wait(timeout=self.timeout)

@@ -7,7 +7,9 @@ loop and in ``model.fit``), ``history()`` against the spec across a ring wrap-ar
 The ``check_*`` functions are backend-agnostic bodies. Keras's backend is fixed at import,
 so one child interpreter per Keras backend (``KERAS_BACKEND`` = tensorflow, jax, torch)
 runs the checks listed for it in :data:`CHECKS`, all started at once when the module's
-first test runs (TensorFlow's in two children); each test reads its check's outcome.
+first test runs (TensorFlow's in two children), each forked from the session's fork server
+for ``import keras`` with that backend (tests/_forkserver.py); each test reads its check's
+outcome.
 The TensorFlow children have two logical CPUs (for ``MirroredStrategy``). This process
 never imports Keras.
 """
@@ -18,7 +20,6 @@ import contextlib
 import json
 import os
 import pathlib
-import sys
 import warnings
 
 import numpy as np
@@ -584,8 +585,9 @@ CHECKS = {
 
 _MARK = "@@check@@"
 _CHILD = """\
-import json, os, sys, traceback
-if os.environ["KERAS_BACKEND"] == "tensorflow":  # before TensorFlow initialises
+import keras
+import json, sys, traceback
+if keras.backend.backend() == "tensorflow":  # before TensorFlow initialises its devices
     import tensorflow as tf
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
@@ -600,7 +602,6 @@ for name in {checks!r}:
         outcome = ["failed", traceback.format_exc()[-6000:]]
     print({mark!r} + json.dumps([name, *outcome]), flush=True)
 """
-ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
 
 
 class KerasChildren:
@@ -624,8 +625,7 @@ class KerasChildren:
                                      checks=share, mark=_MARK)
                 child = SharedChild(tmp_path_factory, f"{module}-{backend}-{j}-of-{n}",
                                     timeout=timeout)
-                child.start([sys.executable, "-c", code],
-                            env={**os.environ, **ENV, "KERAS_BACKEND": backend})
+                child.start_script(code, {"KERAS_BACKEND": backend})
                 self.children[key] = child
 
     def outcome(self, backend: str, check: str) -> tuple[str, str]:

@@ -11,10 +11,9 @@ import functools
 import inspect
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
+from _shared_child import shared_result
 
 from unifiedamp import GradScaler
 from unifiedamp._scaler import OPTIONAL_MEMBERS
@@ -75,19 +74,31 @@ print(json.dumps({"members": {n: describe(cls, n) for n in names}, "own_accessor
 '''
 
 
-@functools.cache
-def _describe(name):
-    # One process per backend (tensorflow and paddle cannot share one), once per run.
-    code = DESCRIBE.replace("sys.argv[1]", repr(name))
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+@pytest.fixture(scope="session")
+def describe(fork_servers, tmp_path_factory):
+    """``describe(name)``: DESCRIBE's report on a backend (or ``"GradScaler"``), from one
+    process per backend (tensorflow and paddle cannot share one) forked from the server
+    that imported its framework, once per session for all workers."""
+    from unifiedamp import _registry
+
+    def report(name):
+        code = DESCRIBE.replace("sys.argv[1]", repr(name))
+        if name != "GradScaler":
+            code = f"import {_registry.resolve(name).modules[0]}\n{code}"
+
+        def compute():
+            proc = fork_servers.run(code, timeout=300)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+
+        return shared_result(tmp_path_factory, f"interface-{name}", compute)
+
+    return functools.cache(report)
 
 
 @pytest.fixture(scope="module")
-def declared():
-    return _describe("GradScaler")["members"]
+def declared(describe):
+    return describe("GradScaler")["members"]
 
 
 def test_every_declared_member_has_a_one_line_docstring():
@@ -106,8 +117,8 @@ def test_optional_members_are_declared_and_raise_saying_what_to_use():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_backend_has_the_declared_interface(declared, backend):
-    report = _describe(backend)
+def test_backend_has_the_declared_interface(declared, describe, backend):
+    report = describe(backend)
     members = report["members"]
     assert not report["abstract"], f"{backend} leaves {report['abstract']} abstract"
     for name, want in declared.items():
@@ -211,12 +222,12 @@ def _typed_constructors():
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_the_typed_constructor_names_each_backends_options(backend):
+def test_the_typed_constructor_names_each_backends_options(backend, describe):
     from unifiedamp import _registry
 
     names, typed = _typed_constructors()[backend]
     assert {_registry.resolve(name).name for name in names} == {backend}
-    options = set(_describe(backend)["options"])
+    options = set(describe(backend)["options"])
     assert typed == options - {"hysteresis", "min_scale", "max_scale", "dynamic"}, \
         f"the {backend} overload of GradScaler.__new__ does not list {backend}'s options"
 

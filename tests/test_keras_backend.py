@@ -12,10 +12,8 @@ imported only inside functions: ``tests/conftest.py`` orders these tests after p
 from __future__ import annotations
 
 import contextlib
-import os
 import pathlib
 import re
-import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -723,8 +721,9 @@ CONFORMANCE_ARGS = ["--pyargs", "unifiedamp.conformance", "--unifiedamp-backend"
 
 class _Child:
     """``KERAS_BACKEND=<backend> python -m pytest <checks> --pyargs unifiedamp.conformance``,
-    started at once (by the first xdist worker to get here; the others share it), read
-    when a test asks for it."""
+    started at once (by the first xdist worker to get here; the others share it) in a fork
+    of the session's fork server for ``import keras`` with that backend, read when a test
+    asks for it."""
 
     def __init__(self, backend: str, tmp_path_factory: pytest.TempPathFactory):
         self.backend = backend
@@ -736,11 +735,12 @@ class _Child:
             helper.write_text(_CHILD_MODULE.format(
                 tests=str(pathlib.Path(__file__).parent), backend=backend))
             (where / "pytest.ini").write_text("[pytest]\n")  # not the repository's addopts
-            self.shared.start(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short",
-                 "-c", str(where / "pytest.ini"), "--rootdir", str(where),
-                 f"--junitxml={self.report}", str(helper), *CONFORMANCE_ARGS],
-                env={**os.environ, "KERAS_BACKEND": self.backend})
+            args = ["-q", "-p", "no:cacheprovider", "--tb=short",
+                    "-c", str(where / "pytest.ini"), "--rootdir", str(where),
+                    f"--junitxml={self.report}", str(helper), *CONFORMANCE_ARGS]
+            self.shared.start_script(f"import keras\nimport pytest, sys\n"
+                                     f"sys.exit(pytest.main({args!r}))",
+                                     {"KERAS_BACKEND": self.backend})
         self.returncode: int | None = None
         self._results: dict[str, tuple[str, str]] | None = None
 

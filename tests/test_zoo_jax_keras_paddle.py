@@ -12,9 +12,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -150,14 +147,11 @@ print(json.dumps(out))
 @pytest.mark.framework("keras")
 @pytest.mark.parametrize("backend", [pytest.param("tensorflow", marks=pytest.mark.slow),
                                      "jax", "torch"])
-def test_keras_steps_the_real_loss_scale_optimizer(backend: str) -> None:
+def test_keras_steps_the_real_loss_scale_optimizer(backend: str, run_python) -> None:
     pytest.importorskip("keras", reason=ZOO[f"keras-{backend}"].install)
     if importlib.util.find_spec(backend) is None:
         pytest.skip(f"{backend} is not installed: {ZOO[f'keras-{backend}'].install}")
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3",
-           "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-c", _KERAS_CHILD], capture_output=True, text=True,
-                          timeout=300, env=env)
+    proc = run_python(_KERAS_CHILD, env={"KERAS_BACKEND": backend})
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["name"] == f"keras-{backend}" and out["native"] is True
