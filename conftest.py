@@ -12,7 +12,7 @@ import os
 import sys
 
 # Between parallel regions the idle threads of an OpenMP runtime (torch's libgomp, the Intel
-# runtime paddle loads) spin for a while before they sleep: with three workers on two cores,
+# runtime paddle loads) spin for a while before they sleep: with a worker per core,
 # and the processes the tests start, those spins take the cores the others need. Passive
 # waiting changes no thread count and no result. Set before paddle or torch is loaded (the
 # runtimes read it when they load), here and in every process started from here.

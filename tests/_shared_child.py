@@ -1,7 +1,7 @@
 """A child process, or a fixture's result, that every pytest-xdist worker of a session shares.
 
 Several test modules run their checks in child interpreters (one per Keras backend, say)
-and read the outcomes when their tests run. Under ``pytest -n 3`` every worker runs tests
+and read the outcomes when their tests run. Under ``pytest -n 2`` every worker runs tests
 of such a module, and each would start the same children: the same checks again. A
 :class:`SharedChild` is started by whichever worker asks first; the others find it in the
 session's shared temporary folder and read its output. It writes its output to a log file

@@ -5,7 +5,7 @@ Frameworks whose import order matters (paddle, tensorflow and keras) are
 imported inside the tests, never at module level, so that collection imports
 neither; items are reordered so that paddle's tests run before tensorflow's
 (paddle 3.3.1 imported after tensorflow 2.21 segfaults). Under pytest-xdist (README's
-``-n 3``) the default ``--dist load`` hands each worker its tests in collection order (one
+``-n 2``) the default ``--dist load`` hands each worker its tests in collection order (one
 at a time: ``--maxschedchunk 1`` unless given), so the order holds in every worker; the
 modes that group by file or steal work do not keep it and are refused.
 """
@@ -27,7 +27,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if dist not in ("no", "load"):
         raise pytest.UsageError(
             f"--dist {dist} would let a worker import tensorflow before paddle (a segfault): "
-            "use the default, `pytest -n 3` (--dist load)")
+            "use the default, `pytest -n 2` (--dist load)")
     if dist == "load" and config.getoption("maxschedchunk", None) is None:
         # xdist hands out tests in chunks of up to half of what is left per worker: a
         # worker then holds a run of slow tests (launches of several processes, doc
