@@ -102,8 +102,16 @@ def test_every_subcommand_and_every_option_has_help_text():
 # ---------------------------------------------------------------- conformance
 
 
-def test_conformance_on_a_terminal_says_what_runs_and_how_each_backend_ended():
-    code, out, err = on_terminal("conformance", "--backend", "numpy", "--max-examples", "2")
+def test_conformance_on_a_terminal_says_what_runs_and_how_each_backend_ended(tmp_path):
+    # Each test of the column's pytest run lasts 50 ms at least (a plugin of its own), so
+    # that the live line is drawn while they run however fast the machine: NumPy's column
+    # can end within the first tick.
+    (tmp_path / "slow_tests.py").write_text(
+        "import time\n\ndef pytest_runtest_teardown(item):\n    time.sleep(0.05)\n")
+    env = {"PYTEST_PLUGINS": "slow_tests", "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    code, out, err = on_terminal("conformance", "--backend", "numpy", "--max-examples", "2",
+                                 env=env)
     assert code == 0 and out.splitlines()[-1] == "result: PASS", out
     tests = len(re.findall(r"^test_", out, re.M))
     assert re.fullmatch(rf"numpy: PASS, {tests} tests \(\d+\.\d s\)", shown(err)[-1]), err
