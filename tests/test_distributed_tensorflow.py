@@ -30,8 +30,9 @@ pytestmark = [
 
 #: A run takes 20 to 30 s on two busy cores (TensorFlow's import is most of it).
 TIMEOUT = 150
-#: The native run deadlocks: long enough for both workers to finish step 0 and reach the
-#: step with the inf (about 20 s), then every worker is killed.
+#: The native run deadlocks, and ends 15 s after both workers stopped using the CPU (both
+#: finished step 0, about 4 s in); should they not stop, this bounds it: long enough for
+#: both to reach the step with the inf (about 20 s on two busy cores).
 NATIVE_TIMEOUT = 60
 
 

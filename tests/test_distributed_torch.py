@@ -9,7 +9,8 @@ settings, so that what the docs say of them stays true as torch changes.
 
 Each test is one launch of 2 processes (HSDP: 4), 6 steps, bounded by the
 launch's timeout: about 5 s (HSDP 9 s), up to 20 s on two busy cores; the
-deadlock takes its 30 s timeout. The whole file: about 2 minutes.
+deadlock ends 15 s after its ranks stop using the CPU (about 16 s). The whole file:
+about a minute.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ pytestmark = [pytest.mark.distributed, pytest.mark.framework("torch")]
 
 # The optional variants of FSDP1: slow (one launch each), left out by -m "not slow".
 _SLOW = {"fsdp1-orig", "fsdp1-clip"}
-# The ranks reach step 1 in 5 s, 15 s on two busy cores, and once took over 20 s.
+# The run ends as a deadlock when its ranks have used no CPU for 15 s; should they
+# never stop (a rank spinning), at this timeout. The ranks reach step 1 in 5 s, 15 s
+# on two busy cores, and once took over 20 s.
 DEADLOCK_TIMEOUT = 60
 
 

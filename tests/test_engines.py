@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import textwrap
 
 import numpy as np
@@ -34,6 +35,17 @@ PROGRAM = textwrap.dedent("""
     def train(job):
         if job["mode"] == "hang" and job["rank"] == 1:
             time.sleep(600)
+        if job["mode"] == "wait":  # every rank waits for the other, as in a collective
+            time.sleep(600)
+        if job["mode"] == "busy":  # rank 1 waits for rank 0, which computes for 4 s
+            done = os.path.join(job["out"], "done")
+            if job["rank"] == 0:
+                start = time.process_time()
+                while time.process_time() - start < 4:
+                    pass
+                open(done, "w").close()
+            while not os.path.exists(done):
+                time.sleep(0.05)
         if job["mode"] == "raise" and job["rank"] == 0:
             raise AssertionError("No inf checks were recorded for this optimizer.")
         if job["mode"] == "who":
@@ -75,6 +87,22 @@ def test_a_rank_that_never_answers_is_a_deadlock_and_every_rank_is_killed(progra
     assert "rank(s) [1]" in outcome.detail and "4 s" in outcome.detail
     assert outcome.returncodes[1] < 0  # killed, not left running
     assert outcome.seconds < 30
+
+
+def test_ranks_that_all_wait_are_a_deadlock_before_the_timeout_with_their_stacks(program):
+    outcome = program("wait", timeout=120, idle=2)
+    assert outcome.status == "deadlock", outcome
+    assert outcome.detail == ("no result after 2 s in which no rank used the CPU from "
+                              "rank(s) [0, 1]; every rank killed")
+    assert outcome.seconds < 60
+    # each rank's log ends with where it waited (faulthandler, asked by the launcher)
+    assert all(re.search(r"rank_program\.py\", line \d+ in train", log)
+               for log in outcome.logs), outcome.logs
+
+
+def test_a_rank_that_computes_while_its_peer_waits_is_no_deadlock(program):
+    outcome = program("busy", timeout=120, idle=2)
+    assert outcome.status == "ok", outcome
 
 
 def test_a_rank_that_raises_is_an_error_naming_the_exception(program):

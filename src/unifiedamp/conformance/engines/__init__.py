@@ -40,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import json
 import math
@@ -61,6 +62,7 @@ import unifiedamp
 from unifiedamp import spec
 from unifiedamp._files import write_bytes
 from unifiedamp._forks import kill_group, zygote_for
+from unifiedamp.conformance.engines._deadlock import STACKS_SIGNAL, IdleWatch, print_stacks
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 #: The frameworks with a module here, by the name the command line takes.
@@ -159,13 +161,19 @@ def _pythonpath() -> str:
 
 def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120.0,
            env: Callable[[int], Mapping[str, str]] | None = None,
-           grace: float = 15.0, preload: Sequence[str] = ()) -> Outcome:
+           grace: float = 15.0, preload: Sequence[str] = (),
+           idle: float | None = 15.0) -> Outcome:
     """Runs ``python -m module JOB`` as ``world`` processes; ``JOB`` is ``job`` as JSON
     with ``rank``, ``world``, ``port`` (one free port for the rendezvous) and ``out``
     added. A rank writes its records with :func:`rank_main`.
 
-    Every rank is killed when the run outlives ``timeout`` seconds, and ``grace``
-    seconds after a rank failed (its peers would wait for it in a collective).
+    Every rank is killed when the run outlives ``timeout`` seconds, ``grace`` seconds
+    after a rank failed (its peers would wait for it in a collective), and when no rank
+    that is still running has used the CPU for ``idle`` seconds (ranks that all wait in
+    collectives for each other: a deadlock, found without waiting for the timeout; read
+    from Linux's ``/proc``, elsewhere only the timeout applies; ``None``: never). Before
+    they are killed as a deadlock, the ranks of :func:`rank_main` print their threads'
+    stacks to their logs, which then say where each one waited.
 
     Args:
         env: Per rank, environment variables to add (e.g. ``TF_CONFIG``).
@@ -208,15 +216,22 @@ def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", module, json.dumps(rank_job)], cwd=out, env=rank_env,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        timed_out, failed_at = False, None
+        timed_out, failed_at, idle_for = False, None, None
+        watch = IdleWatch(idle) if idle is not None else None
         while any(p.poll() is None for p in procs):
             now = time.monotonic()
             if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
                 failed_at = now
+            if watch is not None and watch.idle([p.pid for p in procs if p.poll() is None],
+                                                now):
+                timed_out, idle_for = True, idle
+                break
             if now - start > timeout or (failed_at is not None and now - failed_at > grace):
                 timed_out = True
                 break
             time.sleep(0.05)
+        if timed_out and failed_at is None:
+            print_stacks([p for p in procs if p.poll() is None])
         # Every rank killed before waiting on any: a rank that outlived a killed peer
         # would see its connection closed and write that as its error.
         for p in procs:
@@ -242,11 +257,14 @@ def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120
     complete = all(r is not None and "steps" in r for r in records)
     if errors:
         status, detail = "error", errors[0]
-    elif timed_out and not any(code not in (None, 0, -signal.SIGKILL) for code in returncodes):
+    elif timed_out and not any(code not in (None, 0, -signal.SIGKILL, -STACKS_SIGNAL)
+                               for code in returncodes):
         status = "deadlock"
         waiting = [r for r, rec in enumerate(records) if rec is None]
-        detail = (f"no result within {timeout:g} s from rank(s) {waiting}; every rank killed"
-                  if not complete else f"a rank did not exit within {timeout:g} s of its results")
+        within = (f"within {timeout:g} s" if idle_for is None else
+                  f"after {idle_for:g} s in which no rank used the CPU")
+        detail = (f"no result {within} from rank(s) {waiting}; every rank killed"
+                  if not complete else f"a rank did not exit {within} of its results")
     elif complete and all(code == 0 for code in returncodes):
         status, detail = "ok", ""
     elif complete:
@@ -283,6 +301,9 @@ def rank_main(train: Callable[[dict[str, Any]], list[dict[str, Any]]],
     ``{"error": "Type: message"}`` (the process then exits 1)."""
     job = json.loads((sys.argv[1:] if argv is None else argv)[0])
     path = os.path.join(job["out"], f"{job['rank']}.json")
+    if hasattr(signal, "SIGUSR1"):
+        # launch() asks for the stacks before it kills a deadlocked run.
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)
     try:
         steps = train(job)
     except BaseException as exc:

@@ -84,7 +84,8 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
             :func:`~unifiedamp.conformance.engines.default_kinds`).
         config: The scaler's config (default
             :data:`~unifiedamp.conformance.engines.DEFAULT_CONFIG`).
-        timeout: Seconds before every rank is killed (status ``"deadlock"``).
+        timeout: Seconds before every rank is killed and the run is a deadlock (also
+            reached earlier when no rank has used the CPU for 15 s: :func:`launch`).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")

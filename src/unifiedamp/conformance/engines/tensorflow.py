@@ -15,8 +15,8 @@ Scalers:
   found_inf over every replica of every worker before it decides.
 - ``keras``: ``keras.optimizers.LossScaleOptimizer(SGD)``, which takes each worker's own
   first replica's flag: with an inf on one worker only, that worker skips while the other
-  waits in the gradients' all-reduce, and the run deadlocks (every rank is killed at the
-  launch's timeout; pass a short one).
+  waits in the gradients' all-reduce, and the run deadlocks (every rank is killed once
+  no worker has used the CPU for a while, or at the timeout).
 
 The records follow :mod:`unifiedamp.conformance.engines`: each worker's own copy of the
 scale and trackers (``dynamic_scale``, ``step_counter``, ``hysteresis_counter``; Keras's
@@ -95,9 +95,10 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
             :func:`~unifiedamp.conformance.engines.default_kinds`).
         config: The scaler's config (default
             :data:`~unifiedamp.conformance.engines.DEFAULT_CONFIG`).
-        timeout: Seconds before every worker is killed (status ``"deadlock"``); by
-            default 120, and 60 for ``keras``, which deadlocks (a run of the two workers
-            takes 20 to 30 s on two cores).
+        timeout: Seconds before every worker is killed (status ``"deadlock"``, also
+            reached earlier when no worker has used the CPU for 15 s); by default 120,
+            and 60 for ``keras``, which deadlocks (a run of the two workers takes 20 to
+            30 s on two cores).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")

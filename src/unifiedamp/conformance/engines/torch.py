@@ -176,7 +176,8 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
             engine's, :func:`kinds_of`).
         config: The scaler's config (default: :func:`config_of`); a native scaler
             takes its init_scale, factors and interval.
-        timeout: Seconds before every rank is killed and the run is a deadlock.
+        timeout: Seconds before every rank is killed and the run is a deadlock (also
+            reached earlier when no rank has used the CPU for 15 s: :func:`launch`).
     """
     spec = _engine(engine)
     if scaler not in SCALERS:
@@ -193,10 +194,9 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
                                    or config.max_scale is not None):
         raise ValueError(f"{scaler} has no hysteresis, min/max scale or static mode: "
                          f"{config} is for the unifiedamp scaler only")
-    # Each rank prints its threads' stacks shortly before the timeout: a deadlock's
-    # log then says which collective each rank waits in.
-    job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict(),
-           "stacks_after": max(timeout - 10.0, 0.75 * timeout)}
+    # A deadlock's logs end with each rank's stacks (launch), which say which collective
+    # each rank waits in.
+    job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict()}
     # The ranks fork from an interpreter that imported torch and the parts of it a rank
     # imports (most of a rank's CPU).
     outcome = launch(MODULE, job, spec.world, timeout=timeout, preload=RANK_PRELOAD)
@@ -349,25 +349,18 @@ def _poison(params: Any, kind: str) -> None:
 
 def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One rank's steps (run by :func:`launch`); returns its step records."""
-    import faulthandler
-
     import torch
 
     from unifiedamp.conformance.backends.torch import init_gloo_rank, run_then_leave
 
-    if job.get("stacks_after"):
-        faulthandler.dump_traceback_later(job["stacks_after"])
     torch.set_num_threads(1)  # the ranks share the machine's cores
     rank, world = job["rank"], job["world"]
     # The teardown recipe of docs/distributed.md: the model, optimizer and scaler live in
     # _steps' frame only, so nothing holds the group when it is destroyed, and the
     # checked destroy raises if something still does (its threads could abort the exit).
     init_gloo_rank(rank, world, job["port"])
-    try:
-        return run_then_leave(lambda: _steps(job, rank, world),
-                              check=not _engine(job["engine"]).group_outlives_destroy)
-    finally:
-        faulthandler.cancel_dump_traceback_later()
+    return run_then_leave(lambda: _steps(job, rank, world),
+                          check=not _engine(job["engine"]).group_outlives_destroy)
 
 
 def _steps(job: dict[str, Any], rank: int, world: int) -> list[dict[str, Any]]:
