@@ -40,7 +40,6 @@ Example:
 
 from __future__ import annotations
 
-import faulthandler
 import importlib
 import json
 import math
@@ -62,7 +61,12 @@ import unifiedamp
 from unifiedamp import spec
 from unifiedamp._files import write_bytes
 from unifiedamp._forks import kill_group, zygote_for
-from unifiedamp.conformance.engines._deadlock import STACKS_SIGNAL, IdleWatch, print_stacks
+from unifiedamp.conformance.engines._deadlock import (
+    KILLED,
+    IdleWatch,
+    listen_for_stacks,
+    print_stacks,
+)
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 #: The frameworks with a module here, by the name the command line takes.
@@ -257,8 +261,7 @@ def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120
     complete = all(r is not None and "steps" in r for r in records)
     if errors:
         status, detail = "error", errors[0]
-    elif timed_out and not any(code not in (None, 0, -signal.SIGKILL, -STACKS_SIGNAL)
-                               for code in returncodes):
+    elif timed_out and all(code in KILLED for code in returncodes):
         status = "deadlock"
         waiting = [r for r, rec in enumerate(records) if rec is None]
         within = (f"within {timeout:g} s" if idle_for is None else
@@ -301,9 +304,7 @@ def rank_main(train: Callable[[dict[str, Any]], list[dict[str, Any]]],
     ``{"error": "Type: message"}`` (the process then exits 1)."""
     job = json.loads((sys.argv[1:] if argv is None else argv)[0])
     path = os.path.join(job["out"], f"{job['rank']}.json")
-    if hasattr(signal, "SIGUSR1"):
-        # launch() asks for the stacks before it kills a deadlocked run.
-        faulthandler.register(STACKS_SIGNAL, all_threads=True)
+    listen_for_stacks()  # launch() asks for them before it kills a deadlocked run
     try:
         steps = train(job)
     except BaseException as exc:

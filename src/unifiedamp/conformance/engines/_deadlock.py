@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import time
@@ -24,12 +25,23 @@ from typing import Any
 
 #: Asks a rank of ``rank_main`` for its threads' stacks (faulthandler); a rank that
 #: is not one yet (still importing) dies of it, which is then the same as being killed.
-STACKS_SIGNAL = getattr(signal, "SIGUSR1", signal.SIGTERM)
+#: None where the platform has no SIGUSR1 (no stacks there).
+STACKS_SIGNAL: int | None = getattr(signal, "SIGUSR1", None)
+
+#: The exit statuses of ranks that launch() killed (or that ended before it did).
+KILLED = frozenset({None, 0, -signal.SIGKILL}
+                   | ({-STACKS_SIGNAL} if STACKS_SIGNAL is not None else set()))
+
+
+def listen_for_stacks() -> None:
+    """Makes this rank print its threads' stacks on :func:`print_stacks`' signal."""
+    if STACKS_SIGNAL is not None:
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)
 
 
 def print_stacks(procs: Sequence[Any]) -> None:
     """Asks each rank for its stacks, and gives them a moment to write them."""
-    if not hasattr(signal, "SIGUSR1"):
+    if STACKS_SIGNAL is None:
         return
     for p in procs:
         with contextlib.suppress(ProcessLookupError):
