@@ -11,9 +11,9 @@ import sys
 from typing import Any
 
 from unifiedamp import spec
-from unifiedamp.porting import FORMS, port_state_file
+from unifiedamp.porting import FORMS, ReadLimits, port_state_file
 from unifiedamp.porting._checkpoints import _plain
-from unifiedamp.spec import ScalerConfig
+from unifiedamp.spec import ALIASES, CANONICAL, ScalerConfig, config_from_args
 
 
 def _summary(r: dict[str, Any]) -> str:
@@ -35,20 +35,76 @@ def _summary(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _config(text: str | None) -> tuple[ScalerConfig | None, dict[str, Any]]:
+    """``--config``'s JSON: the config, and the fields it names (canonical names)."""
+    if not text:
+        return None, {}
+    try:
+        given = json.loads(text)
+    except RecursionError:
+        raise ValueError("--config is nested deeper than Python's recursion limit: it takes "
+                         "a flat JSON object, e.g. '{\"growth_interval\": 100}'") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--config is not JSON ({exc}): it takes a JSON object, e.g. "
+                         "'{\"growth_interval\": 100}'") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"--config takes a JSON object of scaler parameters, e.g. "
+                         f"'{{\"growth_interval\": 100}}', not {type(given).__name__}")
+    config = config_from_args((), given)
+    names = {key if key in CANONICAL else ALIASES.get(key, key) for key in given}
+    return config, {k: v for k, v in config.to_dict().items() if k in names}
+
+
+def _limits(pairs: list[str]) -> ReadLimits:
+    values: dict[str, int] = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in ReadLimits._fields:
+            raise ValueError(f"--limit {pair}: no cap named {name!r}; the caps are "
+                             f"{', '.join(ReadLimits._fields)} (NAME=N)")
+        try:
+            values[name] = int(value)
+        except ValueError:
+            raise ValueError(f"--limit {pair}: {value!r} is not a whole number; "
+                             f"write --limit {name}=N") from None
+    return ReadLimits(**values)
+
+
 def _cmd(args: argparse.Namespace) -> int:
     try:
-        config = ScalerConfig(**json.loads(args.config)) if args.config else None
+        if args.in_place and args.output is not None:
+            raise ValueError(f"--in-place rewrites {args.input}, and -o {args.output} names "
+                             "a file to write: give one of them; nothing was written")
+        config, named = _config(args.config)
+        limits = _limits(args.limit)
         dst = args.output
         in_place = args.in_place or (dst is not None
                                      and os.path.abspath(dst) == os.path.abspath(args.input))
-        report = port_state_file(args.input, None if in_place else dst, to=args.to,
-                                 key=args.key, config=config, in_place=in_place,
-                                 trusted=args.trust)
-    except (ValueError, TypeError, OSError) as exc:
-        print(f"unifiedamp port-state: error: {exc}", file=sys.stderr)
+        common = dict(to=args.to, key=args.key, config=config, trusted=args.trust,
+                      limits=limits)
+        if named:  # the fields the file itself carries win: say so before writing
+            _check_config(port_state_file(args.input, **common), named)
+        report = port_state_file(args.input, None if in_place else dst, in_place=in_place,
+                                 **common)
+    except (ValueError, TypeError, OSError, RuntimeError, MemoryError) as exc:
+        message = str(exc) or type(exc).__name__
+        if isinstance(exc, MemoryError):
+            message = (f"{args.input}: more memory than this process could get "
+                       "(MemoryError); nothing was written")
+        print(f"unifiedamp port-state: error: {message}", file=sys.stderr)
         return 2
     print(_summary(report))
     return 0
+
+
+def _check_config(report: dict[str, Any], named: dict[str, Any]) -> None:
+    differ = [f"{k}={v!r} (the file's: {report['config'][k]!r})" for k, v in named.items()
+              if report["config"][k] != v]
+    if differ:
+        raise ValueError(f"--config says {', '.join(differ)}, but {report['src']} carries "
+                         "its own, which is what the state follows: drop those fields from "
+                         "--config, or convert first and edit the written config; nothing "
+                         "was written")
 
 
 def add_parser(sub: Any) -> None:
@@ -68,8 +124,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--config", help="JSON of the parameters the input form does not carry, "
                                     "e.g. '{\"growth_interval\": 100}' for Keras variables")
     p.add_argument("--trust", action="store_true",
-                   help="run the file's own code if it asks to: unpickle torch and paddle "
-                        "files in full (arbitrary objects, any code the file names) and "
-                        "load .keras models with safe_mode=False (Lambda layers); without "
-                        "it no file runs code, and a file that needs this is refused")
+                   help="run the file's own code if it asks to, and lift the --limit caps: "
+                        "torch files (.pt/.pth/.ckpt/.bin/.tar) load with "
+                        "torch.load(weights_only=False), paddle files (.pdparams/.pdopt/"
+                        ".pdckpt) with paddle.load, both full unpickles that call any "
+                        "function the file names; .npz object arrays are unpickled "
+                        "(np.load(allow_pickle=True)); .keras models load with "
+                        "safe_mode=False (Lambda layers' code); .json and .msgpack run no "
+                        "code either way. Without it no file runs code, and a file that "
+                        "needs this is refused")
+    p.add_argument("--limit", action="append", default=[], metavar="NAME=N",
+                   help="raise a cap on the work of reading an untrusted file (repeatable): "
+                        + ", ".join(f"{k} (default {v:,})" for k, v in
+                                    ReadLimits()._asdict().items()))
     p.set_defaults(func=_cmd)

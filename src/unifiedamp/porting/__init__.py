@@ -17,8 +17,9 @@ are private and may change. (``unifiedamp.port``, ``unifiedamp.port_source`` and
 - States: :func:`detect_form`, :func:`read_state` and :func:`convert_state` move a scaler
   state between the :data:`FORMS` (canonical, torch, paddle, keras, jmp).
 - Checkpoint files: :func:`load_file` and :func:`save_file` (atomic; no file runs code
-  unless trusted), :func:`file_type`, and :func:`port_state_file`, which converts the state
-  inside a checkpoint and keeps the rest (Lightning's entries: :data:`LIGHTNING_KEYS`; the
+  unless trusted, and reading one is bounded by :class:`ReadLimits`), :func:`file_type`,
+  and :func:`port_state_file`, which converts the state inside a checkpoint and keeps the
+  rest (Lightning's entries: :data:`LIGHTNING_KEYS`; the
   ``unifiedamp port-state`` command).
 
 No framework is imported by ``import unifiedamp.porting``: each function imports what it
@@ -42,6 +43,7 @@ from unifiedamp.porting._checkpoints import (
 )
 from unifiedamp.porting._config import NATIVE_SCALERS, config_from_call, native_call
 from unifiedamp.porting._from_native import from_native
+from unifiedamp.porting._limits import ReadLimits
 from unifiedamp.porting._source import TARGETS, CallSite, PortResult, port_source
 from unifiedamp.porting._states import FORMS, convert_state, detect_form, read_state
 
@@ -52,6 +54,7 @@ __all__ = [
     "TARGETS",
     "CallSite",
     "PortResult",
+    "ReadLimits",
     "config_from_call",
     "convert_state",
     "detect_form",

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from unifiedamp._files import atomic_path
+from unifiedamp.porting._limits import Exceeded, ReadLimits, check_tree, check_unpacked_size
 from unifiedamp.porting._safe_pickle import _load_paddle, _load_torch, _refusal, _Refused
 from unifiedamp.porting._states import _closest, convert_state, detect_form, read_state
 from unifiedamp.spec import ScalerConfig
@@ -56,7 +57,8 @@ def file_type(path: str | os.PathLike) -> str:
     return _FILE_TYPES[ext]
 
 
-def load_file(path: str | os.PathLike, trusted: bool = False) -> Any:
+def load_file(path: str | os.PathLike, trusted: bool = False,
+              limits: ReadLimits | None = None) -> Any:
     """Reads a checkpoint file (its type from the extension, see :func:`file_type`).
 
     No file runs code unless ``trusted=True``: torch files load with
@@ -67,7 +69,9 @@ def load_file(path: str | os.PathLike, trusted: bool = False) -> Any:
     with ``safe_mode=False``: the file's own code then runs. A file that cannot be
     read, or whose data does not match its own checksums (the zip-based torch,
     ``.npz`` and ``.keras`` files carry a CRC-32 per member), raises a ``ValueError``
-    naming it.
+    naming it. Without ``trusted=True`` the work of reading is bounded by ``limits``
+    (:class:`ReadLimits`; docs/porting.md, "Untrusted files"): a file past a cap is
+    refused, naming the cap and how to raise it.
 
     Example:
         >>> import os, tempfile
@@ -77,38 +81,72 @@ def load_file(path: str | os.PathLike, trusted: bool = False) -> Any:
         {'scale': 8.0}
     """
     kind = file_type(path)
+    limits = ReadLimits() if limits is None else limits
     if not os.path.isfile(path):
         if os.path.isdir(path):
             raise IsADirectoryError(f"{path} is a directory, not a checkpoint file")
         raise FileNotFoundError(f"{path}: no such file")
-    if kind in ("torch", "npz") and zipfile.is_zipfile(path):
-        _check_zip(path)
-    elif kind == "npz":  # np.load would take any other bytes for a pickle
-        raise _unreadable(path, kind, zipfile.BadZipFile("not a zip archive"))
     with _reading(path, kind):
+        if kind in ("torch", "npz") and zipfile.is_zipfile(path):
+            _check_zip(path, None if trusted else limits)
+        elif kind == "npz":  # np.load would take any other bytes for a pickle
+            raise _unreadable(path, kind, zipfile.BadZipFile("not a zip archive"))
         if kind == "keras":
-            return _load_keras(path, trusted)
+            return _load_keras(path, trusted, limits)
+        if kind == "paddle":
+            return _load_paddle(path, trusted, limits)
+        if kind == "torch":
+            return _load_torch(path, trusted, limits)
         if kind == "json":
             with open(path, encoding="utf-8") as f:
-                return json.load(f)
-        if kind == "npz":
-            import numpy as np
-
-            try:
-                with np.load(path, allow_pickle=trusted) as data:
-                    return {k: data[k] for k in data.files}
-            except ValueError as exc:
-                if "allow_pickle" in str(exc):
-                    raise _Refused("pickled object arrays") from None
-                raise
-        if kind == "msgpack":
+                obj = json.load(f)
+        elif kind == "npz":
+            obj = _load_npz(path, trusted)
+        else:
             from flax import serialization
 
             with open(path, "rb") as f:
-                return serialization.msgpack_restore(f.read())
-        if kind == "paddle":
-            return _load_paddle(path, trusted)
-        return _load_torch(path, trusted)
+                obj = serialization.msgpack_restore(f.read())
+        if not trusted:
+            check_tree(obj, limits)
+        return obj
+
+
+def _load_npz(path: Any, trusted: bool) -> dict[str, Any]:
+    import numpy as np
+
+    if not trusted:
+        _check_npy_sizes(path)
+    try:
+        with np.load(path, allow_pickle=trusted) as data:
+            return {k: data[k] for k in data.files}
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise _Refused("pickled object arrays (dtype=object, which np.load unpickles)"
+                           ) from None
+        raise
+
+
+def _check_npy_sizes(path: Any) -> None:
+    # np.load allocates the array its header describes before reading the data: a header
+    # may promise terabytes in a member of a few bytes.
+    import numpy as np
+    from numpy.lib import format as npy
+
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            with z.open(info) as f:
+                header = (npy.read_array_header_1_0 if npy.read_magic(f) == (1, 0)
+                          else npy.read_array_header_2_0)
+                shape, _, dtype = header(f)
+                data = info.file_size - f.tell()
+            if dtype.hasobject:
+                continue  # refused by np.load without allow_pickle
+            need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+            if need > data:
+                raise ValueError(f"{path}: its member {info.filename!r} declares an array "
+                                 f"of {need:,} bytes ({shape}, {dtype}) but holds "
+                                 f"{data:,}: the file is damaged; nothing was read")
 
 
 @contextlib.contextmanager
@@ -119,6 +157,8 @@ def _reading(path: Any, kind: str) -> Iterator[None]:
         yield
     except _Refused as exc:
         raise _refusal(path, str(exc)) from None
+    except Exceeded as exc:
+        raise ValueError(f"{path} is refused: {exc}; nothing was read") from None
     except (OSError, ValueError) as exc:
         if isinstance(exc, OSError) and exc.filename is not None:
             raise
@@ -126,7 +166,9 @@ def _reading(path: Any, kind: str) -> Iterator[None]:
             raise
         raise _unreadable(path, kind, exc) from None
     except MemoryError:
-        raise
+        raise ValueError(f"{path}: reading it needed more memory than this process could "
+                         "get (MemoryError): the file is damaged, or larger than this "
+                         "machine can hold; nothing was read") from None
     except Exception as exc:  # noqa: BLE001 - any parser failure on untrusted bytes
         raise _unreadable(path, kind, exc) from None
 
@@ -142,13 +184,15 @@ def _unreadable(path: Any, kind: str, exc: BaseException) -> ValueError:
                       "another type; nothing was read")
 
 
-def _check_zip(path: Any) -> None:
+def _check_zip(path: Any, limits: ReadLimits | None) -> None:
     # torch's zip reader does not check the CRC-32 it wrote: a flipped bit in tensor data
     # loads silently. Checking every member costs one read of the file.
     try:
+        if limits is not None:
+            check_unpacked_size(path, limits)
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
         raise ValueError(f"{path} is a damaged zip archive ({exc}); nothing was read") from None
     if bad is not None:
         raise ValueError(f"{path}: the data of its member {bad!r} does not match the "
@@ -180,9 +224,8 @@ def save_file(obj: Any, path: str | os.PathLike) -> None:
         raise ValueError(f"{path}: a .keras file is a whole Keras model: write a scaler state "
                          "into one with port_state_file(src, dst.keras, to='keras'), which "
                          "loads the model, assigns its optimizer's variables and saves it")
-    if kind == "npz":
-        arrays = _flat_arrays(obj, path)  # refused before anything is written
-    with atomic_path(path, suffix=os.path.splitext(path)[1]) as tmp:
+    arrays = _flat_arrays(obj, path) if kind == "npz" else None  # refused before writing
+    with _writing(path), atomic_path(path, suffix=os.path.splitext(path)[1]) as tmp:
         if kind == "paddle":
             import paddle
 
@@ -198,11 +241,28 @@ def save_file(obj: Any, path: str | os.PathLike) -> None:
             elif kind == "npz":
                 import numpy as np
 
-                np.savez(f, **arrays)
+                np.savez(f, **(arrays or {}))
             else:
                 import torch
 
                 torch.save(obj, f)
+
+
+@contextlib.contextmanager
+def _writing(path: Any) -> Iterator[None]:
+    # A writer fails in its own words (torch: "[enforce fail at inline_container.cc]",
+    # paddle, a full disk's bare "File too large"): each becomes one error naming the file.
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - any writer's failure
+        if os.fspath(path) in str(exc):
+            raise
+        detail = (str(exc).splitlines() or [""])[0][:300]
+        message = (f"{path}: writing it failed ({type(exc).__name__}: {detail}); the file "
+                   "is as it was before; nothing was written")
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, message) from None
+        raise ValueError(message) from None
 
 
 def _flat_arrays(obj: Any, path: Any) -> dict[str, Any]:
@@ -267,7 +327,8 @@ def _find(container: Any, key: str | None, path: Any) -> tuple[str | None, Any]:
 def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None,
                     to: str = "canonical", key: str | None = None,
                     config: ScalerConfig | None = None, in_place: bool = False,
-                    trusted: bool = False) -> dict[str, Any]:
+                    trusted: bool = False, limits: ReadLimits | None = None
+                    ) -> dict[str, Any]:
     """Converts the scaler state inside a checkpoint file to the form ``to``.
 
     The entry is found with :func:`_find`: ``key`` if given, else the whole file when
@@ -279,6 +340,7 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
     another type, ``dst`` holds the converted state alone. ``dst=None`` writes nothing.
     A ``.keras`` ``src`` gives its loss-scale optimizer's state and config; a ``.keras``
     ``dst`` (``to="keras"``; it must exist) gets the state in its optimizer's variables.
+    ``trusted`` and ``limits`` are :func:`load_file`'s.
 
     Returns:
         A summary: ``src``, ``dst``, ``key``, ``from``, ``to``, ``whole`` (whether the
@@ -302,7 +364,7 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
         raise ValueError(f"{dst} is a Keras model: the state goes into its optimizer's "
                          f"variables, the keras form; pass to='keras', not {to!r}; nothing "
                          "was written")
-    container = load_file(src, trusted=trusted)
+    container = load_file(src, trusted=trusted, limits=limits)
     if file_type(src) == "keras":
         # The optimizer's own config, unless the caller gives one.
         if config is None:
@@ -388,13 +450,17 @@ done(optimizer=cls)
 _KERAS_MARK = "@@unifiedamp-keras@@"
 
 
-def _keras_child(mode: str, path: Any, trusted: bool, *args: str) -> dict[str, Any]:
+def _keras_child(mode: str, path: Any, trusted: bool, *args: str,
+                 limits: ReadLimits | None = None) -> dict[str, Any]:
     from unifiedamp._forks import run_code
 
     if not zipfile.is_zipfile(path):
         raise ValueError(f"{path} is not a Keras .keras archive (model.save writes a zip "
                          "file): it is damaged or of another type; nothing was read")
-    _check_zip(path)
+    try:
+        _check_zip(path, None if trusted else (limits or ReadLimits()))
+    except Exceeded as exc:
+        raise ValueError(f"{path} is refused: {exc}; nothing was read") from None
     # Forked from an interpreter that imported Keras (for this process's later files too):
     # the import is most of a file's time.
     proc = run_code(_KERAS_CHILD, [mode, os.fspath(path), "trusted" if trusted else "safe",
@@ -411,9 +477,9 @@ def _keras_child(mode: str, path: Any, trusted: bool, *args: str) -> dict[str, A
     return out
 
 
-def _load_keras(path: Any, trusted: bool) -> dict[str, Any]:
+def _load_keras(path: Any, trusted: bool, limits: ReadLimits) -> dict[str, Any]:
     # The keras form of the model's loss-scale optimizer, and its canonical config.
-    out = _keras_child("read", path, trusted)
+    out = _keras_child("read", path, trusted, limits=limits)
     return {**out["state"], "scaler_config": out["scaler_config"]}
 
 
