@@ -244,3 +244,46 @@ def test_a_checkpoint_whose_init_scale_is_outside_its_bounds_still_loads():
     scaler = ua.GradScaler(backend="numpy")
     scaler.load_state_dict(d)
     assert scaler.state == spec.ScalerState(1024.0, 3, 0) and scaler.config.max_scale == 1024.0
+
+
+def every_backend():
+    yield "numpy"
+    for name in ("torch", "paddle", "jax", "mlx", "keras"):
+        yield pytest.param(name, marks=pytest.mark.framework(name))
+
+
+@pytest.mark.parametrize("backend", list(every_backend()))
+@pytest.mark.parametrize("tracker,value,message", [
+    ("growth_tracker", 5, "growth_tracker=5 is not below growth_interval=5"),
+    ("growth_tracker", 9, "growth_tracker=9 is not below growth_interval=5"),
+    ("hysteresis_tracker", 2, "hysteresis_tracker=2 is not below hysteresis=2"),
+])
+def test_a_tracker_at_or_past_its_bound_loads_nothing_on_every_backend(backend, tracker, value,
+                                                                      message):
+    # No scaler saves such a state (the rule resets a tracker at its bound); loaded, torch's
+    # rule would never grow again where the spec's grows at once: refused everywhere.
+    pytest.importorskip("mlx.core" if backend == "mlx" else backend)
+    scaler = ua.GradScaler(1024.0, growth_interval=5, hysteresis=2, backend=backend)
+    before = scaler.state_dict()
+    bad = copy.deepcopy(before)
+    bad[tracker] = value
+    with pytest.raises(ValueError, match=f"{message}.*nothing was loaded"):
+        scaler = scaler.restore(bad)  # load_state_dict, or a new value (jax, mlx)
+    assert scaler.state_dict() == before
+
+
+@pytest.mark.parametrize("native,message", [
+    ({"scale": np.array([8.0], np.float32), "incr_count": 0, "decr_count": 5,
+      "decr_every_n_nan_or_inf": 1}, "decr_count=5 is not below hysteresis=1"),
+    ({"scale": np.array([8.0], np.float32), "incr_count": 7, "decr_count": 0,
+      "incr_every_n_steps": 7}, "incr_count=7 is not below growth_interval=7"),
+    ({"scale": 8.0, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 3,
+      "_growth_tracker": 3}, "_growth_tracker=3 is not below growth_interval=3"),
+])
+def test_a_native_dict_whose_tracker_reached_its_bound_is_named_and_loads_nothing(native,
+                                                                                 message):
+    scaler = ua.GradScaler(1024.0, backend="numpy")
+    before = scaler.state_dict()
+    with pytest.raises(ValueError, match=f"{message}.*nothing was loaded"):
+        scaler.load_state_dict(native)
+    assert scaler.state_dict() == before

@@ -122,7 +122,23 @@ def _parse_native(d: Mapping[str, Any], base: ScalerConfig) -> tuple[ScalerConfi
         *(_tracker(d, trackers[k], k) if k in trackers else 0
           for k in ("growth_tracker", "hysteresis_tracker")),
     )
+    _check_trackers(config, state, trackers)
     return config, state
+
+
+def _check_trackers(config: ScalerConfig, state: ScalerState, keys: Mapping[str, str]) -> None:
+    # The rule resets a tracker when it reaches its bound, so no scaler saves one there;
+    # loaded, torch would never grow again (it tests tracker == interval) where the spec
+    # grows at once: refused rather than given either meaning.
+    for tracker, bound in (("growth_tracker", "growth_interval"),
+                           ("hysteresis_tracker", "hysteresis")):
+        value, limit = getattr(state, tracker), getattr(config, bound)
+        if value >= limit:
+            raise _state_error(
+                f"{keys.get(tracker, tracker)}={value} is not below {bound}={limit}: the "
+                f"rule resets the tracker when it reaches {bound}, so no scaler saves this "
+                f"state; load it into a scaler whose {bound} is above {value}, or set the "
+                "tracker below it")
 
 
 def parse_state_dict(
@@ -137,7 +153,8 @@ def parse_state_dict(
 
     Raises:
         ValueError: Another format or version, a missing or ill-typed field, a
-            negative or non-finite scale, a tracker below 0 or past int32.
+            negative or non-finite scale, a tracker below 0, past int32, or at or past
+            its bound (``growth_interval``, ``hysteresis``).
         TypeError: ``d`` is not a mapping.
 
     Example:
@@ -196,6 +213,7 @@ def parse_state_dict(
         _tracker(d, "growth_tracker", "growth_tracker"),
         _tracker(d, "hysteresis_tracker", "hysteresis_tracker"),
     )
+    _check_trackers(config, state, {})
     return config, state
 
 
@@ -289,16 +307,17 @@ def read_form(d: Any, config: ScalerConfig | None = None
     if form == "keras":
         base = config or native_defaults("keras")
         hyst = state_number(d, "hysteresis_counter") if "hysteresis_counter" in d else 0
+        steps = state_number(d, "step_counter")
+        for name, value, bound in (("step_counter", steps, "growth_interval"),
+                                   ("hysteresis_counter", hyst, "hysteresis")):
+            if type(value) is int and value > 0 and value >= getattr(base, bound):
+                raise ValueError(
+                    f"Invalid scaler state_dict: {name}={value} needs a config with {bound} "
+                    f"> {value}, and Keras's variables carry no config: pass config= (the "
+                    "optimizer's scaler_config); nothing was loaded")
         cfg, state = parse_state_dict(to_state_dict(base, ScalerState(0.0), "keras")
                                       | {"scale": state_number(d, "dynamic_scale"),
-                                         "growth_tracker": state_number(d, "step_counter"),
-                                         "hysteresis_tracker": hyst})
-        if state.hysteresis_tracker and state.hysteresis_tracker >= cfg.hysteresis:
-            raise ValueError(
-                f"Invalid scaler state_dict: hysteresis_counter={state.hysteresis_tracker} "
-                f"needs a config with hysteresis > {state.hysteresis_tracker}, and Keras's "
-                "variables carry no config: pass config= (the optimizer's scaler_config); "
-                "nothing was loaded")
+                                         "growth_tracker": steps, "hysteresis_tracker": hyst})
         return cfg, state, form
     missing = [k for k in _JMP_KEYS if k not in d]
     if missing:
