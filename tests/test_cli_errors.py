@@ -136,3 +136,11 @@ def test_max_examples_must_be_an_integer_of_at_least_one(value):
     assert proc.stderr.splitlines()[-1] == (
         "unifiedamp conformance: error: argument --max-examples: must be an integer >= 1 "
         f"(hypothesis examples per property), got {value!r}")
+
+
+@pytest.mark.parametrize("argv", [[], ["banana"], ["numpy", "torch"]])
+def test_the_backends_subprocess_command_answers_a_wrong_call_in_one_line(argv):
+    proc = subprocess.run([sys.executable, "-m", "unifiedamp.cli", "_worker", *argv],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "takes one backend name" in proc.stderr and "unifiedamp backends" in proc.stderr

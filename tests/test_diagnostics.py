@@ -206,3 +206,16 @@ def test_a_history_file_of_an_earlier_release_is_read_as_the_scale_after_each_up
     with pytest.raises(ValueError, match="scale_after_update must be true or false"):
         ScaleHistory.from_json('{"iteration": [1], "scale": [8.0], "skipped": [false], '
                                '"scale_after_update": "yes"}')
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({}, r"missing \['step', 'scale', 'overflows', 'checked'\]"),
+    ({"step": 1, "scale": 8.0, "checked": 1, "overflows": [{"nom": "w"}]},
+     r"unexpected keyword argument 'nom'.*OverflowReport.to_dict\(\)"),
+    ([1, 2], r"missing .*got list"),
+])
+def test_a_report_dict_that_to_dict_did_not_write_is_named(bad, message):
+    from unifiedamp.diagnostics import OverflowReport
+
+    with pytest.raises(ValueError, match=message):
+        OverflowReport.from_dict(bad)

@@ -650,3 +650,56 @@ def test_public_names_show_the_public_module():
             assert getattr(jax_backend, name).__module__ == "unifiedamp.backends.jax", name
     assert pickle.loads(pickle.dumps(JaxGradScaler(8.0))).get_scale() == 8.0
     assert "unifiedamp.backends.jax.JaxGradScaler" in repr(JaxGradScaler)
+
+
+# ------------------------------------------------------------ misuses named with the fix
+
+
+def test_setting_an_attribute_says_the_scaler_is_a_value_and_how_to_get_a_new_one():
+    import dataclasses
+
+    scaler = ua.GradScaler(8.0, backend="jax")
+    with pytest.raises(dataclasses.FrozenInstanceError,
+                       match=r"cannot set 'loss_scale': .*scaler = scaler.update\(finite\)"):
+        scaler.loss_scale = jnp.float32(4.0)
+    assert scaler.get_scale() == 8.0
+
+
+def test_a_donated_scaler_says_its_arrays_went_to_the_call_that_took_them():
+    step = jax.jit(lambda s, g: s.update(s.unscale(g)[1]), donate_argnums=0)
+    scaler = ua.GradScaler(8.0, backend="jax")
+    new = step(scaler, [jnp.ones(3)])
+    if not scaler.loss_scale.is_deleted():
+        pytest.skip("this platform does not donate buffers")
+    for read in (scaler.get_scale, scaler.state_dict, lambda: scaler.update(True)):
+        with pytest.raises(ValueError, match=r"donated to a jitted call .*use the scaler that "
+                                             r"call returned"):
+            read()
+    assert new.get_scale() == 8.0
+
+
+def test_a_scaler_stacked_by_pmap_names_out_axes_and_how_to_take_one_copy():
+    n = jax.local_device_count()
+    stacked = jax.pmap(lambda s, g: s.update(s.unscale(g, axis_name="d")[1]),
+                       in_axes=(None, 0), axis_name="d")(ua.GradScaler(8.0, backend="jax"),
+                                                         jnp.ones((n, 3)))
+    for read in (stacked.get_scale, stacked.state_dict, lambda: stacked.num_skipped_steps):
+        with pytest.raises(ValueError, match=rf"shape \({n},\), a value per device: .*"
+                                             r"out_axes=None.*x\[0\]"):
+            read()
+    assert jax.tree.map(lambda x: x[0], stacked).get_scale() == 8.0
+
+
+def test_a_scaler_unflattened_from_other_values_names_the_leaf():
+    leaves, treedef = jax.tree_util.tree_flatten(ua.GradScaler(8.0, backend="jax"))
+    rebuilt = jax.tree_util.tree_unflatten(treedef, ["a"] * len(leaves))
+    with pytest.raises(ValueError, match=r"a leaf is a str 'a', not an array: .*tree_unflatten"):
+        rebuilt.get_scale()
+
+
+def test_reading_the_state_inside_jit_says_to_return_the_scaler_or_use_its_arrays():
+    scaler = ua.GradScaler(8.0, backend="jax")
+    with pytest.raises(TypeError, match=r"inside a traced function .*return the scaler from "
+                                        r"the traced function"):
+        jax.jit(lambda s: s.state_dict())(scaler)
+    assert float(jax.jit(lambda s: s.get_scale())(scaler)) == 8.0

@@ -1515,3 +1515,13 @@ def test_packaged_conformance_suite_passes(backend, keras_children):
     own_failures = any(v[0] == "failed" for k, v in child.results().items()
                        if "TestConformance" not in k)
     assert child.returncode == (1 if own_failures else 0), child.tail()
+
+
+def test_from_config_without_the_inner_optimizer_names_what_to_pass(keras):
+    opt = _scaler(1024.0, growth_interval=7).wrap(keras.optimizers.SGD(0.1))
+    config = opt.get_config()
+    assert type(opt).from_config(config).scaler_config.growth_interval == 7
+    for bad in ({k: v for k, v in config.items() if k != "inner_optimizer"}, None):
+        with pytest.raises(ValueError, match=r"from_config: the config has no 'inner_optimizer'"
+                                             r".*pass the dict get_config\(\) returns"):
+            type(opt).from_config(bad)

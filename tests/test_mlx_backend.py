@@ -123,3 +123,13 @@ def test_get_scale_and_counters_are_arrays_inside_mx_compile():
     scale, skipped, last = mx.compile(read)(scaler.tree())
     assert (scale.item(), skipped.item(), last.item()) == (4.0, 1, True)
     assert (scaler.get_scale(), scaler.num_skipped_steps) == (4.0, 1)  # Python values outside
+
+
+@pytest.mark.parametrize("verb", ["scale", "unscale"])
+def test_python_floats_are_named_with_the_array_to_pass(verb):
+    scaler = ua.GradScaler(8.0, backend="mlx")
+    with pytest.raises(TypeError, match=rf"{verb}\(\) takes mx.array values .*leaf '1' is a "
+                                        r"float 2.0: pass mx.array\(2.0\)"):
+        getattr(scaler, verb)([mx.array(1.0), 2.0])
+    with pytest.raises(TypeError, match=r"the value is a float 1.0"):
+        getattr(scaler, verb)(1.0)

@@ -1457,3 +1457,24 @@ def test_no_module_of_the_paddle_backend_but_compat_names_paddles_private_api():
     assert not any(offenders.values()), (
         f"Paddle's private API used outside backends/paddle/_compat.py: {offenders}; add a "
         "function to _compat.py (and its name to its lists) and call that")
+
+
+@pytest.mark.parametrize("wrong", [None, 42, "sgd", [None]])
+def test_a_value_that_is_not_an_optimizer_is_named_by_step_unscale_and_minimize(paddle, wrong):
+    model = paddle.nn.Linear(2, 1)
+    scaler = scaler_of(1024.0)
+    scaled = scaler.scale(model(paddle.ones([1, 2])).sum())
+    scaled.backward()
+    for verb, call in (("step", lambda: scaler.step(wrong)),
+                       ("unscale_", lambda: scaler.unscale_(wrong)),
+                       ("minimize", lambda: scaler.minimize(wrong, scaled))):
+        with pytest.raises(TypeError, match=rf"{verb}\(\) takes the paddle optimizer .*got "
+                                            rf"{type(wrong).__name__}"):
+            call()
+    assert scaler.state == spec.ScalerState(1024.0, 0, 0)
+
+
+def test_a_device_that_is_neither_a_string_nor_a_place_is_named_with_the_fix(paddle):
+    with pytest.raises(TypeError, match=r"device=3 \(int\): .*'gpu:3'"):
+        scaler_of(1024.0, device=3)
+    assert scaler_of(1024.0, device=paddle.CPUPlace()).get_scale() == 1024.0

@@ -1269,3 +1269,31 @@ def test_lightning_mixed_precision_plugin_takes_the_scaler_unchanged():
     trainer.fit(Module(), data)
     assert trainer.strategy.precision_plugin.scaler is scaler
     assert scaler.num_steps == 8 and scaler.get_scale() == 1024.0 * 2**4
+
+
+@pytest.mark.parametrize("device,message", [
+    ("banana", r"device='banana' is not a device torch can use here \(not a device type "
+               r"torch knows\): pass 'cpu'"),
+    (42, r"device=42 is not a device torch can use here \(an int is an index of the current "
+         r"accelerator"),
+    (3.5, r"device=3.5 \(float\): pass a string"),
+])
+def test_a_device_torch_cannot_use_is_named_with_the_fix(device, message):
+    if device == 42 and torch.accelerator.is_available():
+        pytest.skip("an accelerator is here: device=42 is an index torch may accept")
+    with pytest.raises((ValueError, TypeError), match=message):
+        ua.GradScaler(backend="torch", device=device)
+
+
+def test_pickling_in_the_middle_of_an_iteration_says_when_it_can_be_done():
+    scaler = ua.GradScaler(1024.0, backend="torch", device="cpu")
+    w = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([w], lr=0.1)
+    scaler.scale(w.sum()).backward()
+    scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match=r"middle of an iteration.*after update\(\); to "
+                                           r"checkpoint, save scaler.state_dict\(\)"):
+        pickle.dumps(scaler)
+    scaler.step(opt)
+    scaler.update()
+    assert pickle.loads(pickle.dumps(scaler)).get_scale() == 1024.0

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CLEAR = {"ValueError", "TypeError", "RuntimeError", "FileNotFoundError", "IsADirectoryError",
          "NotADirectoryError", "PermissionError", "NoInfChecksError", "ScaleNotCalledError",
-         "ImportError", "ModuleNotFoundError"}
+         "ImportError", "ModuleNotFoundError", "FrozenInstanceError"}
 LONGEST_CLEAR_MESSAGE = 800
 
 
@@ -119,6 +119,71 @@ CASES: tuple[Case, ...] = (
          "open('store/s.json', 'w'))\nos.symlink('store/s.json', 'link.json')",
          "cli:port-state link.json --to canonical --in-place",
          "os.path.islink('link.json') and 'format' in open('store/s.json').read()"),
+    *(Case(f"port-state crafted {name}",
+           "import sys\nsys.path.insert(0, sys.argv[1] if len(sys.argv) > 1 else '')\n"
+           f"from crafted_checkpoints import *\nopen('x{ext}', 'wb').write({builder})",
+           f"cli:port-state x{ext} --to torch --in-place", "False")
+      for name, ext, builder in (
+          ("void dtype resized", ".pdparams", "void_dtype_resized()"),
+          ("OrderedDict BUILD", ".pdparams", "ordered_dict_attribute()"),
+          ("shared children 2**40", ".pdparams", "shared_children()"),
+          ("zero-stride set", ".pdparams", "zero_stride_set()"),
+          ("huge FRAME", ".pdparams", "huge_frame()"),
+          ("eval payload", ".pdparams", "eval_payload('code-ran')"),
+          ("zip bomb", ".pt", "zip_bomb('.pt')"),
+          ("zip bomb", ".npz", "zip_bomb('.npz')"),
+          ("bytearray(2**34)", ".pt", "torch_bytearray()"),
+          ("set of a zero-stride tensor", ".pt", "torch_zero_stride()"))),
+    Case("port-state --in-place with -o", "import json\njson.dump({'scale': 8.0, "
+         "'_growth_tracker': 1, 'growth_factor': 2.0, 'backoff_factor': 0.5, "
+         "'growth_interval': 3}, open('s.json', 'w'))",
+         "cli:port-state s.json --to torch --in-place -o other.json"),
+    Case("port-state onto a hard-linked file", "import json, os\njson.dump({'scale': 8.0, "
+         "'_growth_tracker': 1, 'growth_factor': 2.0, 'backoff_factor': 0.5, "
+         "'growth_interval': 3}, open('s.json', 'w'))\nos.link('s.json', 'o.json')",
+         "cli:port-state s.json --to torch --in-place"),
+    Case("port-state --config nested 5,000 deep", "import json\njson.dump({'scale': 8.0, "
+         "'_growth_tracker': 1, 'growth_factor': 2.0, 'backoff_factor': 0.5, "
+         "'growth_interval': 3}, open('s.json', 'w'))",
+         "cli:port-state s.json --to canonical --config " + "[" * 5000),
+    Case("port-state --config the file overrides", "import json\njson.dump({'scale': 8.0, "
+         "'_growth_tracker': 1, 'growth_factor': 2.0, 'backoff_factor': 0.5, "
+         "'growth_interval': 3}, open('s.json', 'w'))",
+         "cli:port-state s.json --to canonical --config {\"growth_interval\":5}"),
+    # ------------------------------------------------------------ scalers, misused
+    *(Case(f"paddle step({arg})", "import paddle, unifiedamp as ua",
+           f"ua.GradScaler(backend='paddle').step({arg})")
+      for arg in ("None", "42", "'sgd'", "[None]")),
+    Case("paddle device=3", "import paddle, unifiedamp as ua",
+         "ua.GradScaler(backend='paddle', device=3)"),
+    *(Case(f"torch device={arg}", "import torch, unifiedamp as ua",
+           f"ua.GradScaler(backend='torch', device={arg})") for arg in ("'banana'", "42")),
+    Case("torch scaler pickled mid-iteration", "import pickle, torch, unifiedamp as ua",
+         "s = ua.GradScaler(backend='torch', device='cpu')\n"
+         "w = torch.nn.Parameter(torch.ones(2)); o = torch.optim.SGD([w], lr=0.1)\n"
+         "s.scale(w.sum()).backward(); s.unscale_(o)\npickle.loads(pickle.dumps(s))"),
+    Case("keras from_config without inner_optimizer",
+         "import os\nos.environ['KERAS_BACKEND'] = 'jax'\nimport keras, unifiedamp as ua",
+         "o = ua.GradScaler(backend='keras').wrap(keras.optimizers.SGD(0.1))\n"
+         "c = o.get_config(); del c['inner_optimizer']\ntype(o).from_config(c)"),
+    Case("OverflowReport.from_dict({})", "from unifiedamp.diagnostics import OverflowReport",
+         "OverflowReport.from_dict({})"),
+    Case("mlx unscale of Python floats", "import unifiedamp as ua",
+         "ua.GradScaler(backend='mlx').unscale([1.0, 2.0])"),
+    Case("jax scaler read after donation", "import jax, jax.numpy as jnp, unifiedamp as ua",
+         "s = ua.GradScaler(backend='jax')\n"
+         "jax.jit(lambda s: s.update(True), donate_argnums=0)(s)\ns.get_scale()"),
+    Case("jax scaler stacked by pmap", "import jax, jax.numpy as jnp, unifiedamp as ua",
+         "s = jax.pmap(lambda s, g: s.update(s.unscale(g, axis_name='d')[1]), in_axes=(None, "
+         "0), axis_name='d')(ua.GradScaler(backend='jax'), jnp.ones((1, 3)))\ns.get_scale()"),
+    Case("jax setattr on the scaler", "import unifiedamp as ua",
+         "s = ua.GradScaler(backend='jax')\ns.loss_scale = 2.0"),
+    Case("jax tree_unflatten with other leaves", "import jax, unifiedamp as ua",
+         "leaves, t = jax.tree_util.tree_flatten(ua.GradScaler(backend='jax'))\n"
+         "jax.tree_util.tree_unflatten(t, ['a'] * len(leaves)).get_scale()"),
+    Case("jax state_dict inside jit", "import jax, unifiedamp as ua",
+         "jax.jit(lambda s: s.state_dict())(ua.GradScaler(backend='jax'))"),
+    Case("cli _worker without a backend", "", "cli:_worker"),
     # ------------------------------------------------------------ state dicts
     Case("state dict version 1.0",
          "import unifiedamp as ua", "s = ua.GradScaler(backend='numpy')\n"
@@ -221,8 +286,9 @@ def run_case(case: Case, src: Path, timeout: float) -> tuple[str, str]:
     env = {**os.environ, "PYTHONPATH": str(src), "TF_CPP_MIN_LOG_LEVEL": "3",
            "PYTHONWARNINGS": "ignore"}
     with tempfile.TemporaryDirectory() as folder:
-        setup = subprocess.run([sys.executable, "-c", case.setup], cwd=folder, env=env,
-                               capture_output=True, text=True, timeout=timeout)
+        setup = subprocess.run([sys.executable, "-c", case.setup, str(ROOT / "tests")],
+                               cwd=folder, env=env, capture_output=True, text=True,
+                               timeout=timeout)
         if setup.returncode:
             return "setup failed", setup.stderr.strip().splitlines()[-1:][0][:200]
         try:

@@ -384,21 +384,53 @@ MUTANTS: tuple[Mutant, ...] = (
            "test_forms_with_a_hysteresis_counter_keep_a_nonzero_tracker "
            "tests/test_spec_natives.py"),
     Mutant("port-state-paddle-unpickles-anything", f"{PORTING}/_safe_pickle.py",
-           "            if (module, name) in _PADDLE_GLOBALS:",
-           "            if True:",
+           "    if name not in _PADDLE:\n        raise _Refused(f\"a reference to {name}\")\n"
+           "    return _PADDLE[name]",
+           "    if name not in _PADDLE:\n        return _opaque\n    return _PADDLE[name]",
            "tests/test_port_state.py::test_no_checkpoint_runs_code_unless_the_user_trusts_it"),
+    Mutant("port-state-paddle-real-eval", f"{PORTING}/_safe_pickle.py",
+           '    "builtins.eval": _dense_tensor_data,',
+           '    "builtins.eval": lambda args, pos: eval(*args),',
+           "tests/test_untrusted_files.py"),
+    Mutant("port-state-paddle-eval-any-namespace", f"{PORTING}/_safe_pickle.py",
+           '            and list(args[1]) == ["data"] and isinstance(args[1]["data"], _Array),',
+           '            and isinstance(args[1]["data"], _Array),',
+           "tests/test_untrusted_files.py::"
+           "test_a_crafted_file_is_refused_clearly_by_the_api_and_the_cli"),
+    Mutant("port-state-paddle-tensor-records-kept", f"{PORTING}/_safe_pickle.py",
+           "        if tensor_record(x):\n            return x[1]",
+           "        if tensor_record(x):\n            return x",
+           "tests/test_untrusted_files.py::"
+           "test_fuzzed_pickles_and_json_end_in_the_trusted_data_or_a_clear_error"),
+    Mutant("port-state-paddle-void-dtype-read", f"{PORTING}/_safe_pickle.py",
+           '_DTYPES = ("b1", "i1",', '_DTYPES = ("V8", "b1", "i1",',
+           "tests/test_untrusted_files.py::"
+           "test_a_crafted_file_is_refused_clearly_by_the_api_and_the_cli"),
+    Mutant("port-state-damaged-pickle-suggests-trust", f"{PORTING}/_safe_pickle.py",
+           "    if not ok:\n        raise ValueError(what)",
+           "    if not ok:\n        raise _Refused(what)",
+           "tests/test_port_state.py::"
+           "test_an_empty_truncated_or_foreign_file_is_refused_naming_it"),
+    Mutant("port-state-shared-children-uncounted", f"{PORTING}/_limits.py",
+           "    if total > limits.max_entries:", "    if False:",
+           "tests/test_untrusted_files.py"),
     Mutant("port-state-zip-checksum-unchecked", f"{PORTING}/_checkpoints.py",
            "    if bad is not None:\n        raise ValueError(f\"{path}: the data of its member",
            "    if False:\n        raise ValueError(f\"{path}: the data of its member",
            "tests/test_port_state.py::"
            "test_a_checkpoint_whose_data_fails_its_own_checksum_is_refused"),
-    Mutant("port-state-damaged-torch-file-suggests-trust", f"{PORTING}/_safe_pickle.py",
-           "        if match:\n            raise _Refused(f\"an object of {match.group(1) or "
-           "match.group(2)}\")",
-           "        if \"Weights only\" in str(exc):\n            raise _Refused(f\"an object "
-           "({exc})\")",
-           "tests/test_port_state.py::"
-           "test_a_torch_file_with_a_damaged_pickle_is_refused_without_suggesting_trust"),
+    Mutant("port-state-torch-global-unnamed", f"{PORTING}/_safe_pickle.py",
+           '    name = (re.search(r"GLOBAL ([\\w.]+)", message)',
+           '    name = (re.search(r"[Uu]nsupported (?:global|class):? ([\\w.]+)", message)',
+           "tests/test_port_state.py::test_no_checkpoint_runs_code_unless_the_user_trusts_it"),
+    Mutant("files-mode-of-mkstemp", "src/unifiedamp/_files.py",
+           "            os.chmod(tmp, old.st_mode & 0o7777)", "            pass",
+           "tests/test_untrusted_files.py::"
+           "test_a_rewrite_keeps_the_files_mode_and_a_new_file_follows_the_umask"),
+    Mutant("files-sweep-removes-live-temps", "src/unifiedamp/_files.py",
+           "        if match and not _alive(int(match.group(1))):", "        if match:",
+           "tests/test_untrusted_files.py::"
+           "test_the_temp_sweep_keeps_a_live_writers_file_and_a_stray_name_blocks_nothing"),
     Mutant("files-symlink-replaced", "src/unifiedamp/_files.py",
            "    real = os.path.realpath(path)", "    real = os.path.abspath(path)",
            "tests/test_port_state.py::"

@@ -196,9 +196,25 @@ class OverflowReport:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> OverflowReport:
-        """The report :meth:`to_dict` wrote."""
-        return cls(d["step"], d["scale"], [GradientOverflow(**o) for o in d["overflows"]],
-                   d["checked"], d.get("loss_finite"), d.get("note", ""))
+        """The report :meth:`to_dict` wrote.
+
+        Raises:
+            ValueError: ``d`` is not such a dict (a missing key, an overflow record that
+                is not :class:`GradientOverflow`'s dict).
+        """
+        required = ("step", "scale", "overflows", "checked")
+        missing = [k for k in required if not isinstance(d, dict) or k not in d]
+        if missing:
+            raise ValueError(f"OverflowReport.from_dict: missing {missing} (the dict "
+                             f"OverflowReport.to_dict() writes has {list(required)}, "
+                             "'loss_finite' and 'note'); got "
+                             f"{sorted(d) if isinstance(d, dict) else type(d).__name__}")
+        try:
+            return cls(d["step"], d["scale"], [GradientOverflow(**o) for o in d["overflows"]],
+                       d["checked"], d.get("loss_finite"), d.get("note", ""))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"OverflowReport.from_dict: {exc} (write the dict with "
+                             "OverflowReport.to_dict())") from None
 
 
 def _is_bool(value: Any) -> bool:

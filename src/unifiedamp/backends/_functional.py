@@ -14,6 +14,7 @@ message) are in :mod:`unifiedamp.backends._functional_diagnostics`.
 
 from __future__ import annotations
 
+from dataclasses import FrozenInstanceError
 from typing import Any, ClassVar
 
 from unifiedamp import spec
@@ -102,11 +103,24 @@ class FunctionalGradScaler(GradScaler):
     def _host(self, array: Any, cast: Any) -> Any:
         # Outside a traced function, a Python value; inside, the array itself, which
         # the traced function can return or log.
-        return array if self._traced(array) else cast(array.item())
+        return array if self._traced(array) else cast(self._item(array))
+
+    def _item(self, array: Any) -> Any:
+        """``array.item()``, or an error saying why this scaler's array holds no one value."""
+        problem = self._unreadable(array)
+        if problem:
+            raise ValueError(f"this {type(self).__name__} cannot be read: {problem}")
+        return array.item()
+
+    def _unreadable(self, array: Any) -> str:
+        """Why a leaf has no host value ('' when it has one): a backend's own cases."""
+        return ""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is immutable: update() and with_config() "
-                             "return a new scaler")
+        raise FrozenInstanceError(
+            f"cannot set {name!r}: {type(self).__name__} is an immutable value (a pytree "
+            "that jit and scan pass around); update(), restore() and with_config() return "
+            "a new scaler: scaler = scaler.update(finite)")
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(loss_scale={self.loss_scale!r}, growth_tracker="
@@ -140,8 +154,16 @@ class FunctionalGradScaler(GradScaler):
     @property
     def state(self) -> ScalerState:
         """Scale and trackers as Python numbers (reads the device)."""
-        return ScalerState(float(self.loss_scale.item()), int(self.growth_tracker.item()),
-                           int(self.hysteresis_tracker.item()))
+        if any(self._traced(a) for a in self._leaves()[:3]):
+            raise TypeError(
+                f"{type(self).__name__}.state and state_dict() read the device, and inside a "
+                "traced function (jax.jit, lax.scan, shard_map, mx.compile) the scaler's "
+                "arrays have no value yet: return the scaler from the traced function and "
+                "read them outside, or use the arrays loss_scale, growth_tracker and "
+                "hysteresis_tracker (get_scale() returns loss_scale there)")
+        return ScalerState(float(self._item(self.loss_scale)),
+                           int(self._item(self.growth_tracker)),
+                           int(self._item(self.hysteresis_tracker)))
 
     def is_enabled(self) -> bool:
         return self._config.enabled

@@ -41,13 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``unifiedamp`` console script."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_worker"]:
-        # A process that imports one framework and exits: the collector would spend about
-        # a fifth of TensorFlow's import looking for garbage that dies with the process.
-        gc.disable()
-        from unifiedamp.cli.backends import worker
-
-        print(json.dumps(worker(argv[1])))
-        return 0
+        return _worker(argv[1:])
     args = _parser().parse_args(argv)
     try:
         code = args.func(args)
@@ -57,4 +51,30 @@ def main(argv: list[str] | None = None) -> int:
         # and keep Python from failing again when it flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except (MemoryError, RecursionError) as exc:
+        # Bounded inputs should never get here; if one does, say so in one line.
+        what = ("more memory than this process could get" if isinstance(exc, MemoryError)
+                else "input nested deeper than Python's recursion limit")
+        print(f"unifiedamp {args.command}: error: {what} ({type(exc).__name__}); nothing "
+              "was written", file=sys.stderr)
+        return 2
     return code
+
+
+def _worker(argv: list[str]) -> int:
+    """``unifiedamp _worker NAME``: the subprocess of ``unifiedamp backends`` for one
+    backend; prints its report as one JSON line."""
+    from unifiedamp import _registry
+
+    if len(argv) != 1 or argv[0] not in _registry.available():
+        print(f"unifiedamp _worker: error: takes one backend name, one of "
+              f"{sorted(_registry.available())}, got {argv} (it is the subprocess of "
+              "`unifiedamp backends`: run that instead)", file=sys.stderr)
+        return 2
+    # A process that imports one framework and exits: the collector would spend about
+    # a fifth of TensorFlow's import looking for garbage that dies with the process.
+    gc.disable()
+    from unifiedamp.cli.backends import worker
+
+    print(json.dumps(worker(argv[0])))
+    return 0

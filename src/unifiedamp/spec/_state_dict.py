@@ -122,23 +122,7 @@ def _parse_native(d: Mapping[str, Any], base: ScalerConfig) -> tuple[ScalerConfi
         *(_tracker(d, trackers[k], k) if k in trackers else 0
           for k in ("growth_tracker", "hysteresis_tracker")),
     )
-    _check_trackers(config, state, trackers)
     return config, state
-
-
-def _check_trackers(config: ScalerConfig, state: ScalerState, keys: Mapping[str, str]) -> None:
-    # The rule resets a tracker when it reaches its bound, so no scaler saves one there;
-    # loaded, torch would never grow again (it tests tracker == interval) where the spec
-    # grows at once: refused rather than given either meaning.
-    for tracker, bound in (("growth_tracker", "growth_interval"),
-                           ("hysteresis_tracker", "hysteresis")):
-        value, limit = getattr(state, tracker), getattr(config, bound)
-        if value >= limit:
-            raise _state_error(
-                f"{keys.get(tracker, tracker)}={value} is not below {bound}={limit}: the "
-                f"rule resets the tracker when it reaches {bound}, so no scaler saves this "
-                f"state; load it into a scaler whose {bound} is above {value}, or set the "
-                "tracker below it")
 
 
 def parse_state_dict(
@@ -153,8 +137,7 @@ def parse_state_dict(
 
     Raises:
         ValueError: Another format or version, a missing or ill-typed field, a
-            negative or non-finite scale, a tracker below 0, past int32, or at or past
-            its bound (``growth_interval``, ``hysteresis``).
+            negative or non-finite scale, a tracker below 0 or past int32.
         TypeError: ``d`` is not a mapping.
 
     Example:
@@ -213,7 +196,6 @@ def parse_state_dict(
         _tracker(d, "growth_tracker", "growth_tracker"),
         _tracker(d, "hysteresis_tracker", "hysteresis_tracker"),
     )
-    _check_trackers(config, state, {})
     return config, state
 
 
@@ -308,9 +290,11 @@ def read_form(d: Any, config: ScalerConfig | None = None
         base = config or native_defaults("keras")
         hyst = state_number(d, "hysteresis_counter") if "hysteresis_counter" in d else 0
         steps = state_number(d, "step_counter")
+        # Keras's variables carry no config: a counter at or past the bound of the assumed
+        # one (Keras's own defaults) says the assumption is wrong.
         for name, value, bound in (("step_counter", steps, "growth_interval"),
                                    ("hysteresis_counter", hyst, "hysteresis")):
-            if type(value) is int and value > 0 and value >= getattr(base, bound):
+            if config is None and type(value) is int and 0 < getattr(base, bound) <= value:
                 raise ValueError(
                     f"Invalid scaler state_dict: {name}={value} needs a config with {bound} "
                     f"> {value}, and Keras's variables carry no config: pass config= (the "

@@ -299,6 +299,10 @@ class JaxGradScaler(FunctionalGradScaler):
         if finite is not None and new_scale is None and self._config.enabled:
             require_agreed(finite, self.loss_scale, "update",
                            "the scale does not, so each device would update its own copy")
+        for array in self._leaves():
+            if _deleted(array):
+                raise ValueError(f"this JaxGradScaler cannot be updated: "
+                                 f"{self._unreadable(array)}")
         return super().update(finite, new_scale=new_scale)
 
     def _reciprocal_finite(self) -> jax.Array:
@@ -307,7 +311,27 @@ class JaxGradScaler(FunctionalGradScaler):
         return F32.bits(self.loss_scale) >= f32_bits(MIN_UNSCALABLE)
 
     def _traced(self, array: Any) -> bool:
-        return is_tracer(jnp.asarray(array))
+        try:
+            return is_tracer(jnp.asarray(array))
+        except (TypeError, RuntimeError):  # not an array, or a deleted one: not traced
+            return False
+
+    def _unreadable(self, array: Any) -> str:
+        if _deleted(array):
+            return ("its arrays were deleted: the scaler was donated to a jitted call "
+                    "(donate_argnums/donate_argnames), which took their buffers; use the "
+                    "scaler that call returned")
+        if not hasattr(array, "shape") or not hasattr(array, "item"):
+            return (f"a leaf is a {type(array).__name__} {array!r:.40}, not an array: the "
+                    "scaler was rebuilt (jax.tree_util.tree_unflatten) from other values; "
+                    "unflatten it from leaves like those tree_flatten gives")
+        if array.shape != ():
+            return (f"its arrays have shape {tuple(array.shape)}, a value per device: "
+                    "jax.pmap returned the scaler stacked over its devices (out_axes=0); "
+                    "give the scaler out_axes=None (with unscale(grads, axis_name=...) every "
+                    "device holds the same one), or take one copy: "
+                    "jax.tree.map(lambda x: x[0], scaler)")
+        return ""
 
     # ------------------------------------------------------------ tooling
 
@@ -315,3 +339,8 @@ class JaxGradScaler(FunctionalGradScaler):
     def devices(cls) -> list[str]:
         """The devices JAX sees."""
         return [str(d) for d in jax.devices()]
+
+
+def _deleted(array: Any) -> bool:
+    """Whether ``array`` is a concrete JAX array whose buffer was donated away."""
+    return isinstance(array, jax.Array) and not is_tracer(array) and array.is_deleted()

@@ -451,3 +451,22 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         if self._history_size:
             config["history"] = self._history_size
         return config
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any],
+                    custom_objects: Any = None) -> SpecLossScaleOptimizer:
+        """As Keras's, with a clear error for a config that is not :meth:`get_config`'s
+        (Keras's own raises ``KeyError: 'inner_optimizer'``).
+
+        Example:
+            >>> import keras, unifiedamp as ua
+            >>> opt = ua.GradScaler(1024.0, backend="keras").wrap(keras.optimizers.SGD(0.1))
+            >>> type(opt).from_config(opt.get_config()).scaler_config.init_scale
+            1024.0
+        """
+        if not isinstance(config, dict) or "inner_optimizer" not in config:
+            keys = sorted(config) if isinstance(config, dict) else type(config).__name__
+            raise ValueError(f"{cls.__name__}.from_config: the config has no "
+                             f"'inner_optimizer' (got {keys}): pass the dict get_config() "
+                             "returns, which holds the wrapped optimizer's config")
+        return super().from_config(config, custom_objects=custom_objects)

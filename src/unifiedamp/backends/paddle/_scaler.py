@@ -78,7 +78,11 @@ def _place(device: Any) -> Any:
     if device is None:
         device = paddle.get_device()
     if not isinstance(device, str):
-        return device
+        if type(device).__name__.endswith("Place"):  # paddle.CPUPlace(), CUDAPlace(0)...
+            return device
+        raise TypeError(f"device={device!r} ({type(device).__name__}): pass a string, 'cpu', "
+                        f"'gpu' or 'gpu:N' (device=3 is 'gpu:3'), or a Paddle place such as "
+                        "paddle.CUDAPlace(3)")
     kind = device.split(":")[0].lower()
     if kind in ("gpu", "cuda") and not paddle.is_compiled_with_cuda():
         # Paddle's own message ("The device should not be <re.Match object...>")
@@ -94,6 +98,18 @@ def _place(device: Any) -> Any:
         raise ValueError(f"device={device!r} is not a device this paddle can use: pass 'cpu', "
                          "'gpu' or 'gpu:N' (with a CUDA build), or leave device out "
                          "(paddle.get_device())") from None
+
+
+def _method(optimizer: Any, verb: str, caller: str = "") -> Any:
+    """``optimizer.<verb>``, or an error naming what was passed instead of an optimizer."""
+    method = getattr(optimizer, verb, None)
+    if not callable(method):
+        caller = caller or verb
+        raise TypeError(f"{caller}() takes the paddle optimizer whose gradients were scaled "
+                        f"(a paddle.optimizer.Optimizer), got {type(optimizer).__name__} "
+                        f"{optimizer!r:.60}: pass the optimizer itself, e.g. "
+                        f"scaler.{caller}(opt)")
+    return method
 
 
 @_compat.overrides_private_methods
@@ -474,6 +490,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             self._claim()
         if not self._scale_called:
             self._require_scale_called("unscale_")
+        _method(optimizer, "step", "unscale_")  # an optimizer, not what was passed by mistake
         state = self._optimizer_checks[id(optimizer)]
         if state["state"] is OptimizerState.UNSCALED:
             raise RuntimeError(
@@ -515,7 +532,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
     def step(self, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         """Unscales (unless ``unscale_`` was called) and calls ``optimizer.step()`` unless a
         gradient was inf/NaN; returns what it returned, or ``None`` when skipped."""
-        return self._step(optimizer, optimizer.step, *args, **kwargs)
+        return self._step(optimizer, _method(optimizer, "step"), *args, **kwargs)
 
     def _step(self, optimizer: Any, call: Any, *args: Any, **kwargs: Any) -> Any:
         if not self._config.enabled:
@@ -555,7 +572,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             >>> scaler.last_step_skipped, scaler.state.growth_tracker
             (False, 1)
         """
-        retval = self._step(optimizer, optimizer.minimize, *args, **kwargs)
+        retval = self._step(optimizer, _method(optimizer, "minimize"), *args, **kwargs)
         if self._config.enabled:
             self.update()
         return (None, None) if retval is None else retval

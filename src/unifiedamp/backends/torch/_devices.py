@@ -54,7 +54,7 @@ def explicit_device(device: str | torch.device | None, enabled: bool) -> torch.d
     Raises:
         RuntimeError: A CUDA device, enabled, on a machine without CUDA.
     """
-    explicit = torch.device(device) if device is not None else None
+    explicit = _device(device) if device is not None else None
     if explicit is not None and explicit.type == "cuda" and enabled \
             and not torch.cuda.is_available():
         # torch.amp.GradScaler warns and disables itself here, and the run goes on
@@ -65,6 +65,26 @@ def explicit_device(device: str | torch.device | None, enabled: bool) -> torch.d
             "enabled=False (or leave device out: the scale then lives on the device of "
             "the first tensor scaled)")
     return explicit
+
+
+def _device(device: Any) -> torch.device:
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"device={device!r} ({type(device).__name__}): pass a string such as "
+                        "'cpu', 'cuda' or 'cuda:1', or a torch.device")
+    try:
+        return torch.device(device)
+    except RuntimeError as exc:
+        # torch's words: a list of twenty device types, or (an int: an accelerator
+        # index) "Cannot access accelerator device when none is available".
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if cause.startswith("Expected one of"):
+            cause = "not a device type torch knows"
+        if isinstance(device, int):
+            cause = ("an int is an index of the current accelerator, "
+                     f"{'and there is none' if 'none is available' in cause else cause}")
+        raise ValueError(f"device={device!r} is not a device torch can use here ({cause[:160]}"
+                         "): pass 'cpu', 'cuda', 'cuda:N' or a torch.device, or leave it out "
+                         "(the device of the first tensor scaled)") from None
 
 
 def unusable_device(explicit: torch.device, exc: BaseException) -> RuntimeError:

@@ -379,6 +379,13 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         self._scale_set = True
 
     def __getstate__(self) -> dict[str, Any]:
+        if self._enabled and (self._per_optimizer_states or self._functional_found_inf):
+            # torch's own refusal is an AssertionError without the fix.
+            raise RuntimeError(
+                "this GradScaler is in the middle of an iteration (unscale_() or step() ran, "
+                "update() has not): its inf checks would be lost in a copy. Pickle or copy "
+                "it before the iteration's first unscale_()/step() or after update(); to "
+                "checkpoint, save scaler.state_dict()")
         d = super().__getstate__()
         # Device tensors and process groups do not pickle well; carry numbers.
         d["_init_hysteresis_tracker"] = self._get_hysteresis_tracker()
