@@ -384,7 +384,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "test_forms_with_a_hysteresis_counter_keep_a_nonzero_tracker "
            "tests/test_spec_natives.py"),
     Mutant("port-state-paddle-unpickles-anything", f"{PORTING}/_safe_pickle.py",
-           "    if name not in _PADDLE:\n        raise _Refused(f\"a reference to {name}\")\n"
+           "    if name not in _PADDLE:\n        raise Refused(f\"a reference to {name}\")\n"
            "    return _PADDLE[name]",
            "    if name not in _PADDLE:\n        return _opaque\n    return _PADDLE[name]",
            "tests/test_port_state.py::test_no_checkpoint_runs_code_unless_the_user_trusts_it"),
@@ -393,8 +393,7 @@ MUTANTS: tuple[Mutant, ...] = (
            '    "builtins.eval": lambda args, pos: eval(*args),',
            "tests/test_untrusted_files.py"),
     Mutant("port-state-paddle-eval-any-namespace", f"{PORTING}/_safe_pickle.py",
-           '            and list(args[1]) == ["data"] and isinstance(args[1]["data"], _Array),',
-           '            and isinstance(args[1]["data"], _Array),',
+           ' and list(args[1]) == ["data"]', " and True",
            "tests/test_untrusted_files.py::"
            "test_a_crafted_file_is_refused_clearly_by_the_api_and_the_cli"),
     Mutant("port-state-paddle-tensor-records-kept", f"{PORTING}/_safe_pickle.py",
@@ -402,13 +401,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "        if tensor_record(x):\n            return x",
            "tests/test_untrusted_files.py::"
            "test_fuzzed_pickles_and_json_end_in_the_trusted_data_or_a_clear_error"),
-    Mutant("port-state-paddle-void-dtype-read", f"{PORTING}/_safe_pickle.py",
-           '_DTYPES = ("b1", "i1",', '_DTYPES = ("V8", "b1", "i1",',
+    Mutant("port-state-paddle-void-dtype-read", f"{PORTING}/_pickle_reader.py",
+           'DTYPES = ("b1", "i1",', 'DTYPES = ("V8", "b1", "i1",',
            "tests/test_untrusted_files.py::"
            "test_a_crafted_file_is_refused_clearly_by_the_api_and_the_cli"),
-    Mutant("port-state-damaged-pickle-suggests-trust", f"{PORTING}/_safe_pickle.py",
+    Mutant("port-state-damaged-pickle-suggests-trust", f"{PORTING}/_pickle_reader.py",
            "    if not ok:\n        raise ValueError(what)",
-           "    if not ok:\n        raise _Refused(what)",
+           "    if not ok:\n        raise Refused(what)",
            "tests/test_port_state.py::"
            "test_an_empty_truncated_or_foreign_file_is_refused_naming_it"),
     Mutant("port-state-shared-children-uncounted", f"{PORTING}/_limits.py",

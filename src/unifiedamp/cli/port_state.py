@@ -118,7 +118,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--to", required=True, choices=FORMS, help="the form to write")
     p.add_argument("-o", "--output", help="where to write (the same file: in place); "
                                           "omitted: print the result only")
-    p.add_argument("--in-place", action="store_true", help="rewrite the input file")
+    p.add_argument("--in-place", action="store_true",
+                   help="rewrite the input file (not with -o)")
     p.add_argument("--key", help="the checkpoint entry that holds the scaler state "
                                  "(default: found: Lightning's 'MixedPrecision', ...)")
     p.add_argument("--config", help="JSON of the parameters the input form does not carry, "

@@ -24,7 +24,7 @@ from typing import Any
 
 from unifiedamp._files import atomic_path
 from unifiedamp.porting._limits import Exceeded, ReadLimits, check_tree, check_unpacked_size
-from unifiedamp.porting._safe_pickle import _load_paddle, _load_torch, _refusal, _Refused
+from unifiedamp.porting._safe_pickle import Refused, _load_paddle, _load_torch, _refusal
 from unifiedamp.porting._states import _closest, convert_state, detect_form, read_state
 from unifiedamp.spec import ScalerConfig
 from unifiedamp.spec._state_dict import state_number
@@ -122,7 +122,7 @@ def _load_npz(path: Any, trusted: bool) -> dict[str, Any]:
             return {k: data[k] for k in data.files}
     except ValueError as exc:
         if "allow_pickle" in str(exc):
-            raise _Refused("pickled object arrays (dtype=object, which np.load unpickles)"
+            raise Refused("pickled object arrays (dtype=object, which np.load unpickles)"
                            ) from None
         raise
 
@@ -155,7 +155,7 @@ def _reading(path: Any, kind: str) -> Iterator[None]:
     # pickle opcode, RecursionError on deep JSON...): each becomes one error naming the file.
     try:
         yield
-    except _Refused as exc:
+    except Refused as exc:
         raise _refusal(path, str(exc)) from None
     except Exceeded as exc:
         raise ValueError(f"{path} is refused: {exc}; nothing was read") from None
