@@ -470,7 +470,10 @@ def _keras_child(mode: str, path: Any, trusted: bool, *args: str,
         # The exception's own line says why; the child's traceback says nothing more to a user.
         last = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:] or [""]
         raise ValueError(f"{path}: keras.models.load_model could not load it (exit "
-                         f"{proc.returncode}): {last[0].strip()[:500]}")
+                         f"{proc.returncode}): {last[0].strip()[:500]}; the file is damaged, "
+                         "or needs what safe mode refuses (--trust, only for a file you "
+                         "trust); keras.models.load_model(path) shows Keras's whole error; "
+                         "nothing was read")
     out = json.loads(lines[-1][len(_KERAS_MARK):])
     if "error" in out:
         raise ValueError(out["error"])

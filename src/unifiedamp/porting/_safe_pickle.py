@@ -18,7 +18,6 @@ naming the file, the byte offset and the trust flag (:func:`_refusal`).
 
 from __future__ import annotations
 
-import io
 import math
 import os
 import re
@@ -218,30 +217,31 @@ _TORCH_CHECKED = {"builtins.bytearray": _bytearray, "builtins.set": _builtin(set
                   "torch._utils._rebuild_tensor_v2": _rebuild_tensor}
 
 
-def _torch_pickles(path: Any) -> list[bytes]:
-    """The pickle of a zip-based torch file; the whole file for the legacy format."""
-    import zipfile
-
-    if not zipfile.is_zipfile(path):
-        with open(path, "rb") as f:
-            return [f.read()]
-    with zipfile.ZipFile(path) as z:
-        return [z.read(n) for n in z.namelist()
-                if n.count("/") == 1 and n.endswith("/data.pkl")]
-
-
 def _scan_torch(path: Any) -> None:
     """Refuses the few objects that make a small weights_only file expensive (a bytearray
     of a size the file picks, a set of a tensor, a tensor larger than its storage)
     before torch builds them; every other object is left to torch's own allow-list."""
-    for data in _torch_pickles(path):
-        f = io.BytesIO(data)
-        # The legacy format: a magic number, a version, system info, then the data.
-        for _ in range(4 if data[:2] == b"\x80\x02" and len(data) > 2 else 1):
-            if f.tell() < len(data):
-                read_plain_pickle(f, len(data) - f.tell(),
-                                  lambda name: _TORCH_CHECKED.get(name, _opaque),
-                                  lenient=True)
+    import zipfile
+
+    def scan(f: Any, size: int, pickles: int) -> None:
+        for _ in range(pickles):
+            if f.tell() < size:
+                read_plain_pickle(f, size - f.tell(),
+                                  lambda name: _TORCH_CHECKED.get(name, _opaque), lenient=True)
+
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            for info in z.infolist():
+                if info.filename.count("/") == 1 and info.filename.endswith("/data.pkl"):
+                    with z.open(info) as f:
+                        scan(f, info.file_size, 1)
+        return
+    # The legacy format: pickles of a magic number, a version and system info, then the
+    # data's, then the storages' bytes (not a pickle, not read).
+    with open(path, "rb") as f:
+        pickles = 4 if f.read(2) == b"\x80\x02" else 1
+        f.seek(0)
+        scan(f, os.fstat(f.fileno()).st_size, pickles)
 
 
 def _load_torch(path: Any, trusted: bool, limits: ReadLimits) -> Any:
