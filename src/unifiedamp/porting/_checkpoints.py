@@ -250,8 +250,8 @@ def save_file(obj: Any, path: str | os.PathLike) -> None:
 
 @contextlib.contextmanager
 def _writing(path: Any) -> Iterator[None]:
-    # A writer fails in its own words (torch: "[enforce fail at inline_container.cc]",
-    # paddle, a full disk's bare "File too large"): each becomes one error naming the file.
+    # A writer fails in its own words (torch's "[enforce fail at inline_container.cc]", a
+    # full disk's bare "File too large"): each becomes one error naming the file.
     try:
         yield
     except Exception as exc:  # noqa: BLE001 - any writer's failure
@@ -470,10 +470,8 @@ def _keras_child(mode: str, path: Any, trusted: bool, *args: str,
         # The exception's own line says why; the child's traceback says nothing more to a user.
         last = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:] or [""]
         raise ValueError(f"{path}: keras.models.load_model could not load it (exit "
-                         f"{proc.returncode}): {last[0].strip()[:500]}; the file is damaged, "
-                         "or needs what safe mode refuses (--trust, only for a file you "
-                         "trust); keras.models.load_model(path) shows Keras's whole error; "
-                         "nothing was read")
+                         f"{proc.returncode}): {last[0].strip()[:500]}; damaged, or it needs "
+                         "what safe mode refuses (--trust: only if you trust it); nothing read")
     out = json.loads(lines[-1][len(_KERAS_MARK):])
     if "error" in out:
         raise ValueError(out["error"])

@@ -25,9 +25,11 @@ class Refused(Exception):
     """A file holds objects that only an unrestricted (code-running) load builds."""
 
 
-
+# NumPy dtypes a state dict holds; void, object, string, datetime and structured dtypes
+# are refused (numpy's own __setstate__ of a void dtype changes its item size in place,
+# past the array's buffer).
 DTYPES = ("b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8",
-           "c16")
+          "c16")
 
 
 Builder = Callable[[tuple, int], Any]
@@ -116,24 +118,24 @@ def _build(target: Any, state: Any, pos: int) -> None:
     if isinstance(target, DtypeRecord) and not target.built:
         canonical = np.dtype(target.code).__reduce__()[2]
         expect(type(state) is tuple and len(state) == len(canonical)
-                and state[1] in "<>|=" and len(state[1]) == 1
-                and state[:1] + state[2:] == canonical[:1] + canonical[2:],
-                f"a numpy dtype state {state!r:.80} that is not a plain numeric dtype's "
-                f"(at byte {pos})")
+               and state[1] in "<>|=" and len(state[1]) == 1
+               and state[:1] + state[2:] == canonical[:1] + canonical[2:],
+               f"a numpy dtype state {state!r:.80} that is not a plain numeric dtype's "
+               f"(at byte {pos})")
         target.order, target.built = state[1], True
         return
     if isinstance(target, ArrayRecord) and target.array is None:
         expect(type(state) is tuple and len(state) == 5 and state[0] == 1
-                and type(state[1]) is tuple and len(state[1]) <= 32
-                and all(type(n) is int and n >= 0 for n in state[1])
-                and isinstance(state[2], DtypeRecord) and type(state[3]) is bool
-                and type(state[4]) in (bytes, bytearray),
-                f"an ndarray state that is not (1, shape, numeric dtype, fortran, bytes) "
-                f"(at byte {pos})")
+               and type(state[1]) is tuple and len(state[1]) <= 32
+               and all(type(n) is int and n >= 0 for n in state[1])
+               and isinstance(state[2], DtypeRecord) and type(state[3]) is bool
+               and type(state[4]) in (bytes, bytearray),
+               f"an ndarray state that is not (1, shape, numeric dtype, fortran, bytes) "
+               f"(at byte {pos})")
         shape, dtype, fortran, raw = state[1], state[2].dtype(), state[3], state[4]
         need = math.prod(shape) * dtype.itemsize
         intact(len(raw) == need, f"an ndarray of shape {shape} and dtype {dtype} "
-                                  f"({need:,} bytes) over {len(raw):,} bytes (at byte {pos})")
+                                 f"({need:,} bytes) over {len(raw):,} bytes (at byte {pos})")
         target.array = np.frombuffer(raw, dtype).reshape(
             shape, order="F" if fortran else "C").copy(order="K")
         return
@@ -170,7 +172,7 @@ def read_plain_pickle(f: BinaryIO, size: int, lookup: Callable[[str], Builder | 
 
     def global_(module: Any, name: Any, pos: int) -> Global:
         intact(type(module) is str and type(name) is str,
-                f"a global named by non-strings (at byte {pos})")
+               f"a global named by non-strings (at byte {pos})")
         # Protocol 2 names Python 2's modules (__builtin__, copy_reg).
         module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
         module = _compat_pickle.IMPORT_MAPPING.get(module, module)
@@ -193,7 +195,7 @@ def read_plain_pickle(f: BinaryIO, size: int, lookup: Callable[[str], Builder | 
             continue
         elif code == "STOP":
             intact(len(stack) == 1 and not marks, f"a pickle that ends with {len(stack)} "
-                                                   f"values on its stack (at byte {pos})")
+                                                  f"values on its stack (at byte {pos})")
             return stack[0]
         elif code == "MARK":
             marks.append(len(stack))
@@ -211,7 +213,7 @@ def read_plain_pickle(f: BinaryIO, size: int, lookup: Callable[[str], Builder | 
         elif code in _TUPLE_N:
             n = _TUPLE_N[code]
             intact(len(stack) - (marks[-1] if marks else 0) >= n,
-                    f"a TUPLE{n} with too few values (at byte {pos})")
+                   f"a TUPLE{n} with too few values (at byte {pos})")
             items = stack[-n:]
             del stack[-n:]
             stack.append(tuple(items))
@@ -222,7 +224,7 @@ def read_plain_pickle(f: BinaryIO, size: int, lookup: Callable[[str], Builder | 
             items = [stack.pop()] if code == "APPEND" else since_mark()
             if not (lenient and isinstance(stack[-1], Opaque)):
                 expect(type(stack[-1]) is list, f"an APPEND to a "
-                                                 f"{type(stack[-1]).__name__} (at byte {pos})")
+                                                f"{type(stack[-1]).__name__} (at byte {pos})")
                 stack[-1].extend(items)
         elif code in ("SETITEM", "SETITEMS"):
             items = stack[-2:] if code == "SETITEM" else since_mark()
@@ -232,20 +234,20 @@ def read_plain_pickle(f: BinaryIO, size: int, lookup: Callable[[str], Builder | 
             if lenient and isinstance(target, Opaque):
                 continue
             expect(type(target) in (dict, OrderedDict),
-                    f"a SETITEM on a {type(target).__name__} (at byte {pos})")
+                   f"a SETITEM on a {type(target).__name__} (at byte {pos})")
             for key, value in zip(items[::2], items[1::2], strict=True):
                 expect(not isinstance(key, (ArrayRecord, DtypeRecord, Global)),
-                        f"an array, dtype or global as a dict key (at byte {pos})")
+                       f"an array, dtype or global as a dict key (at byte {pos})")
                 target[key] = value
         elif code in ("ADDITEMS", "FROZENSET"):
             items = since_mark()
             expect(not any(isinstance(x, (ArrayRecord, DtypeRecord, Global)) for x in items),
-                    f"an array, dtype or global in a set (at byte {pos})")
+                   f"an array, dtype or global in a set (at byte {pos})")
             if code == "FROZENSET":
                 stack.append(frozenset(items))
             else:
                 expect(type(stack[-1]) is set, f"an ADDITEMS to a "
-                                                f"{type(stack[-1]).__name__} (at byte {pos})")
+                                               f"{type(stack[-1]).__name__} (at byte {pos})")
                 stack[-1].update(items)
         elif code in ("GET", "BINGET", "LONG_BINGET"):
             intact(arg in memo, f"a memo entry {arg} that was never stored (at byte {pos})")
@@ -264,10 +266,10 @@ def read_plain_pickle(f: BinaryIO, size: int, lookup: Callable[[str], Builder | 
             args = stack.pop()
             func = stack.pop()
             expect(isinstance(func, Global) and func.build is not None,
-                    f"a call of {func.name if isinstance(func, Global) else 'a value'} "
-                    f"(at byte {pos})")
+                   f"a call of {func.name if isinstance(func, Global) else 'a value'} "
+                   f"(at byte {pos})")
             expect(type(args) is tuple, f"a call of {func.name} with arguments that are "
-                                         f"not a tuple (at byte {pos})")
+                                        f"not a tuple (at byte {pos})")
             stack.append(func.build(args, pos))
         elif code == "BUILD":
             state = stack.pop()

@@ -52,8 +52,8 @@ def _refusal(path: Any, what: str) -> ValueError:
 
 def _as_sequence(args: tuple, pos: int, name: str) -> Any:
     expect(len(args) == 1 and type(args[0]) in (list, tuple),
-            f"a call of builtins.{name} on something other than a list or tuple "
-            f"(at byte {pos})")
+           f"a call of builtins.{name} on something other than a list or tuple "
+           f"(at byte {pos})")
     return args[0]
 
 
@@ -64,29 +64,29 @@ def _ordered_dict(args: tuple, pos: int) -> Any:
 
 def _complex(args: tuple, pos: int) -> complex:
     expect(len(args) == 2 and all(type(a) in (int, float) for a in args),
-            f"builtins.complex called with other than two numbers (at byte {pos})")
+           f"builtins.complex called with other than two numbers (at byte {pos})")
     return complex(*args)
 
 
 def _encode(args: tuple, pos: int) -> bytes:
     # Protocol 2 writes bytes as _codecs.encode(text, "latin1").
     expect(len(args) == 2 and type(args[0]) is str and args[1] in ("latin1", "latin-1"),
-            f"a call of _codecs.encode other than protocol 2's bytes (at byte {pos})")
+           f"a call of _codecs.encode other than protocol 2's bytes (at byte {pos})")
     return args[0].encode("latin1")
 
 
 def _dtype(args: tuple, pos: int) -> DtypeRecord:
     expect(len(args) == 3 and args[0] in DTYPES and type(args[1]) is bool
-            and type(args[2]) is bool,
-            f"numpy.dtype{args!r:.80} (at byte {pos}): only the numeric dtypes "
-            f"{', '.join(DTYPES)} are read")
+           and type(args[2]) is bool,
+           f"numpy.dtype{args!r:.80} (at byte {pos}): only the numeric dtypes "
+           f"{', '.join(DTYPES)} are read")
     return DtypeRecord(args[0])
 
 
 def _reconstruct(args: tuple, pos: int) -> ArrayRecord:
     expect(len(args) == 3 and isinstance(args[0], Global) and args[0].name == "numpy.ndarray"
-            and args[1] == (0,) and args[2] == b"b",
-            f"numpy's _reconstruct called other than for an ndarray (at byte {pos})")
+           and args[1] == (0,) and args[2] == b"b",
+           f"numpy's _reconstruct called other than for an ndarray (at byte {pos})")
     return ArrayRecord()
 
 
@@ -94,10 +94,10 @@ def _scalar(args: tuple, pos: int) -> Any:
     import numpy as np
 
     expect(len(args) == 2 and isinstance(args[0], DtypeRecord) and type(args[1]) is bytes,
-            f"numpy's scalar called other than with a dtype and its bytes (at byte {pos})")
+           f"numpy's scalar called other than with a dtype and its bytes (at byte {pos})")
     dtype = args[0].dtype()
     intact(len(args[1]) == dtype.itemsize,
-            f"a numpy {dtype} scalar of {len(args[1])} bytes (at byte {pos})")
+           f"a numpy {dtype} scalar of {len(args[1])} bytes (at byte {pos})")
     return np.frombuffer(args[1], dtype)[0]
 
 
@@ -105,8 +105,8 @@ def _dense_tensor_data(args: tuple, pos: int) -> ArrayRecord:
     # paddle.save writes a DenseTensor as eval('data', {'data': array}); this is the only
     # eval the reader knows, and it evaluates nothing.
     expect(len(args) == 2 and args[0] == "data" and type(args[1]) is dict
-            and list(args[1]) == ["data"] and isinstance(args[1]["data"], ArrayRecord),
-            f"an eval() call that is not paddle's DenseTensor record (at byte {pos})")
+           and list(args[1]) == ["data"] and isinstance(args[1]["data"], ArrayRecord),
+           f"an eval() call that is not paddle's DenseTensor record (at byte {pos})")
     return args[1]["data"]
 
 
@@ -192,7 +192,7 @@ def _opaque(args: tuple, pos: int) -> Opaque:
 
 def _bytearray(args: tuple, pos: int) -> bytearray:
     expect(len(args) == 1 and type(args[0]) in (bytes, list),
-            f"builtins.bytearray of a size the file chooses (at byte {pos})")
+           f"builtins.bytearray of a size the file chooses (at byte {pos})")
     return bytearray(args[0])
 
 
@@ -207,8 +207,8 @@ def _rebuild_tensor(args: tuple, pos: int) -> Opaque:
     if len(args) >= 4 and isinstance(args[0], Storage) and type(args[2]) is tuple:
         numel = math.prod(n for n in args[2] if type(n) is int)
         expect(numel <= max(args[0].numel, _VIEW_SLACK),
-                f"a tensor of {numel:,} elements over a storage of {args[0].numel:,} "
-                f"(at byte {pos})")
+               f"a tensor of {numel:,} elements over a storage of {args[0].numel:,} "
+               f"(at byte {pos})")
     return Opaque()
 
 
