@@ -122,8 +122,8 @@ def _load_npz(path: Any, trusted: bool) -> dict[str, Any]:
             return {k: data[k] for k in data.files}
     except ValueError as exc:
         if "allow_pickle" in str(exc):
-            raise Refused("pickled object arrays (dtype=object, which np.load unpickles)"
-                           ) from None
+            raise Refused("pickled object arrays (dtype=object: np.load unpickles them)") \
+                from None
         raise
 
 
