@@ -123,7 +123,8 @@ def trusted(path):
     return load_file(path, trusted=True)
 
 def same(a, b):
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray) or hasattr(a, "numpy"):
+    if isinstance(a, (np.ndarray, np.generic)) or isinstance(b, (np.ndarray, np.generic)) \
+            or hasattr(a, "numpy"):
         a, b = (x.numpy() if hasattr(x, "numpy") else np.asarray(x) for x in (a, b))
         return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
     if type(a) is not type(b) and not (isinstance(a, dict) and isinstance(b, dict)):
@@ -443,3 +444,24 @@ def test_a_writers_own_failure_names_the_file_and_leaves_it_whole(tmp_path):
     assert f"{path}: writing it failed" in proc.stderr and "nothing was written" in proc.stderr
     assert path.read_bytes() == before
     assert not [p for p in os.listdir(tmp_path) if "unifiedamp-tmp-" in p]
+
+
+@pytest.mark.slow
+def test_fuzzed_msgpack_files_end_in_data_or_a_clear_error(tmp_path):
+    import random
+
+    serialization = pytest.importorskip("flax.serialization")
+    rng = random.Random(59)
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    seeds = [serialization.msgpack_serialize(state) for state in (
+        {"scale": np.float32(1024.0), "growth_tracker": np.int32(3)},
+        {"opt": {"mu": [np.arange(6.0).reshape(2, 3), np.ones(4, np.float16)]}, "step": 7},
+        {"dynamic_scale": {"scale": np.float32(8.0), "fin_steps": np.int32(1)}})]
+    deep = b"\x91" * 5000 + b"\xc0"  # 5,000 nested one-element arrays
+    for i, data in enumerate([*seeds, deep, *_mutants(seeds, 1500, rng)]):
+        (folder / f"m{i:05d}.msgpack").write_bytes(data)
+    result = _run_child(folder, "flax")
+    assert result["count"] == 0, result
+    assert result["outcomes"]["data"] >= 3 and result["outcomes"]["error"] > 500, result
+    assert result["slowest"] < 2.0, result
