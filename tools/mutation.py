@@ -413,7 +413,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("port-state-shared-children-uncounted", f"{PORTING}/_limits.py",
            "    if total > limits.max_entries:", "    if False:",
            "tests/test_untrusted_files.py"),
-    Mutant("port-state-zip-checksum-unchecked", f"{PORTING}/_checkpoints.py",
+    Mutant("port-state-zip-checksum-unchecked", f"{PORTING}/_limits.py",
            "    if bad is not None:\n        raise ValueError(f\"{path}: the data of its member",
            "    if False:\n        raise ValueError(f\"{path}: the data of its member",
            "tests/test_port_state.py::"

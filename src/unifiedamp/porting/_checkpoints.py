@@ -9,8 +9,9 @@ form (:mod:`unifiedamp.porting._states`), keeping the rest. Writes are atomic (t
 ``os.replace``), so a process killed mid-write leaves the previous checkpoint whole.
 
 No framework is imported at module import: each file type imports its framework when it
-reads or writes one; a ``.keras`` model is loaded in a child process (Keras with its own
-``KERAS_BACKEND``), so tensorflow never shares a process with paddle.
+reads or writes one; a ``.keras`` model is loaded in a child process (``_keras_files``:
+Keras with its own ``KERAS_BACKEND``), so tensorflow never shares a process with paddle.
+The zip checks and the caps on reading are ``_limits``'.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from unifiedamp._files import atomic_path
-from unifiedamp.porting._limits import Exceeded, ReadLimits, check_tree, check_unpacked_size
+from unifiedamp.porting._keras_files import load_keras, save_keras
+from unifiedamp.porting._limits import Exceeded, ReadLimits, check_tree, check_zip
 from unifiedamp.porting._safe_pickle import Refused, _load_paddle, _load_torch, _refusal
 from unifiedamp.porting._states import _closest, convert_state, detect_form, read_state
 from unifiedamp.spec import ScalerConfig
-from unifiedamp.spec._state_dict import state_number
 
 __all__ = ["LIGHTNING_KEYS", "file_type", "load_file", "port_state_file", "save_file"]
 
@@ -88,11 +89,11 @@ def load_file(path: str | os.PathLike, trusted: bool = False,
         raise FileNotFoundError(f"{path}: no such file")
     with _reading(path, kind):
         if kind in ("torch", "npz") and zipfile.is_zipfile(path):
-            _check_zip(path, None if trusted else limits)
+            check_zip(path, None if trusted else limits)
         elif kind == "npz":  # np.load would take any other bytes for a pickle
             raise _unreadable(path, kind, zipfile.BadZipFile("not a zip archive"))
         if kind == "keras":
-            return _load_keras(path, trusted, limits)
+            return load_keras(path, trusted, limits)
         if kind == "paddle":
             return _load_paddle(path, trusted, limits)
         if kind == "torch":
@@ -182,22 +183,6 @@ def _unreadable(path: Any, kind: str, exc: BaseException) -> ValueError:
     return ValueError(f"{path} cannot be read as a {what} file ({type(exc).__name__}"
                       f"{': ' + detail if detail else ''}): it is damaged, truncated or of "
                       "another type; nothing was read")
-
-
-def _check_zip(path: Any, limits: ReadLimits | None) -> None:
-    # torch's zip reader does not check the CRC-32 it wrote: a flipped bit in tensor data
-    # loads silently. Checking every member costs one read of the file.
-    try:
-        if limits is not None:
-            check_unpacked_size(path, limits)
-        with zipfile.ZipFile(path) as z:
-            bad = z.testzip()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
-        raise ValueError(f"{path} is a damaged zip archive ({exc}); nothing was read") from None
-    if bad is not None:
-        raise ValueError(f"{path}: the data of its member {bad!r} does not match the "
-                         "CRC-32 the file records for it: the file is damaged; nothing "
-                         "was read")
 
 
 def _plain(value: Any) -> Any:
@@ -375,7 +360,7 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
     converted = convert_state(state, to, config)
     if dst is not None and file_type(dst) == "keras":
         # The model and optimizer of dst (src itself in place) are the target.
-        _save_keras(converted, cfg, dst, dst, trusted)
+        save_keras(converted, cfg, dst, dst, trusted)
         return {"src": os.fspath(src), "dst": os.fspath(dst), "key": found_key,
                 "from": form, "to": to, "whole": True, "config": cfg.to_dict(),
                 "state": st._asdict(), "state_dict": converted}
@@ -387,114 +372,3 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
     return {"src": os.fspath(src), "dst": None if dst is None else os.fspath(dst),
             "key": found_key, "from": form, "to": to, "whole": whole,
             "config": cfg.to_dict(), "state": st._asdict(), "state_dict": converted}
-
-
-# ------------------------------------------------------------------ .keras files
-
-# Runs in a child process (tensorflow and paddle in one process segfault; no framework is
-# imported here): loads a .keras model with unifiedamp's classes registered and reads, or
-# writes, its loss-scale optimizer's variables. Prints one line: _KERAS_MARK + JSON.
-_KERAS_CHILD = r'''
-import json, sys
-mode, path, trust = sys.argv[1], sys.argv[2], sys.argv[3]
-MARK = "@@unifiedamp-keras@@"
-def done(**out):
-    print(MARK + json.dumps(out), flush=True)
-    sys.exit(0)
-import keras
-import unifiedamp.backends.keras as uak  # registers SpecLossScaleOptimizer
-from unifiedamp.spec._state_dict import native_defaults
-# safe_mode (Keras's default) refuses Lambda layers' bytecode and unsafe deserialisation.
-model = keras.models.load_model(path, safe_mode=trust != "trusted")
-opt = getattr(model, "optimizer", None)
-if not isinstance(opt, keras.optimizers.LossScaleOptimizer):
-    done(error=f"{path}: the model's optimizer is {type(opt).__name__}, not a "
-               "keras.optimizers.LossScaleOptimizer (nor unifiedamp's SpecLossScaleOptimizer, "
-               "ua.GradScaler(..., backend='keras').wrap(opt)): there is no loss-scale state "
-               "in it; nothing was written")
-ours = isinstance(opt, uak.SpecLossScaleOptimizer)
-if ours:
-    config = opt.scaler_config.to_dict()
-else:  # Keras's own: growth 2, backoff 0.5, hysteresis 1 hard-coded
-    config = native_defaults("keras").to_dict() | {
-        "init_scale": float(opt.initial_scale), "growth_interval": int(opt.dynamic_growth_steps)}
-if not opt.built:
-    opt.build(model.trainable_variables)
-cls = type(opt).__name__
-if mode == "read":
-    out = {"dynamic_scale": float(keras.ops.convert_to_numpy(opt.dynamic_scale)),
-           "step_counter": int(keras.ops.convert_to_numpy(opt.step_counter))}
-    if ours:
-        out["hysteresis_counter"] = int(keras.ops.convert_to_numpy(opt.hysteresis_counter))
-    done(state=out, scaler_config=config, optimizer=cls)
-state, source, tmp = json.loads(sys.argv[4]), json.loads(sys.argv[5]), sys.argv[6]
-rule = ("growth_factor", "backoff_factor", "growth_interval", "hysteresis", "min_scale",
-        "max_scale", "dynamic", "enabled")
-differ = [f"{k}={source[k]!r} (the optimizer's: {config[k]!r})" for k in rule
-          if source[k] != config[k]]
-if differ:
-    done(error=f"the state follows {', '.join(differ)}, but {path}'s {cls} was built with "
-               "another rule: pass config= (CLI: --config) with the optimizer's parameters "
-               "if that is meant; nothing was written")
-if state.get("hysteresis_counter", 0) and not ours:
-    done(error=f"hysteresis_counter={state['hysteresis_counter']}: Keras's own "
-               f"LossScaleOptimizer in {path} has no hysteresis; nothing was written")
-opt.dynamic_scale.assign(keras.ops.convert_to_tensor(state["dynamic_scale"], "float32"))
-opt.step_counter.assign(keras.ops.cast(state["step_counter"], opt.step_counter.dtype))
-if ours:
-    opt.hysteresis_counter.assign(keras.ops.cast(state.get("hysteresis_counter", 0),
-                                                 opt.hysteresis_counter.dtype))
-model.save(tmp)
-done(optimizer=cls)
-'''
-_KERAS_MARK = "@@unifiedamp-keras@@"
-
-
-def _keras_child(mode: str, path: Any, trusted: bool, *args: str,
-                 limits: ReadLimits | None = None) -> dict[str, Any]:
-    from unifiedamp._forks import run_code
-
-    if not zipfile.is_zipfile(path):
-        raise ValueError(f"{path} is not a Keras .keras archive (model.save writes a zip "
-                         "file): it is damaged or of another type; nothing was read")
-    try:
-        _check_zip(path, None if trusted else (limits or ReadLimits()))
-    except Exceeded as exc:
-        raise ValueError(f"{path} is refused: {exc}; nothing was read") from None
-    # Forked from an interpreter that imported Keras (for this process's later files too):
-    # the import is most of a file's time.
-    proc = run_code(_KERAS_CHILD, [mode, os.fspath(path), "trusted" if trusted else "safe",
-                                   *args], preload=("keras", "unifiedamp.backends.keras"))
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_KERAS_MARK)]
-    if proc.returncode != 0 or not lines:
-        # The exception's own line says why; the child's traceback says nothing more to a user.
-        last = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1:] or [""]
-        raise ValueError(f"{path}: keras.models.load_model could not load it (exit "
-                         f"{proc.returncode}): {last[0].strip()[:500]}; damaged, or it needs "
-                         "what safe mode refuses (--trust: only if you trust it); nothing read")
-    out = json.loads(lines[-1][len(_KERAS_MARK):])
-    if "error" in out:
-        raise ValueError(out["error"])
-    return out
-
-
-def _load_keras(path: Any, trusted: bool, limits: ReadLimits) -> dict[str, Any]:
-    # The keras form of the model's loss-scale optimizer, and its canonical config.
-    out = _keras_child("read", path, trusted, limits=limits)
-    return {**out["state"], "scaler_config": out["scaler_config"]}
-
-
-def _save_keras(state: dict[str, Any], config: ScalerConfig, path: Any,
-                model_from: Any, trusted: bool = False) -> None:
-    """Assigns the keras-form ``state`` to the optimizer of the model in ``model_from`` and
-    saves the model to ``path`` atomically (:func:`unifiedamp._files.atomic_path`)."""
-    if not os.path.exists(model_from):
-        raise ValueError(f"{model_from} does not exist: writing a scaler state into a .keras "
-                         "file needs that file to exist already, its model and loss-scale "
-                         "optimizer are the target (save it with model.save first); nothing "
-                         "was written")
-    plain = {k: state_number(state, k) for k in ("dynamic_scale", "step_counter",
-                                            "hysteresis_counter") if k in state}
-    with atomic_path(path, suffix=".keras") as tmp:
-        _keras_child("write", model_from, trusted, json.dumps(plain, default=_plain),
-                     json.dumps(config.to_dict()), tmp)
