@@ -420,6 +420,12 @@ def test_config_fields_the_file_carries_are_refused_when_they_differ(tmp_path):
     agree = _port_state(path, "--to", "torch", "--in-place", "--config",
                         '{"growthInterval": 3}')
     assert agree.returncode == 0, agree.stderr
+    from unifiedamp.porting import port_state_file
+    from unifiedamp.spec import ScalerConfig
+
+    with pytest.raises(ValueError, match=r"config says growth_interval=5 \(the file's: 3\)"):
+        port_state_file(path, to="torch", in_place=True,
+                        config=ScalerConfig(growth_interval=5), config_fields=["growth_interval"])
     deep = _port_state(path, "--to", "torch", "--config", "[" * 5000)
     assert deep.returncode == 2 and "Traceback" not in deep.stderr, deep.stderr
     assert "--config is nested deeper" in deep.stderr

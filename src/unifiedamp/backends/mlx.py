@@ -49,15 +49,17 @@ def all_finite(tree: Any) -> mx.array:
     return finite
 
 
-def _arrays(tree: Any, verb: str) -> Any:
-    """``tree`` if every leaf is an ``mx.array``; else an error naming the first that is not
-    (a Python float has no dtype to keep, and MLX's own error names ``sum()``)."""
+def _not_arrays(tree: Any, verb: str) -> TypeError | None:
+    """The error naming ``tree``'s first leaf that is not an ``mx.array`` (a Python float has
+    no dtype to keep, and MLX's own error names ``sum()``); None when every leaf is one.
+    Looked for only after a verb has failed: the good path pays nothing."""
     for path, leaf in tree_flatten(tree) if not isinstance(tree, mx.array) else ():
         if not isinstance(leaf, mx.array):
             where = f"leaf {path!r}" if path else "the value"
-            raise TypeError(f"{verb}() takes mx.array values (a tree of them), but {where} is "
-                            f"a {type(leaf).__name__} {leaf!r:.40}: pass mx.array({leaf!r:.20})")
-    return tree
+            return TypeError(f"{verb}() takes mx.array values (a tree of them), but {where} "
+                             f"is a {type(leaf).__name__} {leaf!r:.40}: pass "
+                             f"mx.array({leaf!r:.20})")
+    return None
 
 
 def where_finite(finite: mx.array, new: Any, old: Any) -> Any:
@@ -157,18 +159,28 @@ class MlxGradScaler(FunctionalGradScaler):
         """Multiplies every leaf by the scale; each keeps its dtype."""
         if not self._config.enabled:
             return outputs
-        return tree_map(lambda x: (x * self.loss_scale).astype(x.dtype),
-                        _arrays(outputs, "scale"))
+        try:
+            return tree_map(lambda x: (x * self.loss_scale).astype(x.dtype), outputs)
+        except (AttributeError, TypeError, ValueError):
+            error = _not_arrays(outputs, "scale")
+            if error is None:
+                raise
+            raise error from None
 
     def unscale(self, grads: Any) -> tuple[Any, mx.array]:
         """``(grads / scale, all finite)``; finiteness is decided on the scaled gradients,
         and is false at a scale whose reciprocal overflows (``spec.unscale_overflows``)."""
         if not self._config.enabled:
             return grads, mx.array(True)
-        grads = _arrays(grads, "unscale")
         inv = mx.array(1.0, dtype=mx.float32) / self.loss_scale
-        finite = all_finite(grads) & mx.isfinite(inv)
-        return tree_map(lambda g: (g * inv).astype(g.dtype), grads), finite
+        try:
+            finite = all_finite(grads) & mx.isfinite(inv)
+            return tree_map(lambda g: (g * inv).astype(g.dtype), grads), finite
+        except (AttributeError, TypeError, ValueError):
+            error = _not_arrays(grads, "unscale")
+            if error is None:
+                raise
+            raise error from None
 
     def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
         """``new`` where ``finite``, else ``old``: trees of the same structure, selected

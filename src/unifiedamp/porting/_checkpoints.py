@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from unifiedamp._files import atomic_path
@@ -312,8 +312,8 @@ def _find(container: Any, key: str | None, path: Any) -> tuple[str | None, Any]:
 def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None,
                     to: str = "canonical", key: str | None = None,
                     config: ScalerConfig | None = None, in_place: bool = False,
-                    trusted: bool = False, limits: ReadLimits | None = None
-                    ) -> dict[str, Any]:
+                    trusted: bool = False, limits: ReadLimits | None = None,
+                    config_fields: Collection[str] = ()) -> dict[str, Any]:
     """Converts the scaler state inside a checkpoint file to the form ``to``.
 
     The entry is found with :func:`_find`: ``key`` if given, else the whole file when
@@ -325,7 +325,10 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
     another type, ``dst`` holds the converted state alone. ``dst=None`` writes nothing.
     A ``.keras`` ``src`` gives its loss-scale optimizer's state and config; a ``.keras``
     ``dst`` (``to="keras"``; it must exist) gets the state in its optimizer's variables.
-    ``trusted`` and ``limits`` are :func:`load_file`'s.
+    ``trusted`` and ``limits`` are :func:`load_file`'s. ``config_fields`` names the fields
+    of ``config`` the caller set on purpose: where the file carries one of them with another
+    value (the state follows the file's), a ``ValueError`` says so before anything is
+    written.
 
     Returns:
         A summary: ``src``, ``dst``, ``key``, ``from``, ``to``, ``whole`` (whether the
@@ -357,6 +360,8 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
         container = {k: v for k, v in container.items() if k != "scaler_config"}
     found_key, state = _find(container, key, src)
     cfg, st, form = read_state(state, config)
+    if config is not None:
+        _check_fields(src, cfg, config, config_fields)
     converted = convert_state(state, to, config)
     if dst is not None and file_type(dst) == "keras":
         # The model and optimizer of dst (src itself in place) are the target.
@@ -372,3 +377,15 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
     return {"src": os.fspath(src), "dst": None if dst is None else os.fspath(dst),
             "key": found_key, "from": form, "to": to, "whole": whole,
             "config": cfg.to_dict(), "state": st._asdict(), "state_dict": converted}
+
+
+def _check_fields(src: Any, cfg: ScalerConfig, config: ScalerConfig,
+                  fields: Collection[str]) -> None:
+    follows, given = cfg.to_dict(), config.to_dict()
+    differ = [f"{k}={given[k]!r} (the file's: {follows[k]!r})" for k in fields
+              if follows[k] != given[k]]
+    if differ:
+        raise ValueError(f"config says {', '.join(differ)}, but {src} carries its own, which "
+                         "is what the state follows: drop those fields from config (CLI: "
+                         "--config), or convert first and edit the written config; nothing "
+                         "was written")

@@ -13,7 +13,7 @@ import os
 import zipfile
 from typing import Any, NamedTuple
 
-__all__ = ["ReadLimits", "check_tree", "check_unpacked_size", "check_zip"]
+__all__ = ["ReadLimits", "check_tree", "check_zip"]
 
 _CONTAINERS = (dict, list, tuple, set, frozenset)
 
@@ -55,15 +55,13 @@ class Exceeded(Exception):
     """A file asks for more work than a :class:`ReadLimits` cap allows."""
 
 
-def check_unpacked_size(path: Any, limits: ReadLimits) -> None:
-    """Refuses a zip archive whose members together unpack past the caps.
+def _check_unpacked_size(z: zipfile.ZipFile, size: int, limits: ReadLimits) -> None:
+    """Refuses a zip archive of ``size`` bytes whose members together unpack past the caps.
 
     The sizes are those the archive's directory records; a member that unpacks to more
     than its recorded size fails its CRC-32 check (zipfile stops at the recorded size).
     """
-    size = os.path.getsize(path)
-    with zipfile.ZipFile(path) as z:
-        unpacked = sum(info.file_size for info in z.infolist())
+    unpacked = sum(info.file_size for info in z.infolist())
     cap = size * limits.max_unpack_ratio + limits.unpack_allowance
     if unpacked > cap:
         raise Exceeded(
@@ -111,9 +109,9 @@ def check_zip(path: Any, limits: ReadLimits | None) -> None:
     # torch's zip reader does not check the CRC-32 it wrote: a flipped bit in tensor data
     # loads silently. Checking every member costs one read of the file.
     try:
-        if limits is not None:
-            check_unpacked_size(path, limits)
         with zipfile.ZipFile(path) as z:
+            if limits is not None:  # from the directory, before anything is unpacked
+                _check_unpacked_size(z, os.path.getsize(path), limits)
             bad = z.testzip()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError) as exc:
         raise ValueError(f"{path} is a damaged zip archive ({exc}); nothing was read") from None

@@ -37,6 +37,7 @@ from unifiedamp.porting._pickle_reader import (
     arrays_of,
     expect,
     intact,
+    map_shared,
     read_plain_pickle,
 )
 
@@ -161,27 +162,12 @@ def _paddle_numpy(obj: Any) -> Any:
             del obj["StructuredToParameterName@@"]
             return obj
 
-    def tensor_record(x: Any) -> bool:
-        return (type(x) is tuple and len(x) == 2 and isinstance(x[0], str)
-                and isinstance(x[1], np.ndarray))
+    def array_of_tensor_record(x: Any) -> Any:
+        tensor_record = (type(x) is tuple and len(x) == 2 and isinstance(x[0], str)
+                         and isinstance(x[1], np.ndarray))
+        return x[1] if tensor_record else x
 
-    done: dict[int, Any] = {}
-
-    def walk(x: Any) -> Any:
-        if tensor_record(x):
-            return x[1]
-        if type(x) not in (dict, OrderedDict, list, tuple, set):
-            return x
-        if id(x) not in done:
-            if type(x) in (dict, OrderedDict):
-                for k in list(x):
-                    x[k] = walk(x[k])
-                done[id(x)] = x
-            else:
-                done[id(x)] = type(x)(walk(v) for v in x)
-        return done[id(x)]
-
-    return walk(obj)
+    return map_shared(obj, array_of_tensor_record)
 
 
 # ------------------------------------------------------------------ torch

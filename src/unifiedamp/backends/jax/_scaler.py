@@ -296,14 +296,17 @@ class JaxGradScaler(FunctionalGradScaler):
             >>> ua.GradScaler(8.0, backend="jax").update(False).get_scale()
             4.0
         """
-        if finite is not None and new_scale is None and self._config.enabled:
-            require_agreed(finite, self.loss_scale, "update",
-                           "the scale does not, so each device would update its own copy")
-        for array in self._leaves():
-            if _deleted(array):
+        try:
+            if finite is not None and new_scale is None and self._config.enabled:
+                require_agreed(finite, self.loss_scale, "update",
+                               "the scale does not, so each device would update its own copy")
+            return super().update(finite, new_scale=new_scale)
+        except (RuntimeError, ValueError):  # JAX's "deleted or donated": why, and what to use
+            deleted = [array for array in self._leaves() if _deleted(array)]
+            if deleted:
                 raise ValueError(f"this JaxGradScaler cannot be updated: "
-                                 f"{self._unreadable(array)}")
-        return super().update(finite, new_scale=new_scale)
+                                 f"{self._unreadable(deleted[0])}") from None
+            raise
 
     def _reciprocal_finite(self) -> jax.Array:
         # spec.unscale_overflows: below MIN_UNSCALABLE (a subnormal) 1/scale is inf, and

@@ -100,15 +100,15 @@ def _place(device: Any) -> Any:
                          "(paddle.get_device())") from None
 
 
-def _method(optimizer: Any, verb: str, caller: str = "") -> Any:
-    """``optimizer.<verb>``, or an error naming what was passed instead of an optimizer."""
+def _method(optimizer: Any, verb: str) -> Any:
+    """``optimizer.<verb>``, or an error naming what was passed instead of an optimizer
+    (``unscale_`` is refused by ``_compat``'s reading of the parameter groups)."""
     method = getattr(optimizer, verb, None)
     if not callable(method):
-        caller = caller or verb
-        raise TypeError(f"{caller}() takes the paddle optimizer whose gradients were scaled "
+        raise TypeError(f"{verb}() takes the paddle optimizer whose gradients were scaled "
                         f"(a paddle.optimizer.Optimizer), got {type(optimizer).__name__} "
                         f"{optimizer!r:.60}: pass the optimizer itself, e.g. "
-                        f"scaler.{caller}(opt)")
+                        f"scaler.{verb}(opt)")
     return method
 
 
@@ -490,7 +490,6 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             self._claim()
         if not self._scale_called:
             self._require_scale_called("unscale_")
-        _method(optimizer, "step", "unscale_")  # an optimizer, not what was passed by mistake
         state = self._optimizer_checks[id(optimizer)]
         if state["state"] is OptimizerState.UNSCALED:
             raise RuntimeError(
