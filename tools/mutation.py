@@ -422,24 +422,24 @@ MUTANTS: tuple[Mutant, ...] = (
            '    name = (re.search(r"GLOBAL ([\\w.]+)", message)',
            '    name = (re.search(r"[Uu]nsupported (?:global|class):? ([\\w.]+)", message)',
            "tests/test_port_state.py::test_no_checkpoint_runs_code_unless_the_user_trusts_it"),
-    Mutant("files-mode-of-mkstemp", "src/unifiedamp/_files.py",
+    Mutant("files-mode-of-mkstemp", "src/unifiedamp/_atomic_write.py",
            "            os.chmod(tmp, old.st_mode & 0o7777)", "            pass",
            "tests/test_untrusted_files.py::"
            "test_a_rewrite_keeps_the_files_mode_and_a_new_file_follows_the_umask"),
-    Mutant("files-sweep-removes-live-temps", "src/unifiedamp/_files.py",
+    Mutant("files-sweep-removes-live-temps", "src/unifiedamp/_atomic_write.py",
            "        if match and not _alive(int(match.group(1))):", "        if match:",
            "tests/test_untrusted_files.py::"
            "test_the_temp_sweep_keeps_a_live_writers_file_and_a_stray_name_blocks_nothing"),
-    Mutant("files-symlink-replaced", "src/unifiedamp/_files.py",
+    Mutant("files-symlink-replaced", "src/unifiedamp/_atomic_write.py",
            "    real = os.path.realpath(path)", "    real = os.path.abspath(path)",
            "tests/test_port_state.py::"
            "test_in_place_through_a_symlink_rewrites_the_target_and_keeps_the_link"),
-    Mutant("files-temp-left-after-failure", "src/unifiedamp/_files.py",
+    Mutant("files-temp-left-after-failure", "src/unifiedamp/_atomic_write.py",
            "        with contextlib.suppress(FileNotFoundError):\n            os.remove(tmp)",
            "        pass",
            "tests/test_port_state.py::"
            "test_a_write_stopped_by_a_full_disk_or_sigkill_leaves_the_checkpoint_whole"),
-    Mutant("files-stale-temps-kept", "src/unifiedamp/_files.py",
+    Mutant("files-stale-temps-kept", "src/unifiedamp/_atomic_write.py",
            "        if match and not _alive(int(match.group(1))):",
            "        if match and _alive(int(match.group(1))):",
            "tests/test_port_state.py::"

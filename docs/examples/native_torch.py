@@ -14,7 +14,7 @@ import functools
 import torch
 
 from unifiedamp.conformance import ImperativeAdapter
-from unifiedamp.conformance.backends.torch import make_problem
+from unifiedamp.conformance.adapters.torch import make_problem
 from unifiedamp.spec import ScalerConfig
 
 

@@ -10,10 +10,17 @@ Example:
     1024.0
 """
 
-from unifiedamp._isolation import FrameworkConflictError
-from unifiedamp._monitor import ScaleCollapseError, ScaleCollapseWarning
-from unifiedamp._registry import AmbiguousBackendError, MissingBackendError, UnknownBackendError
-from unifiedamp._scaler import GradScaler, NoInfChecksError, ScaleNotCalledError
+from unifiedamp._scaler import GradScaler
+from unifiedamp.errors import (
+    AmbiguousBackendError,
+    FrameworkConflictError,
+    MissingBackendError,
+    NoInfChecksError,
+    ScaleCollapseError,
+    ScaleCollapseWarning,
+    ScaleNotCalledError,
+    UnknownBackendError,
+)
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __version__ = "0.1.0"

@@ -8,17 +8,11 @@ from __future__ import annotations
 
 import sys
 
+from unifiedamp.errors import FrameworkConflictError
+
 # framework -> modules that must not be imported before it
 MUST_NOT_PRECEDE: dict[str, tuple[str, ...]] = {"paddle": ("tensorflow",)}
 
-
-class FrameworkConflictError(ImportError):
-    """Importing this framework now would crash the process.
-
-    Example:
-        >>> issubclass(FrameworkConflictError, ImportError)
-        True
-    """
 
 
 def ensure_importable(framework: str) -> None:

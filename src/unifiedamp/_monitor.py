@@ -5,6 +5,7 @@ from __future__ import annotations
 import numbers
 import warnings
 
+from unifiedamp.errors import ScaleCollapseError, ScaleCollapseWarning
 from unifiedamp.spec import FLOAT32_MIN_NORMAL, f32_hex
 
 TYPE_CHECKING = False
@@ -12,12 +13,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 
-class ScaleCollapseWarning(RuntimeWarning):
-    """The loss scale collapsed: training is stepping on nothing but non-finite gradients."""
-
-
-class ScaleCollapseError(RuntimeError):
-    """Raised instead of :class:`ScaleCollapseWarning` when ``on_collapse="raise"``."""
 
 
 class CollapseMonitor:
@@ -38,7 +33,7 @@ class CollapseMonitor:
         >>> monitor.observe(2, 256.0, skipped=True)
         Traceback (most recent call last):
         ...
-        unifiedamp._monitor.ScaleCollapseError: Loss scale collapsed at step 2: ...
+        unifiedamp.errors.ScaleCollapseError: Loss scale collapsed at step 2: ...
     """
 
     def __init__(self, max_consecutive_skips: int | None = 100, on_collapse: str = "warn"):

@@ -18,6 +18,7 @@ import sys
 from collections import namedtuple
 
 from unifiedamp._isolation import ensure_importable
+from unifiedamp.errors import AmbiguousBackendError, MissingBackendError, UnknownBackendError
 
 # typing.TYPE_CHECKING without importing typing, which (with re and enum) a bare ``import
 # unifiedamp`` must not load (tests/test_import.py); type checkers know this idiom.
@@ -47,7 +48,7 @@ class BackendInfo(namedtuple("BackendInfo", ["name", "target", "framework", "mod
     __slots__ = ()
 
 
-_ADAPTERS = "unifiedamp.conformance.backends"
+_ADAPTERS = "unifiedamp.conformance.adapters"
 
 BUILTIN: dict[str, BackendInfo] = {
     "numpy": BackendInfo("numpy", "unifiedamp.backends.numpy:NumpyGradScaler", "numpy",
@@ -83,31 +84,7 @@ _KNOWN_FRAMEWORKS = {
 }
 
 
-class MissingBackendError(ImportError):
-    """The backend's framework (or the backend itself) cannot be imported.
 
-    Example:
-        >>> issubclass(MissingBackendError, ImportError)
-        True
-    """
-
-
-class UnknownBackendError(ValueError):
-    """``backend=`` names no built-in backend and no registered entry point.
-
-    Example:
-        >>> issubclass(UnknownBackendError, ValueError)
-        True
-    """
-
-
-class AmbiguousBackendError(UnknownBackendError):
-    """``backend=None`` with several frameworks imported: which one is meant is not known.
-
-    Example:
-        >>> issubclass(AmbiguousBackendError, UnknownBackendError)
-        True
-    """
 
 
 def entry_points() -> dict[str, str]:
@@ -213,7 +190,7 @@ def resolve(name: str) -> BackendInfo:
         >>> resolve("pytroch")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        unifiedamp._registry.UnknownBackendError: Unknown backend 'pytroch' (did you mean ...
+        unifiedamp.errors.UnknownBackendError: Unknown backend 'pytroch' (did you mean ...
         >>> resolve("mypackage.amp:MyScaler").modules
         ('mypackage',)
     """

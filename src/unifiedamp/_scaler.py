@@ -40,60 +40,6 @@ if TYPE_CHECKING:
     from unifiedamp.backends.torch import TorchGradScaler
 
 
-class NoInfChecksError(RuntimeError, AssertionError):
-    """``update()``/``step()`` found no inf check to act on.
-
-    torch raises an AssertionError here; this is also a RuntimeError, like the
-    other call-order errors, so either except clause catches it. The message starts
-    with torch's sentence and goes on with the cause and the fix
-    (:meth:`prior_to_update`, :meth:`for_optimizer`).
-
-    Example:
-        >>> import unifiedamp as ua
-        >>> ua.GradScaler(backend="numpy").update()  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        unifiedamp._scaler.NoInfChecksError: No inf checks were recorded prior to update. \
-Nothing checked the gradients since the last update(): call scaler.step(optimizer) ...
-    """
-
-    @classmethod
-    def prior_to_update(cls) -> NoInfChecksError:
-        """``update()`` with no check since the last update: torch's words, then why
-        and what to do."""
-        return cls("No inf checks were recorded prior to update. Nothing checked the "
-                   "gradients since the last update(): call scaler.step(optimizer) (or "
-                   "scaler.unscale_(optimizer)) before scaler.update(), once per iteration; "
-                   "functional steps pass the flag unscale() returned, scaler.update(finite). "
-                   "update() twice in a row, optimizer.step() called instead of "
-                   "scaler.step(optimizer), or, accumulating gradients, an update() on an "
-                   "iteration that did not step each leave nothing to act on.")
-
-    @classmethod
-    def for_optimizer(cls, gradients: str = "call scaler.scale(loss).backward()"
-                      ) -> NoInfChecksError:
-        """``step(optimizer)`` where none of the optimizer's parameters has a gradient:
-        torch's words, then why and what to do (``gradients``: how this framework makes
-        them)."""
-        return cls("No inf checks were recorded for this optimizer. None of its parameters "
-                   f"has a gradient, so there is nothing to check or step: {gradients} "
-                   "before scaler.step(optimizer), with a loss that reaches this optimizer's "
-                   "parameters (a frozen or unused part of the model gets no gradient), and "
-                   "clear the gradients after step(), not between the backward pass and "
-                   "step().")
-
-
-class ScaleNotCalledError(RuntimeError, AssertionError):
-    """``step()`` or ``unscale_()`` came before any ``scale()`` (torch and paddle backends).
-
-    torch raises an AssertionError here (``Attempted step but _scale is None``);
-    this is also a RuntimeError, like the other call-order errors, so either
-    except clause catches it.
-
-    Example:
-        >>> issubclass(ScaleNotCalledError, AssertionError)
-        True
-    """
 
 
 def new_scale_value(new_scale: Any) -> float:

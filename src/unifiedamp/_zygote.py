@@ -21,7 +21,7 @@ stdin ``/dev/null``, in a session of its own (so that a caller can kill it with 
 group): the module or code runs as ``__main__``, and the interpreter then finalizes as
 usual (atexit handlers, threads, a crash at exit shows as the signal). What differs from a
 fresh interpreter: the preloaded modules (and the zygote's own: json, select, gc, runpy,
-unifiedamp._files) were imported before ``cwd`` was on ``sys.path`` and with the zygote's
+unifiedamp._atomic_write) were imported before ``cwd`` was on ``sys.path`` and with the zygote's
 environment, so a variable that a framework reads when imported must be the same for every
 child of a zygote (callers key their zygotes by the whole environment); the hash seed of ``str`` is
 the zygote's; the preloaded objects are frozen for the collector (:func:`gc.freeze`: it
@@ -37,7 +37,7 @@ import select
 import sys
 import time
 
-from unifiedamp._files import write_bytes
+from unifiedamp._atomic_write import write_bytes
 
 
 def _reply(fd, message):

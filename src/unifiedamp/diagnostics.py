@@ -28,7 +28,7 @@ import math
 import numbers
 import os
 
-from unifiedamp._files import atomic_path, write_bytes
+from unifiedamp._atomic_write import atomic_path, write_bytes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -21,10 +21,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from unifiedamp._monitor import CollapseMonitor, ScaleCollapseError, ScaleCollapseWarning
+from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import MAX_HISTORY, check_flag
 from unifiedamp.backends._functional import FunctionalGradScaler
 from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistory
+from unifiedamp.errors import ScaleCollapseError, ScaleCollapseWarning
 
 
 class LeafCounts(NamedTuple):
@@ -430,7 +431,7 @@ Example:
     >>> check_collapse(scaler, max_consecutive_skips=2, on_collapse="raise")
     Traceback (most recent call last):
     ...
-    unifiedamp._monitor.ScaleCollapseError: Loss scale collapsed: scale 2.0 ...
+    unifiedamp.errors.ScaleCollapseError: Loss scale collapsed: scale 2.0 ...
 """
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import GradScaler, NoInfChecksError, new_scale_value
+from unifiedamp._scaler import GradScaler, new_scale_value
 from unifiedamp._tree import tree_map
 from unifiedamp.backends._imperative import (
     HostState,
@@ -38,6 +38,7 @@ from unifiedamp.backends._imperative import (
     update_arguments,
 )
 from unifiedamp.diagnostics import OverflowReport, count_overflow
+from unifiedamp.errors import NoInfChecksError
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 __all__ = ["NumpyGradScaler", "SGD"]

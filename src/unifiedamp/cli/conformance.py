@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Any, NamedTuple
 
-from unifiedamp import __version__, _files, _registry, spec
+from unifiedamp import __version__, _atomic_write, _registry, errors, spec
 from unifiedamp.cli._shared import (
     WORKER_TIMEOUT_S,
     Progress,
@@ -223,7 +223,7 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
 
         text = zoo_markdown(report)
         if args.markdown:
-            _files.write_bytes(args.markdown, text.encode("utf-8"))
+            _atomic_write.write_bytes(args.markdown, text.encode("utf-8"))
         if args.check:
             with open(args.check) as f:
                 checked = f.read()
@@ -309,7 +309,7 @@ def _backend_arg(value: str) -> str:
     anything (frameworks are only imported in the per-backend subprocesses)."""
     try:
         _registry.resolve(value)
-    except _registry.UnknownBackendError as exc:
+    except errors.UnknownBackendError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return value
 

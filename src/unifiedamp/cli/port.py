@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from unifiedamp import _files
+from unifiedamp import _atomic_write
 from unifiedamp.porting import TARGETS, port_source
 from unifiedamp.porting._config import _check_version
 
@@ -99,7 +99,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
     elif args.output or args.in_place:
         target = args.output or args.file
         try:
-            _files.write_bytes(target, result.code.encode("utf-8"))
+            _atomic_write.write_bytes(target, result.code.encode("utf-8"))
         except OSError as exc:
             # A missing folder or a directory (the message names it), or a failed write
             # (a full disk, a file-size limit): the target is as it was.

@@ -7,8 +7,8 @@ Two ways in (see ``docs/conformance.md``):
 - ``pytest --pyargs unifiedamp.conformance --unifiedamp-backend NAME_OR_module:Class``
   (or the ``UNIFIEDAMP_BACKEND`` environment variable).
 
-A backend is driven through an adapter (:mod:`unifiedamp.conformance.adapters`);
-the built-in backends' adapters are in :mod:`unifiedamp.conformance.backends`.
+A backend is driven through an adapter (:mod:`unifiedamp.conformance.interface`);
+the built-in backends' adapters are in :mod:`unifiedamp.conformance.adapters`.
 Every name here loads on first use, so that the pytest plugin in this package
 imports nothing heavy (no NumPy, no hypothesis) in a run that does not use it.
 

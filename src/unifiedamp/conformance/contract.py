@@ -1,7 +1,7 @@
 """The contract every scaler must honour, as pytest test methods to inherit.
 
 Subclass :class:`ScalerContract` in a test module and provide an ``adapter``
-fixture (see :mod:`unifiedamp.conformance.adapters`)::
+fixture (see :mod:`unifiedamp.conformance.interface`)::
 
     import pytest
     from unifiedamp.conformance import ScalerContract
@@ -32,7 +32,7 @@ from unifiedamp import spec
 from unifiedamp._tree import tree_map
 from unifiedamp.conformance import strategies
 from unifiedamp.conformance._runner import describe_scale, normalise, run_steps, run_vector, same
-from unifiedamp.conformance.adapters import CAPABILITIES
+from unifiedamp.conformance.interface import CAPABILITIES
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 DEFAULT_MAX_EXAMPLES = 200
@@ -55,7 +55,7 @@ def fit(adapter: Any, config: ScalerConfig) -> ScalerConfig | None:
     or ``None`` where the scaler cannot run it even so.
 
     Example:
-        >>> from unifiedamp.conformance.adapters import Adapter
+        >>> from unifiedamp.conformance.interface import Adapter
         >>> class NoHysteresis(Adapter):
         ...     fixed = {"hysteresis": 1}
         >>> fit(NoHysteresis(), ScalerConfig(8.0, hysteresis=3)).hysteresis
@@ -363,7 +363,7 @@ class ScalerContract:
     def test_state_dict_moves_between_backends(self, adapter: Any) -> None:
         require(adapter, "state_dict")
         from unifiedamp.backends.numpy import NumpyGradScaler
-        from unifiedamp.conformance.backends.numpy import NumpyAdapter
+        from unifiedamp.conformance.adapters.numpy import NumpyAdapter
 
         reference = NumpyAdapter(NumpyGradScaler)
         config = _fitted(adapter, ScalerConfig(1024.0, 3.0, 0.25, 3, hysteresis=2,

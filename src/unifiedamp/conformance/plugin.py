@@ -116,7 +116,7 @@ def _adapter(config: pytest.Config) -> Any:
     name = _option(config, "backend")
     if name is None:
         raise pytest.UsageError("pass --unifiedamp-backend NAME_OR_module:Class")
-    from unifiedamp._registry import MissingBackendError, UnknownBackendError
+    from unifiedamp.errors import MissingBackendError, UnknownBackendError
 
     try:
         adapter = load_adapter(name)
@@ -178,7 +178,7 @@ _UNMATCHED = pytest.StashKey[list]()
 def header_fields(config: pytest.Config) -> dict[str, Any]:
     """What the report header shows, also written to the JSON report."""
     from unifiedamp import __version__, spec
-    from unifiedamp.conformance.adapters import CAPABILITIES
+    from unifiedamp.conformance.interface import CAPABILITIES
 
     adapter = _adapter(config)
     info = adapter.info()

@@ -1,9 +1,7 @@
 """Porting loss-scaler code, live scalers and checkpoints between frameworks.
 
 Import every name from here, ``from unifiedamp.porting import ...``; the modules below it
-are private and may change. (``unifiedamp.port``, ``unifiedamp.port_source`` and
-``unifiedamp.port_state``, the former paths, still work for one release, with a
-``DeprecationWarning``.)
+are private and may change.
 
 - Configs: :func:`config_from_call` (a native constructor call -> the canonical
   :class:`~unifiedamp.spec.ScalerConfig`), :func:`native_call` (a config -> a native

@@ -23,7 +23,7 @@ import zipfile
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from unifiedamp._files import atomic_path
+from unifiedamp._atomic_write import atomic_path
 from unifiedamp.porting._keras_files import load_keras, save_keras
 from unifiedamp.porting._limits import Exceeded, ReadLimits, check_tree, check_zip
 from unifiedamp.porting._safe_pickle import Refused, _load_paddle, _load_torch, _refusal
@@ -194,7 +194,7 @@ def _plain(value: Any) -> Any:
 
 def save_file(obj: Any, path: str | os.PathLike) -> None:
     """Writes a checkpoint file atomically: a temp file beside it, then ``os.replace``
-    (:func:`unifiedamp._files.atomic_path`): a failure or a process killed mid-write
+    (:func:`unifiedamp._atomic_write.atomic_path`): a failure or a process killed mid-write
     leaves the old file whole, and a symlink stays a link to the rewritten file.
 
     Example:

@@ -14,7 +14,7 @@ import os
 import zipfile
 from typing import Any
 
-from unifiedamp._files import atomic_path
+from unifiedamp._atomic_write import atomic_path
 from unifiedamp.porting._limits import Exceeded, ReadLimits, check_zip
 from unifiedamp.spec import ScalerConfig
 from unifiedamp.spec._state_dict import state_number
@@ -117,7 +117,7 @@ def load_keras(path: Any, trusted: bool, limits: ReadLimits) -> dict[str, Any]:
 def save_keras(state: dict[str, Any], config: ScalerConfig, path: Any,
                 model_from: Any, trusted: bool = False) -> None:
     """Assigns the keras-form ``state`` to the optimizer of the model in ``model_from`` and
-    saves the model to ``path`` atomically (:func:`unifiedamp._files.atomic_path`)."""
+    saves the model to ``path`` atomically (:func:`unifiedamp._atomic_write.atomic_path`)."""
     if not os.path.exists(model_from):
         raise ValueError(f"{model_from} does not exist: writing a scaler state into a .keras "
                          "file needs that file to exist already, its model and loss-scale "

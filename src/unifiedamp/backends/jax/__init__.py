@@ -12,7 +12,7 @@ spec bit for bit also below float32's smallest normal number. ``scale`` and
 ``unscale`` multiply by the scale and by ``f32(1 / scale)`` split into two
 normal float32 factors, so neither multiplier is flushed at any scale: their
 results are NumPy's (and torch's, MLX's) bits wherever those are normal
-numbers, zeros, infs or NaNs (:mod:`unifiedamp.backends._float32`).
+numbers, zeros, infs or NaNs (:mod:`unifiedamp.backends._float32_bits`).
 
 The package's modules: ``_scaler`` (:class:`JaxGradScaler` and the helpers of a
 jitted step), ``_optax`` (:func:`loss_scaled`, :func:`loss_scaled_accumulate`),

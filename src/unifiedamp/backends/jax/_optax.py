@@ -11,9 +11,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from unifiedamp._registry import MissingBackendError
 from unifiedamp.backends.jax._compat import cond_varying
 from unifiedamp.backends.jax._scaler import JaxGradScaler, _all_finite
+from unifiedamp.errors import MissingBackendError
 
 
 class LossScaledState(NamedTuple):

@@ -3,7 +3,7 @@
 The scale and both trackers are leaves (arrays); the config is static aux data, so it
 survives ``jax.jit``, ``tree_flatten``/``tree_unflatten``, ``lax.scan`` carries and
 checkpoints intact. XLA flushes float32 subnormals, so the update and the scale's
-reciprocal are computed on bit patterns (:mod:`unifiedamp.backends._float32`), and
+reciprocal are computed on bit patterns (:mod:`unifiedamp.backends._float32_bits`), and
 ``scale``/``unscale`` multiply by two normal factors whose product is the multiplier.
 """
 
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from unifiedamp.backends._float32 import Float32Bits, factor_parts
+from unifiedamp.backends._float32_bits import Float32Bits, factor_parts
 from unifiedamp.backends._functional import LEAVES, FunctionalGradScaler
 from unifiedamp.backends.jax._agreement import require_agreed, warn_if_unagreed
 from unifiedamp.backends.jax._compat import is_tracer

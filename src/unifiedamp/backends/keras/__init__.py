@@ -22,7 +22,7 @@ The package: ``_scaler.py`` (:class:`KerasGradScaler`), ``_optimizer.py`` (the w
 Keras backend shares), ``_tensorflow.py``, ``_jax.py`` and ``_torch.py`` (what differs on each,
 behind ``_paths.py``'s interface, with the device ops they share), ``_diagnostics.py``
 (``diagnose`` and ``history``) and ``_compat.py`` (the one module that touches Keras's private
-API). Float32 arithmetic on bit patterns is ``unifiedamp.backends._float32``'s, shared with
+API). Float32 arithmetic on bit patterns is ``unifiedamp.backends._float32_bits``'s, shared with
 the JAX backend.
 """
 

@@ -20,7 +20,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from unifiedamp.backends._float32 import reciprocal_factors
+from unifiedamp.backends._float32_bits import reciprocal_factors
 from unifiedamp.backends._imperative import diagnostics_options
 from unifiedamp.diagnostics import OverflowReport
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32, f32_bits

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import keras
 from keras import ops
 
-from unifiedamp.backends._float32 import Float32Bits
+from unifiedamp.backends._float32_bits import Float32Bits
 
 if TYPE_CHECKING:
     from unifiedamp.diagnostics import OverflowReport

@@ -9,7 +9,7 @@ from typing import Any
 
 from keras import ops
 
-from unifiedamp.backends._float32 import EXP_MASK
+from unifiedamp.backends._float32_bits import EXP_MASK
 from unifiedamp.spec import ScalerConfig, f32, f32_bits
 
 from ._paths import F32, unscale_factors

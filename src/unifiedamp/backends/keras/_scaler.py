@@ -13,7 +13,7 @@ import numpy as np
 from keras import ops
 
 from unifiedamp import spec
-from unifiedamp._scaler import GradScaler, NoInfChecksError, is_flag, new_scale_value
+from unifiedamp._scaler import GradScaler, is_flag, new_scale_value
 from unifiedamp._tree import leaves, tree_map
 from unifiedamp.backends._imperative import (
     HostCounters,
@@ -22,6 +22,7 @@ from unifiedamp.backends._imperative import (
     watched_pairs,
 )
 from unifiedamp.diagnostics import OverflowReport, ScaleHistory
+from unifiedamp.errors import NoInfChecksError
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32_bits
 
 from ._optimizer import SpecLossScaleOptimizer, paths_for

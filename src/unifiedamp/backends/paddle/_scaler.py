@@ -21,7 +21,7 @@ import paddle.distributed as dist
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import GradScaler, NoInfChecksError, ScaleNotCalledError, new_scale_value
+from unifiedamp._scaler import GradScaler, new_scale_value
 from unifiedamp._tree import leaves, tree_map
 from unifiedamp.backends._imperative import (
     HostState,
@@ -33,6 +33,7 @@ from unifiedamp.backends._imperative import (
 from unifiedamp.backends.paddle import _compat
 from unifiedamp.backends.paddle._compat import KERNEL_DTYPES, OptimizerState
 from unifiedamp.backends.paddle._diagnostics import PaddleDiagnostics
+from unifiedamp.errors import NoInfChecksError, ScaleNotCalledError
 from unifiedamp.spec import FLOAT32_MIN_NORMAL, ScalerConfig, ScalerState
 
 __all__ = ["PaddleGradScaler", "paddle_expressible"]

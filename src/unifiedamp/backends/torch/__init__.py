@@ -22,10 +22,10 @@ torch's private API, with the supported torch versions).
 
 from __future__ import annotations
 
-from unifiedamp._scaler import ScaleNotCalledError
 from unifiedamp.backends import show_as_public
 from unifiedamp.backends.torch._rule import COMPILED_RULE_DEVICES, torch_expressible
 from unifiedamp.backends.torch._scaler import TorchGradScaler
+from unifiedamp.errors import ScaleNotCalledError
 
 __all__ = ["COMPILED_RULE_DEVICES", "ScaleNotCalledError", "TorchGradScaler",
            "torch_expressible"]

@@ -25,7 +25,7 @@ import torch
 
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
-from unifiedamp._scaler import GradScaler, NoInfChecksError, ScaleNotCalledError, new_scale_value
+from unifiedamp._scaler import GradScaler, new_scale_value
 from unifiedamp._tree import leaves, tree_map
 from unifiedamp.backends._imperative import (
     diagnostics_options,
@@ -64,6 +64,7 @@ from unifiedamp.backends.torch._rule import (
     traced,
     updates_before_unscalable,
 )
+from unifiedamp.errors import NoInfChecksError, ScaleNotCalledError
 from unifiedamp.spec import ScalerConfig, ScalerState, native_dict
 
 __all__ = ["TorchGradScaler"]

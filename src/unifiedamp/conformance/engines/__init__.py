@@ -59,7 +59,7 @@ import numpy as np
 
 import unifiedamp
 from unifiedamp import spec
-from unifiedamp._files import write_bytes
+from unifiedamp._atomic_write import write_bytes
 from unifiedamp._forks import kill_group, zygote_for
 from unifiedamp.conformance.engines._deadlock import (
     KILLED,

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from unifiedamp.conformance.adapters import STEP_KINDS
+from unifiedamp.conformance.interface import STEP_KINDS
 
 FEATURES = 4
 LEARNING_RATE = 0.1

@@ -42,7 +42,6 @@ from typing import Any
 
 import numpy as np
 
-from unifiedamp.conformance.adapters import STEP_KINDS
 from unifiedamp.conformance.engines import (
     DEFAULT_CONFIG,
     Run,
@@ -51,6 +50,7 @@ from unifiedamp.conformance.engines import (
     rank_main,
     step_record,
 )
+from unifiedamp.conformance.interface import STEP_KINDS
 from unifiedamp.spec import ScalerConfig
 
 #: Engine name -> what it runs (every one: 2 processes, one CPU device each).

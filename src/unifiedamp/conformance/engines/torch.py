@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from unifiedamp.conformance.backends.torch_ranks import RANK_PRELOAD
+from unifiedamp.conformance.adapters.torch_ranks import RANK_PRELOAD
 from unifiedamp.conformance.engines import (
     DEFAULT_CONFIG,
     NO_GRADIENT,
@@ -351,7 +351,7 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One rank's steps (run by :func:`launch`); returns its step records."""
     import torch
 
-    from unifiedamp.conformance.backends.torch import init_gloo_rank, run_then_leave
+    from unifiedamp.conformance.adapters.torch import init_gloo_rank, run_then_leave
 
     torch.set_num_threads(1)  # the ranks share the machine's cores
     rank, world = job["rank"], job["world"]

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from unifiedamp.conformance.adapters import STEP_KINDS, Adapter
+from unifiedamp.conformance.interface import STEP_KINDS, Adapter
 from unifiedamp.conformance.zoo import Difference
 from unifiedamp.spec import ScalerConfig, ScalerState, f32, parse_state_dict, to_state_dict
 
@@ -84,7 +84,7 @@ def _prepare_runtime(rank: int = 0, world: int = 1, port: int | None = None) -> 
 
 def _rank_main(rank: int, world: int, port: int, config: dict[str, Any],
                kinds: list[str]) -> list[Any]:
-    from unifiedamp.conformance.backends.torch import PINNING_MODULES
+    from unifiedamp.conformance.adapters.torch import PINNING_MODULES
     from unifiedamp.conformance.zoo.torch_grad_scaler import rank_state
 
     # Imported after the group starts, these would hold it past its end (rank_state

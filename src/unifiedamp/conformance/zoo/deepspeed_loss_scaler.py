@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from unifiedamp.conformance.adapters import Adapter
+from unifiedamp.conformance.interface import Adapter
 from unifiedamp.conformance.zoo import Difference
 from unifiedamp.conformance.zoo.torch_grad_scaler import (
     Run,

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from unifiedamp.conformance.adapters import STEP_KINDS, Adapter
+from unifiedamp.conformance.interface import STEP_KINDS, Adapter
 from unifiedamp.conformance.zoo import Difference
 from unifiedamp.spec import ScalerConfig, ScalerState, f32, parse_state_dict, to_state_dict
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from unifiedamp._tree import tree_map
-from unifiedamp.conformance.adapters import Adapter
+from unifiedamp.conformance.interface import Adapter
 from unifiedamp.conformance.zoo import Difference
 from unifiedamp.spec import ScalerConfig, ScalerState, parse_state_dict, to_state_dict
 
@@ -89,7 +89,7 @@ class KerasLossScaleOptimizer(Adapter):
                              f"{reason}")
         import keras
 
-        from unifiedamp.conformance.backends.keras import compile_loss
+        from unifiedamp.conformance.adapters.keras import compile_loss
 
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
             1, kernel_initializer=keras.initializers.Constant(0.1),
@@ -102,7 +102,7 @@ class KerasLossScaleOptimizer(Adapter):
         return opt, model, config
 
     def iterate(self, handle: Any, kinds: str) -> Any:
-        from unifiedamp.conformance.backends.keras import inputs, scaled_gradients
+        from unifiedamp.conformance.adapters.keras import inputs, scaled_gradients
 
         opt, model, _ = handle
         variables = model.trainable_variables
@@ -120,7 +120,7 @@ class KerasLossScaleOptimizer(Adapter):
         return handle
 
     def compiled_iterate(self, handle: Any, kinds: str) -> Any:
-        from unifiedamp.conformance.backends.keras import inputs
+        from unifiedamp.conformance.adapters.keras import inputs
 
         handle[1].train_on_batch(inputs(kinds), np.zeros((2, 1), np.float32))
         return handle

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from unifiedamp._tree import tree_map
-from unifiedamp.conformance.adapters import STEP_KINDS, Adapter
+from unifiedamp.conformance.interface import STEP_KINDS, Adapter
 from unifiedamp.conformance.zoo import Difference
 from unifiedamp.spec import (
     ScalerConfig,

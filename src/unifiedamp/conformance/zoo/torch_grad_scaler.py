@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from unifiedamp._tree import tree_map
-from unifiedamp.conformance.adapters import Adapter
+from unifiedamp.conformance.interface import Adapter
 from unifiedamp.conformance.zoo import Difference
 from unifiedamp.spec import ScalerConfig, ScalerState, read_form, to_state_dict
 from unifiedamp.spec._state_dict import form_cannot_carry
@@ -91,7 +91,7 @@ class Run:
 def torch_problems(count: int, dev: str) -> list[Any]:
     """``count`` real ``Linear`` + Adam problems whose ``set_grads(kind, scaler)`` runs
     ``scaler.scale(loss).backward()`` (the suite's torch problems)."""
-    from unifiedamp.conformance.backends.torch import make_problem
+    from unifiedamp.conformance.adapters.torch import make_problem
 
     return [make_problem("adam", dev)[0] for _ in range(count)]
 
@@ -190,7 +190,7 @@ class TorchAmpGradScaler(Adapter):
         return handle
 
     def compiled_iterate(self, handle: Run, kinds: str) -> Run:
-        from unifiedamp.conformance.backends.torch import compiled_loss
+        from unifiedamp.conformance.adapters.torch import compiled_loss
 
         return self.iterate(handle, kinds, compiled_loss())
 
@@ -377,7 +377,7 @@ _SHARDED_GROWTH = Difference(
 
 def _sharded_rank(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
                   dev: str) -> list[Any]:
-    from unifiedamp.conformance.backends.torch import init_gloo_rank
+    from unifiedamp.conformance.adapters.torch import init_gloo_rank
 
     init_gloo_rank(rank, world, port)
     adapter = ShardedGradScaler()
@@ -389,16 +389,16 @@ def spawn_rank_states(main: Callable[..., list[Any]], world: int,
                       *args: Any) -> list[ScalerState]:
     """Runs ``main(rank, world, port, *args)`` on ``world`` gloo ranks, which meet on a
     free local port, and returns the state each returned with :func:`rank_state`."""
-    from unifiedamp.conformance.backends.torch_ranks import spawn_ranks
+    from unifiedamp.conformance.adapters.torch_ranks import spawn_ranks
 
     return [ScalerState(*state) for state in spawn_ranks(main, world, *args)]
 
 
 def rank_state(adapter: Any, config: dict[str, Any], kinds: list[str], rank: int) -> list[Any]:
     """One rank's iteration: its state after it, once the rank has ended the process group
-    (see :func:`unifiedamp.conformance.backends.torch.destroy_process_group`, which checks
+    (see :func:`unifiedamp.conformance.adapters.torch.destroy_process_group`, which checks
     that the group is gone; the rank joins it with ``init_gloo_rank``)."""
-    from unifiedamp.conformance.backends.torch import run_then_leave
+    from unifiedamp.conformance.adapters.torch import run_then_leave
 
     # The handle (the scaler, which may hold the group, and its model) lives in the lambda.
     return run_then_leave(lambda: list(adapter.read(adapter.iterate(
