@@ -2,6 +2,7 @@
 
 Run: python benchmarks/bench_torch.py [--device cpu|cuda] [--repeats R] [--steps S]
      [--models launch-bound,large] [--optimizers foreach,fused] [--sections 1,2,3,4,5]
+     [--clock wall|cpu]
 
 1. A training step of an MLP, AdamW (foreach and fused), batch 64, under float16
    autocast on CUDA (float32 on CPU, whose float16 matmul is ~50x slower),
@@ -19,6 +20,10 @@ Run: python benchmarks/bench_torch.py [--device cpu|cuda] [--repeats R] [--steps
    the launches, what a launch-bound GPU step waits for) on a 4-layer 8x8 MLP, AdamW
    foreach and fused, for (b), (c) and (d): microseconds per iteration, medians of R
    rounds of 300 iterations, and the median of per-round ratios of the totals.
+   ``--clock cpu`` times them in the calling thread's CPU time instead of wall time, with
+   torch on one thread (so that every op runs in the thread timed): on a shared machine
+   the time the thread waits for a core, which moved whole rounds by 30% here, is then
+   left out.
 5. CUDA only: replays of a whole fp16 step of the launch-bound MLP captured as one CUDA
    graph (fused capturable AdamW), for (b), (c) and (d).
 
@@ -175,7 +180,8 @@ def select_skip_bench(device: str, repeats: int, elements: int = 10_000_000) -> 
            "step", {"select/step": "step + copy and select"})
 
 
-def host_time_bench(device: str, repeats: int, iterations: int = 300) -> None:
+def host_time_bench(device: str, repeats: int, iterations: int = 300,
+                    clock_name: str = "wall") -> None:
     """Section 4: the host time of the scaler's verbs per iteration, the rest untimed.
 
     Each scaler trains a model of its own; in a round, they take turns every iteration
@@ -187,7 +193,10 @@ def host_time_bench(device: str, repeats: int, iterations: int = 300) -> None:
                    1024.0, backend="torch", device=device, hysteresis=2, min_scale=1.0)}
     verbs = ("scale", "unscale_", "step", "update")
     x = torch.randn(4, 8, device=device)
-    clock = time.perf_counter_ns
+    clock = time.thread_time_ns if clock_name == "cpu" else time.perf_counter_ns
+    threads = torch.get_num_threads()
+    if clock_name == "cpu":
+        torch.set_num_threads(1)
 
     def iteration(model: torch.nn.Module, opt: torch.optim.Optimizer, scaler: Any,
                   spent: list[int]) -> None:
@@ -225,8 +234,9 @@ def host_time_bench(device: str, repeats: int, iterations: int = 300) -> None:
             if round_:
                 for name in scalers:
                     per[name].append([t / iterations / 1e3 for t in spent[name]])
-        print(f"host time per iteration, 4-layer 8x8 MLP, {'fused' if fused else 'foreach'} "
-              f"AdamW, {device}, us (step includes the optimizer's), median of {repeats} x "
+        print(f"host time per iteration ({clock_name} clock), 4-layer 8x8 MLP, "
+              f"{'fused' if fused else 'foreach'} AdamW, {device}, us (step includes the "
+              f"optimizer's), median of {repeats} x "
               f"{iterations}, the scalers taking turns every iteration; / b: median of "
               "per-round ratios of the totals")
         totals = {name: [sum(times) for times in rounds] for name, rounds in per.items()}
@@ -238,6 +248,7 @@ def host_time_bench(device: str, repeats: int, iterations: int = 300) -> None:
             columns = "  ".join(f"{v} {t:6.1f}" for v, t in zip(verbs, times, strict=True))
             print(f"  {name:40s} {columns}  total {statistics.median(totals[name]):6.1f}"
                   f"  / b {ratio:.3f} (rounds {min(spread):.3f}-{max(spread):.3f})")
+    torch.set_num_threads(threads)
 
 
 def graph_replay_bench(repeats: int, replays: int = 50) -> None:
@@ -295,6 +306,8 @@ def main() -> None:
     parser.add_argument("--optimizers", default="foreach,fused")
     parser.add_argument("--sections", default="1,2,3,4,5",
                         help="which of the sections above to run (5 needs CUDA)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="section 4's clock: wall time, or the thread's CPU time")
     args = parser.parse_args()
     sections = {int(n) for n in args.sections.split(",")}
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}"
@@ -309,7 +322,7 @@ def main() -> None:
     if 3 in sections:
         select_skip_bench(args.device, args.repeats)
     if 4 in sections:
-        host_time_bench(args.device, args.repeats)
+        host_time_bench(args.device, args.repeats, clock_name=args.clock)
     if 5 in sections and args.device == "cuda":
         graph_replay_bench(args.repeats)
 

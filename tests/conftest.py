@@ -2,7 +2,7 @@
 
 The tests live in one folder per session (``tests/core``, ``tests/torch``, ``tests/keras``...),
 each importing at most the frameworks it is about: ``pytest tests/torch`` runs one session,
-``tools/test_sessions.py`` runs them all (paddle and tensorflow cannot share a process, and
+``tools/run_tests.py`` runs them all (paddle and tensorflow cannot share a process, and
 Keras's backend is fixed when it is imported, so one pytest process cannot hold every
 framework). Helpers that several folders use live in ``tests/support`` (on ``sys.path``).
 """

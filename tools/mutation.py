@@ -35,6 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
+import run_tests  # tools/run_tests.py, beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -56,29 +58,44 @@ SPEC = "src/unifiedamp/spec"
 BACKENDS = "src/unifiedamp/backends"
 PORTING = "src/unifiedamp/porting"
 
-# Selections, fastest first within each: with -x the first failure ends the run.
-_T_RULE = f"tests/test_spec_reference.py {SPEC}/_rule.py " \
-          "tests/test_conformance_builtin.py::TestNumpyConformance"
-_T_STATE = f"tests/test_state_dict.py {SPEC}/_state_dict.py " \
-           "tests/test_conformance_builtin.py::TestNumpyConformance"
-_T_CONFIG = f"tests/test_spec_config.py {SPEC}/_config.py tests/test_spec_reference.py"
-# tests/test_state_dict.py drives every backend through a checkpoint (loads, static mode).
-_T_NUMPY = "tests/test_numpy_backend.py tests/test_conformance_builtin.py::TestNumpyConformance " \
-           "tests/test_state_dict.py"
-_T_TORCH = "tests/test_torch_backend.py tests/test_conformance_builtin.py::TestTorchConformance " \
-           "tests/test_state_dict.py"
-_T_TORCH_STATE = "tests/test_torch_backend.py tests/test_torch_porting.py " \
-                 "tests/test_conformance_builtin.py::TestTorchConformance tests/test_state_dict.py"
-_T_JAX = "tests/test_jax_backend.py tests/test_conformance_builtin.py::TestJaxConformance"
-_T_MLX = "tests/test_mlx_backend.py tests/test_conformance_builtin.py::TestMlxConformance"
-_T_FUNCTIONAL = f"{_T_MLX} {_T_JAX} tests/test_state_dict.py"
-_T_FLOAT32 = "tests/test_float32_bits.py::test_jax_namespace_matches_ieee_under_jit " \
-             "tests/test_float32_bits.py::test_jax_multiply_takes_the_factor_as_arrays_too " \
+# Selections, fastest first within each: with -x the first failure ends the run. A selection
+# runs as one pytest per session (tools/run_tests.py) its paths belong to.
+_NUMPY_FILES = "tests/core/test_numpy_backend.py"
+_TORCH_FILES = " ".join(f"tests/torch/test_torch_{topic}.py" for topic in (
+    "scaler", "host_reads", "skips", "state", "devices", "private_api"))
+_PADDLE_FILES = " ".join(f"tests/paddle/test_paddle_{topic}.py" for topic in (
+    "names", "rule", "training", "state", "devices", "private_api"))
+_KERAS_FILES = " ".join(f"tests/keras/test_keras_{topic}.py" for topic in (
+    "wrapper", "training", "saving", "private_api"))
+_PORT_FILES = " ".join(f"tests/{folder}/test_port.py" for folder in (
+    "core", "torch", "paddle", "jax", "keras"))
+_UNTRUSTED_FILES = " ".join(f"tests/{folder}/test_untrusted_files.py" for folder in (
+    "core", "torch", "paddle", "jax"))
+_MISUSE_FILES = " ".join(f"tests/{folder}/test_imperative_misuse.py" for folder in (
+    "core", "torch", "paddle", "jax", "mlx"))
+_STATE_FILES = " ".join(f"tests/{folder}/test_state_dict.py" for folder in (
+    "core", "torch", "paddle", "jax", "mlx", "keras"))
+_T_RULE = f"tests/core/test_spec_reference.py {SPEC}/_rule.py " \
+          "tests/core/test_conformance.py::TestNumpyConformance"
+_T_STATE = f"{_STATE_FILES} {SPEC}/_state_dict.py " \
+           "tests/core/test_conformance.py::TestNumpyConformance"
+_T_CONFIG = f"tests/core/test_spec_config.py {SPEC}/_config.py tests/core/test_spec_reference.py"
+# The test_state_dict.py files drive every backend through a checkpoint (loads, static mode).
+_T_NUMPY = f"{_NUMPY_FILES} tests/core/test_conformance.py::TestNumpyConformance {_STATE_FILES}"
+_T_TORCH = f"{_TORCH_FILES} tests/torch/test_conformance.py::TestTorchConformance {_STATE_FILES}"
+_T_TORCH_STATE = f"{_TORCH_FILES} tests/torch/test_torch_porting.py " \
+                 f"tests/torch/test_conformance.py::TestTorchConformance {_STATE_FILES}"
+_T_JAX = "tests/jax/test_jax_backend.py tests/jax/test_jax_devices.py " \
+         "tests/jax/test_conformance.py::TestJaxConformance"
+_T_MLX = "tests/mlx/test_mlx_backend.py tests/mlx/test_conformance.py::TestMlxConformance"
+_T_FUNCTIONAL = f"{_T_MLX} {_T_JAX} {_STATE_FILES}"
+_T_FLOAT32 = "tests/jax/test_float32_bits.py::test_jax_namespace_matches_ieee_under_jit " \
+             "tests/jax/test_float32_bits.py::test_jax_multiply_takes_the_factor_as_arrays_too " \
              + _T_JAX
-_T_KERAS = "tests/test_keras_backend.py tests/test_conformance_builtin.py::TestKerasConformance"
-_T_PADDLE = "tests/test_paddle_backend.py " \
-            "tests/test_conformance_builtin.py::TestPaddleConformance tests/test_state_dict.py"
-_T_PORT = "tests/test_port.py"
+_T_KERAS = f"{_KERAS_FILES} tests/keras/test_conformance.py::TestKerasConformance"
+_T_PADDLE = f"{_PADDLE_FILES} tests/paddle/test_conformance.py::TestPaddleConformance " \
+            f"{_STATE_FILES}"
+_T_PORT = _PORT_FILES
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- spec: the rule
@@ -125,7 +142,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("state-native-missing-key-unchecked", f"{SPEC}/_state_dict.py",
            "    if missing:\n        raise _state_error(f\"missing key(s) {missing} (a native",
            "    if False:\n        raise _state_error(f\"missing key(s) {missing} (a native",
-           "tests/test_state_dict.py::"
+           "tests/core/test_state_dict.py::"
            "test_a_native_paddle_dict_missing_a_key_names_it_and_changes_nothing " + _T_STATE),
     # ---------------------------------------------------------------- spec: config
     Mutant("config-min-max-compared-unrounded", f"{SPEC}/_config.py",
@@ -164,21 +181,21 @@ MUTANTS: tuple[Mutant, ...] = (
            "self._make(config.replace(enabled=self._config.enabled), *self._arrays(state)",
            "self._make(config, *self._arrays(state)", _T_FUNCTIONAL),
     # ---------------------------------------------------------------- float32 on bits (JAX, Keras)
-    Mutant("float32-mul-bits-no-zero-case", f"{BACKENDS}/_float32.py",
+    Mutant("float32-mul-bits-no-zero-case", f"{BACKENDS}/_float32_bits.py",
            "return xp.where(xp.equal(bits, 0), self.int32(0), out)", "return out", _T_FLOAT32),
-    Mutant("float32-product-error-drops-the-low-product", f"{BACKENDS}/_float32.py",
+    Mutant("float32-product-error-drops-the-low-product", f"{BACKENDS}/_float32_bits.py",
            "self.int32(0xFFF)), 12) + xl * cl - hl", "self.int32(0xFFF)), 12) - hl",
            _T_FLOAT32),
-    Mutant("float32-tie-ignores-the-remainder", f"{BACKENDS}/_float32.py",
+    Mutant("float32-tie-ignores-the-remainder", f"{BACKENDS}/_float32_bits.py",
            "tie_up = xp.logical_or(xp.greater(below, 0),", "tie_up = xp.logical_or(False,",
            _T_FLOAT32),
-    Mutant("float32-reciprocal-no-neighbours", f"{BACKENDS}/_float32.py",
+    Mutant("float32-reciprocal-no-neighbours", f"{BACKENDS}/_float32_bits.py",
            "+ self.int32(list(range(-4, 5))))", "+ self.int32(list(range(0, 1))))",
-           "tests/test_float32_bits.py::test_keras_namespace_matches_ieee"),
-    Mutant("float32-reciprocal-tie-by-the-wrong-sign", f"{BACKENDS}/_float32.py",
+           "tests/keras/test_float32_bits.py::test_keras_namespace_matches_ieee"),
+    Mutant("float32-reciprocal-tie-by-the-wrong-sign", f"{BACKENDS}/_float32_bits.py",
            "tiny = self.round_half_even(t, -error)", "tiny = self.round_half_even(t, error)",
            _T_FLOAT32),
-    Mutant("float32-split-flushes-subnormals", f"{BACKENDS}/_float32.py",
+    Mutant("float32-split-flushes-subnormals", f"{BACKENDS}/_float32_bits.py",
            "lo = xp.where(subnormal, self.float32(2.0**-64), self.float32(1.0))",
            "lo = xp.where(subnormal, self.float32(1.0), self.float32(1.0))", _T_FLOAT32),
     # ---------------------------------------------------------------- JAX
@@ -196,12 +213,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("jax-loss-scaled-axis-ignored", f"{BACKENDS}/jax/_optax.py",
            "finite = (_all_finite(updates, axis_name, \"loss_scaled\")",
            "finite = (_all_finite(updates, None, \"loss_scaled\")",
-           "tests/test_jax_recipes.py::"
+           "tests/jax/test_jax_devices.py::"
            "test_loss_scaled_with_axis_name_skips_on_every_device_in_shard_map_and_pmap "
            + _T_JAX),
     Mutant("functional-report-drops-the-loss", f"{BACKENDS}/_functional_diagnostics.py",
            "loss_finite=loss_is_finite(backend.xp, loss)", "loss_finite=None",
-           "tests/test_diagnostics_functional_mlx.py tests/test_diagnostics_functional_jax.py"),
+           "tests/mlx/test_diagnostics_functional_mlx.py "
+           "tests/jax/test_diagnostics_functional_jax.py"),
     # ---------------------------------------------------------------- MLX
     Mutant("mlx-nan-is-finite", f"{BACKENDS}/mlx.py",
            "finite = finite & mx.isfinite(mx.sum(leaf * 0))",
@@ -218,7 +236,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "found_inf = any(checks)", "found_inf = all(checks)", _T_NUMPY),
     Mutant("numpy-update-keeps-functional-checks", f"{BACKENDS}/numpy.py",
            "        self._functional_found_inf.clear()\n", "",
-           "tests/test_numpy_backend.py::"
+           "tests/core/test_numpy_backend.py::"
            "test_update_clears_the_functional_checks_so_one_inf_skips_one_update " + _T_NUMPY),
     Mutant("numpy-unscale-checks-unscaled-grads", f"{BACKENDS}/numpy.py",
            "            found_inf = found_inf or not bool(np.isfinite(g).all())\n"
@@ -227,7 +245,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "            with np.errstate(over=\"ignore\", invalid=\"ignore\"):\n"
            "                np.multiply(g, inv, out=g, casting=\"same_kind\")\n"
            "            found_inf = found_inf or not bool(np.isfinite(g).all())\n",
-           "tests/test_numpy_backend.py::"
+           "tests/core/test_numpy_backend.py::"
            "test_unscale_checks_the_gradients_as_given_not_as_unscaled " + _T_NUMPY),
     # ---------------------------------------------------------------- torch
     Mutant("torch-spec-update-no-inf-guard", f"{BACKENDS}/torch/_rule.py",
@@ -280,9 +298,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "            self._found_inf_if_reciprocal_overflows([found])\n",
            "            pass\n", _T_TORCH),
     Mutant("torch-update-drops-functional-next-to-optimizer", f"{BACKENDS}/torch/_scaler.py",
-           "            if functional:\n                found_infs += functional\n",
-           "            if functional and not found_infs:\n"
-           "                found_infs += functional\n",
+           "        if functional:\n            found_infs += functional\n",
+           "        if functional and not found_infs:\n"
+           "            found_infs += functional\n",
            _T_TORCH),
     Mutant("torch-load-no-clamp-rearm", f"{BACKENDS}/torch/_scaler.py",
            "        self._clamp_tracker = True\n        self._hysteresis_may_be_set = "
@@ -294,18 +312,18 @@ MUTANTS: tuple[Mutant, ...] = (
            "self._config = config", _T_TORCH_STATE),
     Mutant("torch-host-skip-flag-last-optimizer-only", f"{BACKENDS}/torch/_scaler.py",
            "self._host_found |= skipped", "self._host_found = skipped",
-           "tests/test_torch_backend.py::"
+           "tests/torch/test_torch_skips.py::"
            "test_collapse_counts_an_iteration_whose_first_optimizer_skipped " + _T_TORCH),
     Mutant("torch-functional-unscale-flag-unclamped", f"{BACKENDS}/torch/_scaler.py",
            "        if len(groups) > 1:\n            found.clamp_(max=1.0)  # a 0/1 flag",
            "        #",
-           "tests/test_torch_backend.py::"
+           "tests/torch/test_torch_skips.py::"
            "test_functional_unscale_of_several_dtypes_counts_one_inf_for_the_rule " + _T_TORCH),
     # ---------------------------------------------------------------- paddle
     Mutant("paddle-update-last-flag-only", f"{BACKENDS}/paddle/_scaler.py",
-           "                    if _is_set(s[\"found_inf\"]):\n"
-           "                        optimizer_found = True",
-           "                    optimizer_found = _is_set(s[\"found_inf\"])", _T_PADDLE),
+           "                if _is_set(s[\"found_inf\"]):\n"
+           "                    optimizer_found = True",
+           "                optimizer_found = _is_set(s[\"found_inf\"])", _T_PADDLE),
     Mutant("paddle-reciprocal-overflow-not-inf", f"{BACKENDS}/paddle/_scaler.py",
            "            return True\n        if len(flags) == 1:",
            "            pass\n        if len(flags) == 1:", _T_PADDLE),
@@ -327,16 +345,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("paddle-ranks-not-agreed", f"{BACKENDS}/paddle/_scaler.py",
            "if self._distributed is not False and dist.is_initialized() and",
            "if False and dist.is_initialized() and",
-           "tests/test_paddle_distributed.py"),
+           "tests/distributed/test_distributed_paddle.py"),
     Mutant("paddle-update-keeps-functional-checks", f"{BACKENDS}/paddle/_scaler.py",
            "        self._functional_found_inf = []\n        if self._prechecked:",
            "        if self._prechecked:",
-           "tests/test_paddle_backend.py::"
+           "tests/paddle/test_paddle_training.py::"
            "test_update_clears_the_functional_checks_so_one_inf_skips_one_update " + _T_PADDLE),
     Mutant("paddle-float64-checked-in-float32", f"{BACKENDS}/paddle/_scaler.py",
            "wide = g if g.dtype == paddle.float64 else g.astype(paddle.float32)",
            "wide = g.astype(paddle.float32)",
-           "tests/test_paddle_backend.py::test_a_float64_gradient_is_checked_in_float64 "
+           "tests/paddle/test_paddle_training.py::test_a_float64_gradient_is_checked_in_float64 "
            + _T_PADDLE),
     # ---------------------------------------------------------------- keras
     Mutant("keras-grow-gt", f"{BACKENDS}/keras/_rule.py",
@@ -359,142 +377,168 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("keras-first-replica-only", f"{BACKENDS}/keras/_tensorflow.py",
            "total = distribution.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)",
            "total = distribution.experimental_local_results(per_replica)[0]",
-           "tests/test_keras_distributed.py"),
+           "tests/keras/test_keras_distributed.py"),
     # Killed only where the test runs: TensorFlow takes this path for XLA-compiled
     # replicas on GPUs alone (a CUDA build of TensorFlow); elsewhere the test skips.
     Mutant("keras-no-merge-call-not-all-reduced", f"{BACKENDS}/keras/_tensorflow.py",
            "total = context.all_reduce(tf.distribute.ReduceOp.SUM, non_finite(grads))",
            "total = non_finite(grads)",
-           "tests/test_keras_distributed.py::"
+           "tests/keras/test_keras_distributed.py::"
            "test_mirrored_xla_custom_loop_on_gpus_skips_on_every_replica"),
     Mutant("keras-rule-change-not-in-variable", f"{BACKENDS}/keras/_optimizer.py",
            "        if self.built:\n            self.scaler_rule.assign(",
            "        if False:\n            self.scaler_rule.assign(",
-           "tests/test_keras_backend.py::"
+           "tests/keras/test_keras_training.py::"
            "test_fit_and_compiled_apply_follow_a_rule_changed_after_compiling"),
     Mutant("keras-second-scaler-accepted", f"{BACKENDS}/keras/_optimizer.py",
            "        if _wrapper_of(inner_optimizer) is not None:",
            "        if False:",
-           "tests/test_keras_backend.py::"
+           "tests/keras/test_keras_wrapper.py::"
            "test_an_optimizer_wrapped_by_one_scaler_cannot_be_wrapped_by_another"),
     # ---------------------------------------------------------------- port-state, diagnostics
     Mutant("port-state-paddle-decr-count-zero", f"{SPEC}/_state_dict.py",
            '"decr_count": s.hysteresis_tracker,', '"decr_count": 0,',
-           "tests/test_port_state.py::"
+           "tests/core/test_port_state.py::"
            "test_forms_with_a_hysteresis_counter_keep_a_nonzero_tracker "
-           "tests/test_spec_natives.py"),
+           "tests/core/test_spec_natives.py"),
     Mutant("port-state-paddle-unpickles-anything", f"{PORTING}/_safe_pickle.py",
            "    if name not in _PADDLE:\n        raise Refused(f\"a reference to {name}\")\n"
            "    return _PADDLE[name]",
            "    if name not in _PADDLE:\n        return _opaque\n    return _PADDLE[name]",
-           "tests/test_port_state.py::test_no_checkpoint_runs_code_unless_the_user_trusts_it"),
+           "tests/paddle/test_port_state.py::"
+           "test_no_checkpoint_runs_code_unless_the_user_trusts_it "
+           "tests/core/test_port_state.py::"
+           "test_no_checkpoint_runs_code_unless_the_user_trusts_it "
+           "tests/torch/test_port_state.py::"
+           "test_no_checkpoint_runs_code_unless_the_user_trusts_it"),
     Mutant("port-state-paddle-real-eval", f"{PORTING}/_safe_pickle.py",
            '    "builtins.eval": _dense_tensor_data,',
            '    "builtins.eval": lambda args, pos: eval(*args),',
-           "tests/test_untrusted_files.py"),
+           f"{_UNTRUSTED_FILES}"),
     Mutant("port-state-paddle-eval-any-namespace", f"{PORTING}/_safe_pickle.py",
            ' and list(args[1]) == ["data"]', " and True",
-           "tests/test_untrusted_files.py::"
+           "tests/core/test_untrusted_files.py::"
+           "test_a_crafted_file_is_refused_clearly_by_the_api_and_the_cli "
+           "tests/torch/test_untrusted_files.py::"
            "test_a_crafted_file_is_refused_clearly_by_the_api_and_the_cli"),
     Mutant("port-state-paddle-tensor-records-kept", f"{PORTING}/_safe_pickle.py",
            "        return x[1] if tensor_record else x",
            "        return x",
-           "tests/test_untrusted_files.py::"
+           "tests/paddle/test_untrusted_files.py::"
            "test_fuzzed_pickles_and_json_end_in_the_trusted_data_or_a_clear_error"),
     Mutant("port-state-paddle-void-dtype-read", f"{PORTING}/_pickle_reader.py",
            'DTYPES = ("b1", "i1",', 'DTYPES = ("V8", "b1", "i1",',
-           "tests/test_untrusted_files.py::"
+           "tests/core/test_untrusted_files.py::"
+           "test_a_crafted_file_is_refused_clearly_by_the_api_and_the_cli "
+           "tests/torch/test_untrusted_files.py::"
            "test_a_crafted_file_is_refused_clearly_by_the_api_and_the_cli"),
     Mutant("port-state-damaged-pickle-suggests-trust", f"{PORTING}/_pickle_reader.py",
            "    if not ok:\n        raise ValueError(what)",
            "    if not ok:\n        raise Refused(what)",
-           "tests/test_port_state.py::"
+           "tests/paddle/test_port_state.py::"
+           "test_an_empty_truncated_or_foreign_file_is_refused_naming_it "
+           "tests/core/test_port_state.py::"
+           "test_an_empty_truncated_or_foreign_file_is_refused_naming_it "
+           "tests/jax/test_port_state.py::"
+           "test_an_empty_truncated_or_foreign_file_is_refused_naming_it "
+           "tests/torch/test_port_state.py::"
            "test_an_empty_truncated_or_foreign_file_is_refused_naming_it"),
     Mutant("port-state-shared-children-uncounted", f"{PORTING}/_limits.py",
            "    if total > limits.max_entries:", "    if False:",
-           "tests/test_untrusted_files.py"),
+           f"{_UNTRUSTED_FILES}"),
     Mutant("port-state-zip-checksum-unchecked", f"{PORTING}/_limits.py",
            "    if bad is not None:\n        raise ValueError(f\"{path}: the data of its member",
            "    if False:\n        raise ValueError(f\"{path}: the data of its member",
-           "tests/test_port_state.py::"
+           "tests/core/test_port_state.py::"
+           "test_a_checkpoint_whose_data_fails_its_own_checksum_is_refused "
+           "tests/torch/test_port_state.py::"
            "test_a_checkpoint_whose_data_fails_its_own_checksum_is_refused"),
     Mutant("port-state-torch-global-unnamed", f"{PORTING}/_safe_pickle.py",
            '    name = (re.search(r"GLOBAL ([\\w.]+)", message)',
            '    name = (re.search(r"[Uu]nsupported (?:global|class):? ([\\w.]+)", message)',
-           "tests/test_port_state.py::test_no_checkpoint_runs_code_unless_the_user_trusts_it"),
+           "tests/paddle/test_port_state.py::"
+           "test_no_checkpoint_runs_code_unless_the_user_trusts_it "
+           "tests/core/test_port_state.py::"
+           "test_no_checkpoint_runs_code_unless_the_user_trusts_it "
+           "tests/torch/test_port_state.py::"
+           "test_no_checkpoint_runs_code_unless_the_user_trusts_it"),
     Mutant("files-mode-of-mkstemp", "src/unifiedamp/_atomic_write.py",
            "            os.chmod(tmp, old.st_mode & 0o7777)", "            pass",
-           "tests/test_untrusted_files.py::"
+           "tests/core/test_untrusted_files.py::"
            "test_a_rewrite_keeps_the_files_mode_and_a_new_file_follows_the_umask"),
     Mutant("files-sweep-removes-live-temps", "src/unifiedamp/_atomic_write.py",
            "        if match and not _alive(int(match.group(1))):", "        if match:",
-           "tests/test_untrusted_files.py::"
+           "tests/core/test_untrusted_files.py::"
            "test_the_temp_sweep_keeps_a_live_writers_file_and_a_stray_name_blocks_nothing"),
     Mutant("files-symlink-replaced", "src/unifiedamp/_atomic_write.py",
            "    real = os.path.realpath(path)", "    real = os.path.abspath(path)",
-           "tests/test_port_state.py::"
+           "tests/core/test_port_state.py::"
            "test_in_place_through_a_symlink_rewrites_the_target_and_keeps_the_link"),
     Mutant("files-temp-left-after-failure", "src/unifiedamp/_atomic_write.py",
            "        with contextlib.suppress(FileNotFoundError):\n            os.remove(tmp)",
            "        pass",
-           "tests/test_port_state.py::"
+           "tests/core/test_port_state.py::"
            "test_a_write_stopped_by_a_full_disk_or_sigkill_leaves_the_checkpoint_whole"),
     Mutant("files-stale-temps-kept", "src/unifiedamp/_atomic_write.py",
            "        if match and not _alive(int(match.group(1))):",
            "        if match and _alive(int(match.group(1))):",
-           "tests/test_port_state.py::"
+           "tests/core/test_port_state.py::"
            "test_a_write_stopped_by_a_full_disk_or_sigkill_leaves_the_checkpoint_whole"),
     Mutant("history-skipped-string-read-as-true", "src/unifiedamp/diagnostics.py",
            "            if not _is_bool(b):", "            if b is None:",
-           "tests/test_diagnostics.py::"
+           "tests/core/test_diagnostics.py::"
            "test_history_from_json_refuses_a_record_it_would_misread"),
     Mutant("paddle-mid-iteration-load-accepted", f"{BACKENDS}/paddle/_scaler.py",
            "            raise mid_iteration_load_error()", "            pass",
-           "tests/test_imperative_misuse.py"),
+           f"{_MISUSE_FILES}"),
     Mutant("paddle-second-thread-accepted", f"{BACKENDS}/paddle/_scaler.py",
            "        elif self._iteration_thread != me:", "        elif False:",
-           "tests/test_imperative_misuse.py"),
+           f"{_MISUSE_FILES}"),
     Mutant("diagnostics-summary-and-0-more", "src/unifiedamp/diagnostics.py",
            'names += f" and {more} more" if more > 0 else ""',
            'names += f" and {more} more" if more >= 0 else ""',
-           "tests/test_diagnostics.py::"
-           "test_summary_names_limit_gradients_and_counts_only_the_rest tests/test_diagnostics.py"),
+           "tests/core/test_diagnostics.py::"
+           "test_summary_names_limit_gradients_and_counts_only_the_rest "
+           "tests/core/test_diagnostics.py"),
     # ---------------------------------------------------------------- one interface
     Mutant("numpy-where-finite-always-new", f"{BACKENDS}/numpy.py",
            "return tree_map(lambda n, o: n if keep else o, new, old)",
            "return tree_map(lambda n, o: n, new, old)",
-           "tests/test_agnostic_step.py tests/test_numpy_backend.py"),
+           f"tests/cross/test_agnostic_step.py {_NUMPY_FILES}"),
     Mutant("numpy-update-ignores-the-flag", f"{BACKENDS}/numpy.py",
            "                checks.append(not bool(finite))", "                pass",
-           "tests/test_interface.py tests/test_numpy_backend.py"),
+           f"tests/cross/test_interface.py tests/keras/test_interface.py {_NUMPY_FILES}"),
     Mutant("torch-skips-counted-twice", f"{BACKENDS}/torch/_scaler.py",
-           "                self._skip_count_host += host_found",
-           "                self._skip_count_host += host_found * 2",
-           "tests/test_torch_backend.py"),
+           "            self._skip_count_host += host_found",
+           "            self._skip_count_host += host_found * 2",
+           f"{_TORCH_FILES} tests/torch/test_callbacks_accelerate.py"),
     Mutant("imperative-skips-not-counted", f"{BACKENDS}/_imperative.py",
            "        self._skipped += int(found_inf)", "        pass",
-           "tests/test_paddle_backend.py tests/test_numpy_backend.py tests/test_agnostic_step.py"),
+           f"{_PADDLE_FILES} {_NUMPY_FILES} tests/cross/test_agnostic_step.py"),
     Mutant("functional-updates-not-counted", f"{BACKENDS}/_functional.py",
            "        updates = (self.updates + 1).astype(xp.int32)",
            "        updates = self.updates",
-           "tests/test_mlx_backend.py tests/test_jax_backend.py tests/test_agnostic_step.py"),
+           "tests/mlx/test_mlx_backend.py tests/jax/test_jax_backend.py "
+           "tests/jax/test_jax_devices.py tests/cross/test_agnostic_step.py"),
     Mutant("functional-setter-drops-the-state", f"{BACKENDS}/_functional.py",
            "        return self._make(config, *self._leaves())",
            "        return type(self)(**config.to_dict())",
-           "tests/test_interface.py tests/test_jax_backend.py tests/test_mlx_backend.py"),
+           "tests/cross/test_interface.py tests/keras/test_interface.py "
+           "tests/jax/test_jax_backend.py tests/jax/test_jax_devices.py "
+           "tests/mlx/test_mlx_backend.py"),
     Mutant("torch-where-finite-ignores-the-flag", f"{BACKENDS}/torch/_scaler.py",
            "            return tree_map(lambda n, o: torch.where(finite, n, o), new, old)",
            "            return new",
-           "tests/test_agnostic_step.py tests/test_torch_backend.py"),
+           f"tests/cross/test_agnostic_step.py {_TORCH_FILES}"),
     Mutant("registry-aliases-case-sensitive", "src/unifiedamp/_registry.py",
            "        name = BACKEND_ALIASES.get(name.lower(), "
            "name.lower() if name.lower() in rows else name)",
            "        name = BACKEND_ALIASES.get(name, name)",
-           "tests/test_interface.py"),
+           "tests/cross/test_interface.py tests/keras/test_interface.py"),
     Mutant("flag-tensorflow-bool-not-read", "src/unifiedamp/_scaler.py",
            """    return text.strip("<>' ").removeprefix("dtype: '") in ("bool", "bool_")""",
            """    return text in ("bool", "bool_")""",
-           "tests/test_keras_backend.py -k update"),
+           f"{_KERAS_FILES} -k update"),
     # ---------------------------------------------------------------- porting
     Mutant("port-torch-factors-unrounded", f"{PORTING}/_config.py",
            "value = f32(value)", "value = float(value)", _T_PORT),
@@ -574,15 +618,52 @@ def _kill(proc: subprocess.Popen[str]) -> None:
     proc.wait()
 
 
+def sessions_of(selection: list[str]) -> list[tuple[str, list[str] | None, list[str]]]:
+    """The selection split into test sessions (tools/run_tests.py): a path under
+    ``tests/<folder>`` goes to that folder's session (``tests/keras`` to keras-tensorflow;
+    ``keras-jax:tests/keras/...`` names another), a module of the package to the session
+    that runs its doctests, options (``-k EXPR``) to every session. An empty selection is
+    every session: (session, its paths or None for all of them, options)."""
+    if not selection:
+        return [(name, None, []) for name in run_tests.SESSIONS]
+    paths, options, rest = [], [], list(selection)
+    while rest:
+        arg = rest.pop(0)
+        if arg.startswith("-"):
+            options.append(arg)
+            if arg in ("-k", "-m") and rest:
+                options.append(rest.pop(0))
+        else:
+            paths.append(arg)
+    groups: dict[str, list[str]] = {}
+    for path in paths:
+        session, _, path = path.rpartition(":") if re.match(r"^[\w-]+:tests/", path) \
+            else ("", "", path)
+        groups.setdefault(session or run_tests.session_of(path), []).append(path)
+    return [(name, group, options) for name, group in groups.items()]
+
+
 def run_pytest(selection: list[str], timeout: float) -> tuple[int | None, str]:
-    """(pytest's exit code or None on timeout, its output)."""
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *selection]
-    # No bytecode from a mutated source is left behind for a later, honest run.
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    """(the first failing session's pytest exit code, or 0, or None on timeout; the
+    output)."""
+    deadline, output = time.monotonic() + timeout, ""
+    for session, paths, options in sessions_of(selection):
+        cmd = run_tests.command(session, ["-x", "-q", "-p", "no:cacheprovider", *options],
+                                paths)
+        # No bytecode from a mutated source is left behind for a later, honest run.
+        env = {**os.environ, **run_tests.SESSIONS[session][0], "PYTHONDONTWRITEBYTECODE": "1"}
+        code, out = _run(cmd, env, deadline - time.monotonic())
+        output += out
+        if code != 0:
+            return code, output
+    return 0, output
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str]:
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, _ = proc.communicate(timeout=max(timeout, 1))
     except subprocess.TimeoutExpired:
         _kill(proc)
         return None, ""

@@ -3,7 +3,7 @@
 # .venv-praxis): the stack of constraints-praxis.txt, installed with --no-deps because the
 # releases pin packages that have no wheel for this Python, then this library, also with
 # --no-deps (its jax extra asks for a newer jax than Praxis 1.4.0 runs on).
-# Usage: tools/praxis_env.sh [VENV]; then VENV/bin/python -m pytest tests/test_praxis.py
+# Usage: tools/praxis_env.sh [VENV]; then VENV/bin/python -m pytest tests/praxis
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-.venv-praxis}"

@@ -3,10 +3,11 @@
 Usage: python tools/typecheck.py [--list] [MYPY_ARG ...]
 
 Checks ``src/unifiedamp``, ``examples/`` and each ```python block of README.md and docs/**/*.md
-with the configuration in pyproject.toml ([tool.mypy]). The blocks are the ones
-tests/test_docs.py runs, each an independent script: each is written to a module of its own in
-a temporary folder, named after its page and index (``docs/backends/torch.md`` block 3 is
-``docs_backends_torch_md_3.py``, the test id ``docs/backends/torch.md#3``), and mypy's messages
+with the configuration in pyproject.toml ([tool.mypy]). The blocks are the ones the docs
+tests run (tests/support/doc_blocks.py), each an independent script: each is written to a
+module of its own in a temporary folder, named after its page and index
+(``docs/backends/torch.md`` block 3 is ``docs_backends_torch_md_3.py``, the test id
+``docs/backends/torch.md#3``), and mypy's messages
 about it are printed with the page and the line in the page. Exits with mypy's status: 1 on any
 error. Extra arguments go to mypy (``--no-incremental``...); ``--list`` prints the blocks'
 modules and pages.
@@ -24,8 +25,8 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-# The same blocks, in the same order, as tests/test_docs.py: those indented in a tab or a
-# list too, closed by a fence of the same indent.
+# The same blocks, in the same order, as tests/support/doc_blocks.py: those indented in a tab
+# or a list too, closed by a fence of the same indent.
 BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)
 # mypy's "path:line: severity: message" (with --show-column-numbers off, the default).
 MESSAGE = re.compile(r"^(?P<path>[^:\n]+\.py):(?P<line>\d+):(?P<rest> .*)$")
@@ -34,7 +35,7 @@ MESSAGE = re.compile(r"^(?P<path>[^:\n]+\.py):(?P<line>\d+):(?P<rest> .*)$")
 class Block(NamedTuple):
     module: str  # the file name mypy sees
     page: str  # relative to the repository root
-    index: int  # as in tests/test_docs.py's ids
+    index: int  # as in the docs tests' ids
     first_line: int  # the page's line of the block's first line of code
     code: str
 

@@ -21,7 +21,7 @@ from unifiedamp._isolation import ensure_importable
 from unifiedamp.errors import AmbiguousBackendError, MissingBackendError, UnknownBackendError
 
 # typing.TYPE_CHECKING without importing typing, which (with re and enum) a bare ``import
-# unifiedamp`` must not load (tests/test_import.py); type checkers know this idiom.
+# unifiedamp`` must not load (tests/core/test_import.py); type checkers know this idiom.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

@@ -24,7 +24,7 @@ from unifiedamp import _registry
 from unifiedamp.spec import ScalerConfig, ScalerState, f32
 
 # typing.TYPE_CHECKING without importing typing: a bare ``import unifiedamp`` loads
-# neither typing nor the re and enum it brings (tests/test_import.py); type checkers know
+# neither typing nor the re and enum it brings (tests/core/test_import.py); type checkers know
 # this idiom.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ class _FacadeMeta(abc.ABCMeta):
     # The framework classes backends derive from (torch.amp.GradScaler,
     # paddle.amp.GradScaler, keras's LossScaleOptimizer) all have the metaclass
     # `type`, so no backend meets a metaclass conflict
-    # (tests/test_framework_assumptions.py).
+    # (test_framework_assumptions.py in each framework's test folder).
     def __call__(cls, *args: Any, backend: Any = None, **kwargs: Any) -> Any:
         if cls is not GradScaler:
             if backend is not None:
@@ -251,7 +251,7 @@ class GradScaler(metaclass=_FacadeMeta):
     if TYPE_CHECKING:
         # What type checkers see of the constructor (the metaclass dispatches at run
         # time): the design's signature, and for a literal backend name that backend's
-        # class and options (tests/test_interface.py checks them against the classes).
+        # class and options (tests/cross/test_interface.py checks them against the classes).
         @overload
         def __new__(cls, init_scale: float = ..., growth_factor: float = ...,
                     backoff_factor: float = ..., growth_interval: int = ...,

@@ -33,7 +33,7 @@ def tree_map(fn: Callable[..., Any], tree: Any, *rest: Any) -> Any:
     """
     # With one tree (the usual case) a leaf is handed to fn where its container is mapped,
     # with no call of this function per leaf: the torch backend maps gradients at every
-    # step, where each Python call is host time (tests/test_call_counts.py).
+    # step, where each Python call is host time (tests/torch/test_call_counts.py).
     if isinstance(tree, dict):
         for other in rest:
             if not isinstance(other, dict) or other.keys() != tree.keys():

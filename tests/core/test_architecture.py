@@ -14,7 +14,7 @@ import pathlib
 
 import pytest
 
-SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 #: Lowest first; a module may import its own layer and the layers below it. The
 #: "spec" layer also holds the framework-free helpers every layer may use.

@@ -1,8 +1,10 @@
 """The engines' launcher and checker (unifiedamp.conformance.engines), framework-free.
 
 The rank programs here are plain Python: what is under test is how a run of
-several processes ends (results, a raised error, a rank that never answers, an
-abort after the results) and how records are held against the spec.
+several processes ends (results, a raised error, a collective that times out, a rank
+that never answers, an abort after the results) and how records are held against the
+spec. A "collective" in them is a wait with a timeout that raises ``TimeoutError``,
+which the program tells ``rank_main`` is its framework's collective timeout.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import copy
 import os
 import re
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -32,11 +35,19 @@ PROGRAM = textwrap.dedent("""
     import json, os, sys, time
     from unifiedamp.conformance.engines import rank_main, step_record
 
+    def collective(job, ready):
+        # As a framework's collective with a timeout: waits for ready(), then raises.
+        start = time.monotonic()
+        while not ready():
+            if time.monotonic() - start > job["collective_timeout"]:
+                raise TimeoutError(f"waited {job['collective_timeout']} s in a collective")
+            time.sleep(0.05)
+
     def train(job):
         if job["mode"] == "hang" and job["rank"] == 1:
             time.sleep(600)
         if job["mode"] == "wait":  # every rank waits for the other, as in a collective
-            time.sleep(600)
+            collective(job, lambda: False)
         if job["mode"] == "busy":  # rank 1 waits for rank 0, which computes for 4 s
             done = os.path.join(job["out"], "done")
             if job["rank"] == 0:
@@ -44,33 +55,41 @@ PROGRAM = textwrap.dedent("""
                 while time.process_time() - start < 4:
                     pass
                 open(done, "w").close()
-            while not os.path.exists(done):
-                time.sleep(0.05)
+            collective(job, lambda: os.path.exists(done))
         if job["mode"] == "raise" and job["rank"] == 0:
             raise AssertionError("No inf checks were recorded for this optimizer.")
+        if job["mode"] == "raise-then-wait":  # rank 1's peer is gone: its collective ends
+            if job["rank"] == 0:
+                raise AssertionError("No inf checks were recorded for this optimizer.")
+            collective(job, lambda: False)
         if job["mode"] == "who":
             return [{"ppid": os.getppid(), "cwd": os.getcwd(), "out": job["out"],
                      "main": __name__, "argv0": sys.argv[0], "argc": len(sys.argv),
                      "var": os.environ.get("RANK_VAR"), "session": os.getsid(0) == os.getpid(),
-                     "preloaded": "fractions" in sys.modules}]
+                     "deadline": job["deadline"]}]
         return [step_record("F", (1024.0, 1, 0), True, [[job["rank"] * 0.0 + 0.5]])]
 
     if __name__ == "__main__":
-        rank_main(train)
+        rank_main(train, timed_out=lambda exc: isinstance(exc, TimeoutError))
         if json.loads(sys.argv[1])["mode"] == "abort" and json.loads(sys.argv[1])["rank"] == 1:
             os.abort()
 """)
 
+#: A collective's timeout in the rank program (its "framework's"), in seconds.
+COLLECTIVE_TIMEOUT = 2
 
-@pytest.fixture(params=[(), ("fractions",)], ids=["plain", "forked"])
-def program(request, tmp_path):
-    """Launches the rank program as plain interpreters, or as forks of a zygote that
-    imported a module (fractions: none of them imports it)."""
+
+@pytest.fixture
+def program(tmp_path):
+    """Launches the rank program as plain interpreters."""
     (tmp_path / "rank_program.py").write_text(PROGRAM)
     path = os.pathsep.join([str(tmp_path), engines._pythonpath()])
-    return lambda mode, **kw: launch("rank_program", {"mode": mode}, 2,
-                                     env=lambda rank: {"PYTHONPATH": path, **kw.pop("env", {})},
-                                     preload=request.param, **kw)
+
+    def run(mode, collective_timeout=COLLECTIVE_TIMEOUT, **kw):
+        return launch("rank_program", {"mode": mode, "collective_timeout": collective_timeout},
+                      2, env=lambda rank: {"PYTHONPATH": path, **kw.pop("env", {})}, **kw)
+
+    return run
 
 
 def test_a_run_whose_ranks_all_finish_is_ok_with_each_ranks_records(program):
@@ -82,26 +101,28 @@ def test_a_run_whose_ranks_all_finish_is_ok_with_each_ranks_records(program):
 
 
 def test_a_rank_that_never_answers_is_a_deadlock_and_every_rank_is_killed(program):
-    outcome = program("hang", timeout=4)
+    outcome = program("hang", timeout=6)
     assert outcome.status == "deadlock", outcome
-    assert "rank(s) [1]" in outcome.detail and "4 s" in outcome.detail
+    assert "rank(s) [1]" in outcome.detail and "6 s" in outcome.detail
     assert outcome.returncodes[1] < 0  # killed, not left running
     assert outcome.seconds < 30
+    # where it waited: its threads' stacks (faulthandler), printed before it was killed
+    assert re.search(r"rank_program\.py\", line \d+ in train", outcome.logs[1]), outcome.logs
 
 
 def test_ranks_that_all_wait_are_a_deadlock_before_the_timeout_with_their_stacks(program):
-    outcome = program("wait", timeout=120, idle=2)
+    outcome = program("wait", timeout=120)
     assert outcome.status == "deadlock", outcome
-    assert outcome.detail == ("no result after 2 s in which no rank used the CPU from "
-                              "rank(s) [0, 1]; every rank killed")
+    assert outcome.detail == ("a collective timed out on rank(s) [0, 1] (TimeoutError: waited "
+                              "2 s in a collective); no result from rank(s) [0, 1]")
     assert outcome.seconds < 60
-    # each rank's log ends with where it waited (faulthandler, asked by the launcher)
-    assert all(re.search(r"rank_program\.py\", line \d+ in train", log)
+    # each rank's log ends with where it waited (the traceback of its collective's timeout)
+    assert all(re.search(r"rank_program\.py\", line \d+, in train", log)
                for log in outcome.logs), outcome.logs
 
 
 def test_a_rank_that_computes_while_its_peer_waits_is_no_deadlock(program):
-    outcome = program("busy", timeout=120, idle=2)
+    outcome = program("busy", timeout=120, collective_timeout=30)
     assert outcome.status == "ok", outcome
 
 
@@ -113,6 +134,15 @@ def test_a_rank_that_raises_is_an_error_naming_the_exception(program):
     assert outcome.returncodes[0] == 1
 
 
+def test_a_collective_that_times_out_after_a_peer_raised_leaves_that_error(program):
+    # The first error in time decides: rank 1's collective timed out because rank 0 failed.
+    outcome = program("raise-then-wait", timeout=60)
+    assert outcome.status == "error", outcome
+    assert outcome.detail == ("AssertionError: No inf checks were recorded for this "
+                              "optimizer.")
+    assert outcome.records[1]["timed_out"] and outcome.returncodes == [1, 1]
+
+
 def test_a_rank_that_aborts_after_its_results_is_an_abort_at_exit(program):
     outcome = program("abort", timeout=60)
     assert outcome.status == "abort at exit"
@@ -121,30 +151,21 @@ def test_a_rank_that_aborts_after_its_results_is_an_abort_at_exit(program):
         "abort at exit: rank 1: killed by SIGABRT"]
 
 
-def test_a_forked_rank_is_what_python_m_makes_of_it_and_its_zygote_serves_later_launches(
-        tmp_path):
+def test_a_rank_is_what_python_m_makes_of_it_in_a_session_of_its_own(tmp_path):
     (tmp_path / "rank_program.py").write_text(PROGRAM)
     path = os.pathsep.join([str(tmp_path), engines._pythonpath()])
-
-    def who(preload):
-        outcome = launch("rank_program", {"mode": "who"}, 2, timeout=60, preload=preload,
-                         env=lambda rank: {"PYTHONPATH": path, "RANK_VAR": f"r{rank}"})
-        assert outcome.status == "ok", outcome
-        return [record["steps"][0] for record in outcome.records]
-
-    first, again = who(("fractions",)), who(("fractions",))
-    for rank, seen in enumerate(first):
+    before = time.time()
+    outcome = launch("rank_program", {"mode": "who"}, 2, timeout=60,
+                     env=lambda rank: {"PYTHONPATH": path, "RANK_VAR": f"r{rank}"})
+    assert outcome.status == "ok", outcome
+    for rank, record in enumerate(outcome.records):
+        seen = record["steps"][0]
         assert seen["cwd"] == seen["out"] and seen["main"] == "__main__", seen
         assert seen["argv0"] == str(tmp_path / "rank_program.py") and seen["argc"] == 2
-        assert seen["var"] == f"r{rank}" and seen["session"] and seen["preloaded"]
-    # each rank's environment has a zygote of its own, which forks it again next time
-    parents = [seen["ppid"] for seen in first]
-    assert [seen["ppid"] for seen in again] == parents
-    assert os.getpid() not in parents and parents[0] != parents[1]
-    plain = who(())
-    assert os.getpid() in {seen["ppid"] for seen in plain} and not plain[0]["preloaded"]
-    # a preload that fails there runs the ranks plain
-    assert who(("no_such_framework_anywhere",))[0]["ppid"] == os.getpid()
+        assert seen["var"] == f"r{rank}" and seen["session"], seen
+        # a child of this process (no server in between), told when the launch ends
+        assert seen["ppid"] == os.getpid(), seen
+        assert before + 60 <= seen["deadline"] <= time.time() + 60
 
 
 def records_following_the_spec(config: ScalerConfig, kinds: list[str]) -> Outcome:
@@ -226,9 +247,9 @@ def test_the_command_line_names_the_frameworks_and_refuses_others(capsys):
         engines.main(["mxnet"])
 
 
-@pytest.mark.framework("torch")
 def test_the_command_line_lists_an_engines_settings_and_refuses_a_pairing_it_cannot_run(
         capsys):
+    # Listing and refusing need no torch: the engine module imports it in its ranks only.
     assert engines.main(["torch"]) == 0
     listed = capsys.readouterr().out
     assert "fsdp2" in listed and "torch.amp" in listed

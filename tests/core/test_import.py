@@ -39,7 +39,7 @@ HEAVY = (
 PACKAGE_MODULES = {
     "unifiedamp",
     "unifiedamp._isolation",
-    "unifiedamp._monitor",
+    "unifiedamp.errors",
     "unifiedamp._registry",
     "unifiedamp._scaler",
     "unifiedamp.spec",
@@ -62,7 +62,7 @@ def imported_by(run_python, code: str) -> dict:
         import json
         {code}
         print(json.dumps({{"new": new, "result": result}}))
-    """), fresh=True)
+    """))
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 

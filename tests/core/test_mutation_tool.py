@@ -7,14 +7,16 @@ silent no-op ("stale") and inflate nothing but the script's output.
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _mutation_module():
+    sys.path.insert(0, str(ROOT / "tools"))  # as when run as a script: tools/run_tests.py
     spec = importlib.util.spec_from_file_location("mutation", ROOT / "tools" / "mutation.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,9 +1,11 @@
 """examples/agnostic_step.py: one train_step, written once, trains on five frameworks with
-the same scale trajectory and skip decisions as the spec, bit for bit."""
+the same scale trajectory and skip decisions as the spec, bit for bit. The example's
+``train`` runs here, in this session's process, which imports all five frameworks."""
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import inspect
 import json
@@ -12,11 +14,10 @@ import subprocess
 import sys
 
 import pytest
-from _shared_child import shared_result
 
 from unifiedamp import spec
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "agnostic_step.py"
 FRAMEWORKS = ["numpy", "torch", "paddle", "jax", "mlx"]
 
@@ -39,26 +40,17 @@ def _expected(example):
     return out
 
 
-def _run_every_framework():
-    # One process per framework: each imports only its own.
-    results = {}
-    for framework in FRAMEWORKS:
-        proc = subprocess.run([sys.executable, str(EXAMPLE), framework], capture_output=True,
-                              text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[framework] = [json.loads(line) for line in proc.stdout.splitlines()]
-    return results
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return shared_result(tmp_path_factory, "agnostic_step", _run_every_framework)
+def runs():
+    """``runs(framework)``: the example's records of training on ``framework`` (one per
+    step, then the counters and the trained parameters), trained on first use."""
+    return functools.cache(_example().train)
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_the_step_follows_the_spec_bit_for_bit(runs, framework):
     example = _example()
-    *steps, totals = runs[framework]
+    *steps, totals = runs(framework)
     got = [(r["step"], spec.f32_hex(r["scale"]), r["skipped"]) for r in steps]
     for want, have in zip(_expected(example), got, strict=True):
         assert have == want, f"{framework} diverged from the spec at step {want[0]}: " \
@@ -72,7 +64,7 @@ def test_the_step_follows_the_spec_bit_for_bit(runs, framework):
 def test_every_framework_trains_the_same_model(runs):
     import numpy as np
 
-    final = {fw: runs[fw][-1]["params"] for fw in FRAMEWORKS}
+    final = {fw: runs(fw)[-1]["params"] for fw in FRAMEWORKS}
     for fw in FRAMEWORKS[1:]:
         for mine, reference in zip(final[fw], final["numpy"], strict=True):
             np.testing.assert_allclose(mine, reference, rtol=1e-5, err_msg=fw)
@@ -91,3 +83,13 @@ def test_train_step_is_written_once_with_no_framework_in_it():
     for framework in ("numpy", "np", "torch", "paddle", "jax", "jnp", "mlx", "mx", "keras"):
         assert framework not in names, framework
         assert framework not in source.split('"""')[-1], framework
+
+
+def test_the_script_prints_what_train_returns(runs):
+    # The command line the example's docstring shows, on the framework that needs no other:
+    # one JSON line per record, naming its framework.
+    proc = subprocess.run([sys.executable, str(EXAMPLE), "numpy"], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert printed == [{"framework": "numpy", **record} for record in runs("numpy")]

@@ -8,13 +8,17 @@ against the spec and a single process taking the same steps on the mean gradient
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
-pytest.importorskip("jax")
+from unifiedamp.conformance.engines import jax as engines
 
-from unifiedamp.conformance.engines import jax as engines  # noqa: E402
-
-pytestmark = [pytest.mark.distributed, pytest.mark.framework("jax")]
+# This process imports no JAX (the engine's reference is NumPy): the ranks do.
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax not installed"),
+]
 
 
 def warnings_of(run):

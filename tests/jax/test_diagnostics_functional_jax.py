@@ -37,8 +37,6 @@ from unifiedamp.backends.jax import (  # noqa: E402
 )
 from unifiedamp.diagnostics import FIXES, GradientOverflow, count_overflow  # noqa: E402
 
-pytestmark = pytest.mark.framework("jax")
-
 INF, NAN = float("inf"), float("nan")
 LEAF_PATHS = ["dense1.bias", "dense1.kernel", "dense2.bias", "dense2.kernel"]  # tree order
 

@@ -6,7 +6,7 @@ or state raises. ``pmap`` and ``shard_map(check_vma=False)`` track nothing: a ch
 without an axis warns there. Gradients that already agree (``lax.pmean``, the summed
 gradients of replicated parameters, ``jax.jit`` on global arrays) need no axis, and
 nothing is said. One device is enough: the check reads types, not values (two devices
-and two processes: tests/test_distributed_jax.py).
+and two processes: tests/distributed/test_distributed_jax.py).
 """
 
 from __future__ import annotations
@@ -33,8 +33,6 @@ from unifiedamp.backends.jax import (  # noqa: E402
     step_if_finite,
     where_finite,
 )
-
-pytestmark = pytest.mark.framework("jax")
 
 MESH = Mesh(np.array(jax.devices()[:1]), ("d",))
 PARAMS = {"w": jnp.ones(3)}

@@ -17,8 +17,6 @@ import jax.numpy as jnp  # noqa: E402
 from unifiedamp import spec  # noqa: E402
 from unifiedamp.backends.jax import JaxGradScaler, find_scaler, loss_scaled  # noqa: E402
 
-pytestmark = pytest.mark.framework("jax")
-
 
 @pytest.fixture
 def serialization():
@@ -243,15 +241,16 @@ def test_flax_nnx_optimizer_round_trips_through_a_pure_dict(serialization):
 # ------------------------------------------------------------ when the scaler is registered
 
 
-def check_in_a_fresh_process(run_python, code):
-    # Not forked from a server that imported flax already: these check what imports do.
-    proc = run_python(textwrap.dedent(code), fresh=True)
+def check_in_a_new_interpreter(run_python, code):
+    # This session's process imported Flax and the backend already: what imports do, and in
+    # which order, shows only in an interpreter that has imported neither.
+    proc = run_python(textwrap.dedent(code))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "ok", proc.stdout
 
 
 def test_the_backend_does_not_import_flax_and_registers_when_flax_is_imported(run_python):
-    check_in_a_fresh_process(run_python, """
+    check_in_a_new_interpreter(run_python, """
         import sys
         from unifiedamp.backends.jax import JaxGradScaler
         assert not [m for m in sys.modules if m == "flax" or m.startswith("flax.")]
@@ -272,20 +271,15 @@ def test_the_backend_does_not_import_flax_and_registers_when_flax_is_imported(ru
 
 
 def test_flax_imported_first_or_reloaded_and_a_users_own_handler(run_python):
-    check_in_a_fresh_process(run_python, """
+    check_in_a_new_interpreter(run_python, """
         import importlib
         from flax import serialization
         from unifiedamp.backends.jax import JaxGradScaler
+        import unifiedamp.backends.jax._flax as flax_support
 
         assert serialization.to_state_dict(JaxGradScaler(8.0))["scale"] == 8.0
         importlib.reload(serialization)          # a new registry: registered again
         assert serialization.to_state_dict(JaxGradScaler(8.0))["scale"] == 8.0
-        print("ok")
-    """)
-    check_in_a_fresh_process(run_python, """
-        from flax import serialization
-        from unifiedamp.backends.jax import JaxGradScaler
-        import unifiedamp.backends.jax._flax as flax_support
 
         serialization.register_serialization_state(
             JaxGradScaler, lambda s: {"mine": 1}, lambda t, d: t, override=True)

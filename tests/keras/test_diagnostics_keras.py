@@ -1,17 +1,10 @@
-"""The Keras backend's diagnostics on every Keras backend: ``overflow_report()`` after a
-skipped step (an inf or NaN put into exactly one named variable's gradient, in a custom
-loop and in ``model.fit``), ``history()`` against the spec across a ring wrap-around,
-``diagnose`` on and off giving the same training bit for bit, and ``model.save`` /
-``load_model`` with the diagnostics' variables.
-
-The ``check_*`` functions are backend-agnostic bodies. Keras's backend is fixed at import,
-so one child interpreter per Keras backend (``KERAS_BACKEND`` = tensorflow, jax, torch)
-runs the checks listed for it in :data:`CHECKS`, all started at once when the module's
-first test runs (TensorFlow's in two children), each forked from the session's fork server
-for ``import keras`` with that backend (tests/_forkserver.py); each test reads its check's
-outcome.
-The TensorFlow children have two logical CPUs (for ``MirroredStrategy``). This process
-never imports Keras.
+"""The Keras backend's diagnostics on the session's Keras backend (the keras session runs
+once per ``KERAS_BACKEND``: tensorflow, jax, torch): ``overflow_report()`` after a skipped
+step (an inf or NaN put into exactly one named variable's gradient, in a custom loop and in
+``model.fit``), ``history()`` against the spec across a ring wrap-around, ``diagnose`` on
+and off giving the same training bit for bit, and ``model.save`` / ``load_model`` with the
+diagnostics' variables; on TensorFlow alone, an XLA-compiled custom step and
+``MirroredStrategy`` over two logical CPUs (in a process of its own).
 """
 
 from __future__ import annotations
@@ -19,27 +12,28 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pathlib
 import warnings
+from types import SimpleNamespace
 
+import keras
 import numpy as np
 import pytest
-from _shared_child import SharedChild
 
 from unifiedamp import spec
 from unifiedamp.diagnostics import count_overflow
 from unifiedamp.spec import ScalerConfig, ScalerState
 
-pytestmark = pytest.mark.framework("keras")
+
+def _only_on_tensorflow(why: str) -> pytest.MarkDecorator:
+    backend = keras.backend.backend()
+    return pytest.mark.skipif(backend != "tensorflow", reason=f"KERAS_BACKEND={backend}: {why}")
 
 
-# ------------------------------------------------------------ helpers (no framework at import)
+# ------------------------------------------------------------ helpers
 
 
 @contextlib.contextmanager
 def _policy(name: str):
-    import keras
-
     before = keras.mixed_precision.dtype_policy()
     keras.mixed_precision.set_dtype_policy(name)
     try:
@@ -49,15 +43,11 @@ def _policy(name: str):
 
 
 def _backend() -> str:
-    import keras
-
     return keras.backend.backend()
 
 
 def _mlp(seed: int = 0):
     """``net/hidden/{kernel,bias}`` (4 -> 8) and ``net/out/{kernel,bias}`` (8 -> 1)."""
-    import keras
-
     # Seeded initializers: keras.utils.set_random_seed would import TensorFlow (4 s).
     glorot = keras.initializers.GlorotUniform
     return keras.Sequential([
@@ -163,8 +153,6 @@ def _spec_trajectory(config: ScalerConfig, skipped: list[bool]) -> list[tuple[in
 def _recorder(scaler, what):
     """A callback that records ``what(scaler)`` after every train batch (``self.model``
     first: under JAX it syncs the train state into the variables)."""
-    import keras
-
     seen = []
 
     class Record(keras.callbacks.Callback):
@@ -179,7 +167,6 @@ def _tap_model(seed: int = 0):
     """``net/tap/p`` (2,), then ``net/out/{kernel,bias}``. The tap adds exactly 0 to its
     input, so only ``p``'s gradient sees column 3 of the input: element 0 through a factor
     1e38 (so a row with x[:, 3] = 1 overflows it, times any scale), element 1 plainly."""
-    import keras
     from keras import ops
 
     class Tap(keras.layers.Layer):
@@ -196,16 +183,14 @@ def _tap_model(seed: int = 0):
     return keras.Sequential([keras.Input((4,)), Tap(name="tap"), out], name="net")
 
 
-# ------------------------------------------------------------ checks, on every Keras backend
+# ------------------------------------------------------------ on every Keras backend
 
 
-def check_custom_loop_report_names_the_poisoned_variable():
+def test_custom_loop_report_names_the_poisoned_variable():
     """Gradients by the backend's autodiff; an inf, a -inf and a NaN put into
     ``net/out/kernel`` only, then a NaN into ``net/hidden/bias`` only: each report names
     exactly that variable, with the counts and largest finite |g| NumPy finds in the
     unscaled gradient."""
-    import keras
-
     with _policy("mixed_float16"):
         scaler = _scaler(1024.0, growth_interval=1000, diagnose=True)
         model = _mlp()
@@ -252,12 +237,10 @@ def check_custom_loop_report_names_the_poisoned_variable():
         assert int(opt.iterations) == 2
 
 
-def check_fit_report_names_the_poisoned_variable():
+def test_fit_report_names_the_poisoned_variable():
     """``model.fit`` (TensorFlow's graph, JAX's jitted step, torch): one row of the third
     batch overflows ``net/tap/p``'s gradient only; the report read after each batch is
     None except after that one. A NaN input then makes the loss itself NaN."""
-    import keras
-
     scaler = _scaler(1024.0, growth_interval=1000, diagnose=True)
     model = _tap_model()
     model.compile(optimizer=scaler.wrap(keras.optimizers.SGD(1e-3)), loss="mse")
@@ -283,12 +266,10 @@ def check_fit_report_names_the_poisoned_variable():
     assert report.loss_finite is (False if _backend() == "torch" else None)
 
 
-def check_diagnose_on_and_off_give_identical_scales_and_weights():
+def test_diagnose_on_and_off_give_identical_scales_and_weights():
     """The same fit with diagnose=True and history=3 and without: the scale after every
     step and the final weights bit for bit (on JAX with SGD, whose update is selected
     without diagnose and taken by a cond with it)."""
-    import keras
-
     x, y = _data(24)
     x = _with_inf(x, rows=(5, 6, 13, 21))  # batches 1, 3, 5 of 6
     # JAX: SGD, where the choice between select and cond is made.
@@ -311,11 +292,9 @@ def check_diagnose_on_and_off_give_identical_scales_and_weights():
         assert all(np.isfinite(w).all() for w in weights_on)
 
 
-def check_history_wraps_around_like_the_spec():
+def test_history_wraps_around_like_the_spec():
     """A ring of 4 over 11 compiled steps (train_on_batch): after every step, the last
     min(k, 4) records equal the reference rule's (iteration, scale left, skipped)."""
-    import keras
-
     pattern = "FFIFIIFFFIF"
     config = ScalerConfig(256.0, growth_interval=2, hysteresis=2, backoff_factor=0.25)
     scaler = _scaler(**config.to_dict(), history=4)
@@ -333,14 +312,12 @@ def check_history_wraps_around_like_the_spec():
     assert arrays["scale"].dtype == np.float32 and list(arrays["iteration"]) == [8, 9, 10, 11]
 
 
-def check_report_without_diagnose():
+def test_report_without_diagnose():
     """TensorFlow and JAX: without diagnose the gradients stay in the compiled step: with
     history the report gives step and scale and says to use diagnose=True; with neither,
     a RuntimeError says so. torch: the report is computed when asked from the gradients
     as they are then, and says when they were freed."""
     import gc
-
-    import keras
 
     x, y = _data(8)
     if _backend() != "torch":
@@ -399,7 +376,7 @@ def check_report_without_diagnose():
     assert scaler.overflow_report().step == 3 and scaler.overflow_report().names
 
 
-def check_save_and_load_keep_diagnostics_out_of_the_file():
+def test_save_and_load_keep_diagnostics_out_of_the_file():
     """The file holds the variables an optimizer without diagnostics holds: it loads into
     an optimizer with or without them (no 'Skipping variable loading' warning), the
     config brings diagnose and history back, and training resumes exactly."""
@@ -407,7 +384,6 @@ def check_save_and_load_keep_diagnostics_out_of_the_file():
     import zipfile
 
     import h5py
-    import keras
 
     from unifiedamp.backends.keras import KerasGradScaler
 
@@ -456,12 +432,7 @@ def check_save_and_load_keep_diagnostics_out_of_the_file():
         assert _state(KerasGradScaler.of(plain.optimizer)) == (np.float32(512.0), 1, 0)
 
 
-# ------------------------------------------------------------ checks for one Keras backend
-
-
-def check_options_are_validated_and_kept_in_the_config():
-    import keras
-
+def test_options_are_validated_and_kept_in_the_config():
     from unifiedamp.backends.keras import KerasGradScaler, SpecLossScaleOptimizer
 
     for bad in ("yes", 1, None):
@@ -497,11 +468,14 @@ def check_options_are_validated_and_kept_in_the_config():
     assert disabled.overflow_report() is None and disabled.history().as_list() == []
 
 
-def check_xla_custom_loop_records_the_report():
+# ------------------------------------------------------------ on TensorFlow
+
+
+@_only_on_tensorflow("an XLA-compiled tf.function (jit_compile=True) over a tf.GradientTape")
+def test_xla_custom_loop_records_the_report():
     """TensorFlow: an XLA-compiled custom step (``jit_compile=True``) poisons one element
     of ``net/out/bias``'s gradient inside the graph; the report matches NumPy on the
     gradients the step returns."""
-    import keras
     import tensorflow as tf
 
     scaler = _scaler(2048.0, growth_interval=1000, diagnose=True, history=4)
@@ -532,28 +506,61 @@ def check_xla_custom_loop_records_the_report():
                                           (3, 1024.0, False)]
 
 
-def check_mirrored_strategy_sums_the_replicas_counts():
-    """TensorFlow, MirroredStrategy over two logical CPUs (one example per replica): an inf
-    on replica 1 only is reported with that replica's counts; on both, with the sum."""
-    import keras
-    import tensorflow as tf
+#: The program of the MirroredStrategy test: TensorFlow takes logical devices only before it
+#: sets its devices up, and the strategies of one process share its collectives' keys (two
+#: replicated models of different shapes in one process abort each other's all-reduce).
+#: Prints RESULT and the reports after each step as JSON.
+_MIRRORED = """
+import json
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import keras
+import numpy as np
+from unifiedamp.backends.keras import KerasGradScaler
 
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
-        scaler = _scaler(1024.0, growth_interval=100, diagnose=True, history=3)
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="fc")],
-                                 name="net")
-        model.compile(optimizer=scaler.wrap(keras.optimizers.Adam(0.1)), loss="mse")
-    seen = []
-    for kinds in ("FF", "FI", "FF", "II"):
-        x = np.ones((2, 3), np.float32)
-        for r, kind in enumerate(kinds):
-            if kind == "I":
-                x[r, 0] = np.inf
-        model.fit(x, np.ones((2, 1), np.float32), batch_size=2, epochs=1, shuffle=False,
-                  verbose=0)
-        seen.append(scaler.overflow_report())
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    scaler = KerasGradScaler(1024.0, growth_interval=100, diagnose=True, history=3)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1, name="fc")], name="net")
+    model.compile(optimizer=scaler.wrap(keras.optimizers.Adam(0.1)), loss="mse")
+seen = []
+for kinds in ("FF", "FI", "FF", "II"):
+    x = np.ones((2, 3), np.float32)
+    for r, kind in enumerate(kinds):
+        if kind == "I":
+            x[r, 0] = np.inf
+    model.fit(x, np.ones((2, 1), np.float32), batch_size=2, epochs=1, shuffle=False, verbose=0)
+    report = scaler.overflow_report()
+    seen.append(None if report is None else {
+        "step": report.step, "scale": report.scale, "checked": report.checked,
+        "names": report.names, "overflows": [
+            {"inf": o.inf, "nan": o.nan, "max_finite": o.max_finite} for o in report.overflows]})
+print("RESULT " + json.dumps({"seen": seen, "history": scaler.history().as_list()}))
+"""
+
+
+def _report(record: dict | None) -> SimpleNamespace | None:
+    """A report the program printed, with the attributes of an ``OverflowReport``."""
+    if record is None:
+        return None
+    overflows = [SimpleNamespace(**o) for o in record["overflows"]]
+    return SimpleNamespace(**{**record, "overflows": overflows})
+
+
+@_only_on_tensorflow("its program runs Keras on TensorFlow (MirroredStrategy) in a process "
+                     "of its own: the keras-tensorflow session runs it")
+def test_mirrored_strategy_sums_the_replicas_counts(run_python):
+    """TensorFlow, MirroredStrategy over two logical CPUs (one example per replica): an inf
+    on replica 1 only is reported with that replica's counts; on both, with the sum. In a
+    new interpreter (see ``_MIRRORED``), which reports after each step."""
+    proc = run_python(_MIRRORED, env={"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(lines[-1][len("RESULT "):])
+    seen = [_report(record) for record in result["seen"]]
     assert [r is None for r in seen] == [True, False, True, False]
     one, both = seen[1], seen[3]
     assert (one.step, one.scale, one.checked, one.names) == (2, 1024.0, 2,
@@ -562,119 +569,8 @@ def check_mirrored_strategy_sums_the_replicas_counts():
     assert all(0 < o.max_finite < np.inf for o in one.overflows)  # replica 0's
     assert (both.step, both.scale) == (4, 512.0)
     assert [(o.inf, o.nan, o.max_finite) for o in both.overflows] == [(6, 0, 0.0), (2, 0, 0.0)]
-    assert scaler.history().as_list() == [(2, 512.0, True), (3, 512.0, False),
-                                          (4, 256.0, True)]
-
-
-ALL = ["check_custom_loop_report_names_the_poisoned_variable",
-       "check_fit_report_names_the_poisoned_variable",
-       "check_diagnose_on_and_off_give_identical_scales_and_weights",
-       "check_history_wraps_around_like_the_spec",
-       "check_report_without_diagnose",
-       "check_save_and_load_keep_diagnostics_out_of_the_file"]
-CHECKS = {
-    "tensorflow": [*ALL, "check_options_are_validated_and_kept_in_the_config",
-                   "check_xla_custom_loop_records_the_report",
-                   "check_mirrored_strategy_sums_the_replicas_counts"],
-    "jax": ALL,
-    "torch": ALL,
-}
-
-
-# ------------------------------------------------------------ one child per Keras backend
-
-_MARK = "@@check@@"
-_CHILD = """\
-import keras
-import json, sys, traceback
-if keras.backend.backend() == "tensorflow":  # before TensorFlow initialises its devices
-    import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-sys.path.insert(0, {tests!r})
-module = __import__({module!r})
-for name in {checks!r}:
-    try:
-        getattr(module, name)()
-        outcome = ["passed", ""]
-    except BaseException:
-        outcome = ["failed", traceback.format_exc()[-6000:]]
-    print({mark!r} + json.dumps([name, *outcome]), flush=True)
-"""
-
-
-class KerasChildren:
-    """Interpreters with ``KERAS_BACKEND=<backend>`` running ``checks[backend]`` of
-    ``module`` (a module of this folder), all started at once; ``groups[backend]``
-    children share a backend's checks (round robin). :meth:`outcome` waits for the child
-    that runs a check. Under xdist the first worker to get here starts them and the
-    others read the same children."""
-
-    def __init__(self, module: str, checks: dict[str, list[str]],
-                 tmp_path_factory: pytest.TempPathFactory,
-                 groups: dict[str, int] | None = None, timeout: float = 600):
-        self.children, self.results, self.codes = {}, {}, {}
-        self.child_of: dict[tuple[str, str], str] = {}
-        for backend, names in checks.items():
-            n = min((groups or {}).get(backend, 1), len(names)) or 1
-            for j in range(n):
-                key, share = f"{backend}#{j}", names[j::n]
-                self.child_of.update({(backend, c): key for c in share})
-                code = _CHILD.format(tests=str(pathlib.Path(__file__).parent), module=module,
-                                     checks=share, mark=_MARK)
-                child = SharedChild(tmp_path_factory, f"{module}-{backend}-{j}-of-{n}",
-                                    timeout=timeout)
-                child.start_script(code, {"KERAS_BACKEND": backend})
-                self.children[key] = child
-
-    def outcome(self, backend: str, check: str) -> tuple[str, str]:
-        key = self.child_of.get((backend, check))
-        if key is None:
-            return "failed", f"no child runs {check} on {backend}"
-        if key not in self.results:
-            child = self.children[key]
-            self.codes[key] = child.wait()
-            text = child.output()
-            self.results[key] = {
-                name: (outcome, message) for name, outcome, message in (
-                    json.loads(line[len(_MARK):]) for line in text.splitlines()
-                    if line.startswith(_MARK))}
-            self.results[key][""] = ("", text[-4000:])
-        found = self.results[key].get(check)
-        if found is None:
-            return "failed", (f"KERAS_BACKEND={backend}: the child did not run {check} (exit "
-                              f"code {self.codes[key]}):\n{self.results[key][''][1]}")
-        return found
-
-
-def selected_backends(request, module, checks: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The checks of each backend that this session's selected tests of ``module`` need."""
-    wanted: dict[str, list[str]] = {}
-    for item in request.session.items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if getattr(item, "module", None) is module and "backend" in params:
-            wanted.setdefault(params["backend"], []).append(params["check"])
-    return {b: [c for c in checks[b] if c in wanted[b]] for b in checks if b in wanted}
-
-
-@pytest.fixture(scope="module")
-def children(request, tmp_path_factory):
-    pytest.importorskip("keras")
-    # TensorFlow's checks take longest: two children share them.
-    return KerasChildren(pathlib.Path(__file__).stem,
-                         selected_backends(request, request.module, CHECKS),
-                         tmp_path_factory, groups={"tensorflow": 2})
-
-
-CASES = [(backend, check) for backend, checks in CHECKS.items() for check in checks]
-
-
-@pytest.mark.parametrize(("backend", "check"), CASES,
-                         ids=[f"{b}-{c.removeprefix('check_')}" for b, c in CASES])
-def test_under_keras_backend(backend, check, children):
-    outcome, message = children.outcome(backend, check)
-    assert outcome == "passed", f"KERAS_BACKEND={backend}, {check}:\n{message}"
+    assert [tuple(r) for r in result["history"]] == [(2, 512.0, True), (3, 512.0, False),
+                                                     (4, 256.0, True)]
 
 
 def test_spec_trajectory_reference_backs_off_and_grows():

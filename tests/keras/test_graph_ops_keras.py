@@ -22,8 +22,6 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.framework("keras")
-
 #: Ops a good step may run over Keras's LossScaleOptimizer (69 now): the finiteness test's
 #: fast form and the unscalable-scale test, the cond that keeps the scale and its
 #: reciprocal, the trackers and the update counters.
@@ -73,13 +71,13 @@ def all_ops(graph_def) -> int:
 
 @pytest.fixture(scope="module")
 def graphs() -> dict[str, Any]:
-    pytest.importorskip("tensorflow")
     import keras
 
     import unifiedamp as ua
 
     if keras.backend.backend() != "tensorflow":
-        pytest.skip("counts the TensorFlow graph: Keras runs on another backend here")
+        pytest.skip(f"KERAS_BACKEND={keras.backend.backend()}: counts the ops of a TensorFlow "
+                    "graph")
     made = {"native": _step_graph(lambda: keras.optimizers.LossScaleOptimizer(
         keras.optimizers.SGD(0.01), initial_scale=1024.0))}
     for name, options in CONFIGS.items():

@@ -18,9 +18,11 @@ Keras 3.15's own ``LossScaleOptimizer`` takes the first replica's flag under
 MirroredStrategy: the test of the native class asserts that behaviour as measured (an
 inf on replica 1 only is applied, and the scale grows instead of backing off).
 
-Logical devices must be configured before TensorFlow or JAX initialise, and the Keras
-backend is chosen at import: every test runs its program in a fresh interpreter (6 to 12 s
-each on 2 cores), with a timeout.
+Logical devices must be configured before TensorFlow or JAX initialise (JAX's host devices
+by ``XLA_FLAGS`` before it is imported), and the Keras backend is chosen at import: every
+test runs its program in a fresh interpreter (6 to 12 s each on 2 cores), with a timeout.
+The program sets its own ``KERAS_BACKEND``, so each test runs in one of the keras sessions
+alone, the one of its backend, and skips in the others.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from unifiedamp.spec import ScalerConfig, ScalerState
 
 pytestmark = [
     pytest.mark.distributed,
-    pytest.mark.framework("keras"),
     pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras not installed"),
 ]
 
@@ -218,6 +219,17 @@ print("RESULT " + json.dumps({{"steps": out}}))
 """
 
 
+def in_the_session_of(backend: str) -> pytest.MarkDecorator:
+    """Runs the test in the keras session of ``backend`` alone: its program runs Keras on
+    that backend whatever the session's is."""
+    import keras
+
+    session = keras.backend.backend()
+    return pytest.mark.skipif(session != backend, reason=(
+        f"KERAS_BACKEND={session}: the program runs Keras on {backend} in a process of its "
+        f"own; the keras-{backend} session runs it"))
+
+
 def run_program(run_python, code: str, env: dict, key: str | None = "steps") -> Any:
     """The program's RESULT (its ``key`` entry); skips the test where it printed SKIP."""
     proc = run_python(code, timeout=TIMEOUT, env=env)
@@ -285,11 +297,13 @@ def test_expected_states_back_off_then_grow_on_schedule():
         ScalerState(1024.0, 0, 0), ScalerState(1024.0, 1, 0), ScalerState(512.0, 0, 0)]
 
 
+@in_the_session_of("tensorflow")
 def test_mirrored_fit_skips_on_every_replica_when_one_replica_overflows(run_python):
     code = TF_FIT.format(device="CPU", steps=STEPS, native=False)
     assert_follows_the_spec(run_program(run_python, code, TF_ENV), STEPS)
 
 
+@in_the_session_of("tensorflow")
 def test_mirrored_custom_loop_skips_on_every_replica(run_python):
     code = TF_CUSTOM_LOOP.format(device="CPU", steps=STEPS, native=False, xla=False)
     assert_follows_the_spec(run_program(run_python, code, TF_ENV), STEPS)
@@ -299,6 +313,7 @@ def test_mirrored_custom_loop_skips_on_every_replica(run_python):
     "needs an NVIDIA GPU: TensorFlow runs apply() without merge_call (where found_inf is "
     "all-reduced in the replica context) only for XLA-compiled replicas on GPUs; "
     "MirroredStrategy over CPUs always merges"))
+@in_the_session_of("tensorflow")
 def test_mirrored_xla_custom_loop_on_gpus_skips_on_every_replica(run_python):
     code = TF_CUSTOM_LOOP.format(device="GPU", steps=STEPS, native=False, xla=True)
     env = {k: v for k, v in TF_ENV.items() if k != "CUDA_VISIBLE_DEVICES"}
@@ -308,6 +323,7 @@ def test_mirrored_xla_custom_loop_on_gpus_skips_on_every_replica(run_python):
     assert_follows_the_spec(result["steps"], STEPS)
 
 
+@in_the_session_of("tensorflow")
 def test_native_loss_scale_optimizer_applies_an_inf_on_replica_1(run_python):
     """Keras 3.15's own class decides on replica 0's gradients (why ours exists): the
     inf on replica 1 reaches the weights and Adam's moments, and the step counts as
@@ -325,6 +341,7 @@ def test_native_loss_scale_optimizer_applies_an_inf_on_replica_1(run_python):
     assert second["iterations"] == [2, 2]
 
 
+@in_the_session_of("jax")
 def test_jax_data_parallel_fit_skips_on_every_device(run_python):
     # Under jit the gradients of a DataParallel step are already global (the loss is a
     # mean over the sharded batch): one device's inf is every device's.

@@ -36,8 +36,6 @@ from unifiedamp.backends.mlx import (  # noqa: E402
 )
 from unifiedamp.diagnostics import GradientOverflow, count_overflow  # noqa: E402
 
-pytestmark = pytest.mark.framework("mlx")
-
 INF, NAN = float("inf"), float("nan")
 
 

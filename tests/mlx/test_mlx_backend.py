@@ -1,5 +1,5 @@
-"""The MLX backend: what is specific to MLX (the contract runs in
-test_conformance_builtin.py)."""
+"""The MLX backend: what is specific to MLX (the shared contract runs in
+test_conformance.py)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,22 @@ import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
 from unifiedamp.backends.mlx import MlxGradScaler, all_finite  # noqa: E402
 
-pytestmark = pytest.mark.framework("mlx")
-
 
 def test_detected_from_mlx_arrays_and_immutable():
     scaler = ua.GradScaler(backend=mx.ones(2))
     assert type(scaler) is MlxGradScaler and isinstance(scaler, ua.GradScaler)
     with pytest.raises(AttributeError, match="immutable"):
         scaler.loss_scale = mx.array(1.0)
+
+
+def test_torch_style_load_state_dict_fails_loudly_showing_the_right_line():
+    # The JAX scaler says the same (tests/jax/test_jax_backend.py).
+    scaler = ua.GradScaler(8.0, backend="mlx")
+    saved = ua.GradScaler(64.0, backend="mlx").state_dict()
+    with pytest.raises(TypeError, match=r"immutable value: load_state_dict\(\) cannot change it "
+                                        r"in place.*scaler = scaler.restore\(state_dict\)"):
+        scaler.load_state_dict(saved)  # torch's habit: the result would be dropped
+    assert scaler.restore(saved).get_scale() == 64.0
 
 
 def test_subnormal_scales_follow_the_spec_on_the_cpu():

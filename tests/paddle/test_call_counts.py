@@ -1,6 +1,6 @@
 """The host work the paddle backend adds per training iteration, counted as Python calls
-next to ``paddle.amp.GradScaler``'s in the same loop (``tests/test_call_counts.py`` does the
-same for torch and says why a count, not a time).
+next to ``paddle.amp.GradScaler``'s in the same loop (``tests/torch/test_call_counts.py`` does
+the same for torch and says why a count, not a time).
 
 Paddle turns its own scaler off on a CPU place (a warning, then every verb passes through),
 so the native scaler counted here is ``paddle.amp.GradScaler`` with the state its
@@ -36,13 +36,12 @@ import pytest
 
 paddle = pytest.importorskip("paddle")
 
-from _counting import CallCounter  # noqa: E402  # tests/_counting.py
+from _counting import CallCounter  # noqa: E402  # tests/support/_counting.py
 
 import unifiedamp as ua  # noqa: E402
 from unifiedamp.backends.paddle._diagnostics import PaddleDiagnostics  # noqa: E402
 
-pytestmark = [pytest.mark.framework("paddle"),
-              pytest.mark.filterwarnings("ignore:amp_guard can only be enabled on CUDAPlace")]
+pytestmark = pytest.mark.filterwarnings("ignore:amp_guard can only be enabled on CUDAPlace")
 
 WARMUP = 3
 MARGIN = {"paddle-expressible": 5, "extended rule": 15}

@@ -15,7 +15,7 @@ import pytest
 if importlib.util.find_spec("paxml") is None or importlib.util.find_spec("praxis") is None:
     pytest.skip("Praxis and PaxML run in their own environment: build it with "
                 "tools/praxis_env.sh, then .venv-praxis/bin/python -m pytest "
-                "tests/test_praxis.py (docs/backends/praxis.md)", allow_module_level=True)
+                "tests/praxis (docs/backends/praxis.md)", allow_module_level=True)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -29,7 +29,7 @@ from unifiedamp.backends.jax import JaxGradScaler  # noqa: E402
 from unifiedamp.backends.jax.paxml import LossScaledLearner  # noqa: E402
 from unifiedamp.backends.jax.praxis import loss_scaled  # noqa: E402
 
-EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "praxis_stacked.py"
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "praxis_stacked.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Checkpoint files crafted to attack a reader: each is the bytes of one finding, kept as a
-regression case (tests/test_untrusted_files.py runs every one through the Python API and
-``unifiedamp port-state``).
+regression case (tests/core/test_untrusted_files.py and tests/torch/test_untrusted_files.py
+run every one through the Python API and ``unifiedamp port-state``).
 
 Pickles are written by Python's own pickler from objects whose ``__reduce__`` names the
 functions a malicious file would name, so every opcode sequence is one a real pickler

@@ -25,7 +25,7 @@ What is counted: ``sys.setprofile``'s "call" events, one per Python frame starte
 C calls ("c_call") are counted and printed but not held to a target: they mix builtins that
 cost tens of nanoseconds (``isinstance``, ``len``, ``getattr``, the inlined guards that stand
 in for Python calls) with torch's ops, each a dispatch and on a GPU a launch, which
-``tests/test_torch_ops.py`` already counts op by op and holds to native + 0. A Python call
+``tests/torch/test_torch_ops.py`` already counts op by op and holds to native + 0. A Python call
 builds a frame; that is the host cost this file measures.
 
 Targets: a config torch can express at most native + 5 calls per iteration, the extended
@@ -46,13 +46,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from _counting import CallCounter  # noqa: E402  # tests/_counting.py
+from _counting import CallCounter  # noqa: E402  # tests/support/_counting.py
 
 import unifiedamp as ua  # noqa: E402
 from unifiedamp.backends.torch import TorchGradScaler  # noqa: E402
 from unifiedamp.backends.torch._diagnostics import TorchDiagnostics, count_overflows  # noqa: E402
-
-pytestmark = pytest.mark.framework("torch")
 
 #: Good iterations before the two counted: the first builds the optimizer's state.
 WARMUP = 3

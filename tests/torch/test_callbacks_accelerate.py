@@ -20,8 +20,6 @@ import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
 from unifiedamp.callbacks.accelerate import use_scaler  # noqa: E402
 
-pytestmark = pytest.mark.framework("torch")
-
 #: Gradients here have a norm of about 20 and elements up to about 10: both clips bite.
 MAX_NORM, CLIP_VALUE = 1.0, 0.5
 

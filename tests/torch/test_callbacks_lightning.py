@@ -19,8 +19,6 @@ import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
 from unifiedamp.callbacks.lightning import ScaleLogger  # noqa: E402
 
-pytestmark = pytest.mark.framework("torch")
-
 
 class Model(L.LightningModule):
     """A linear regression whose loss is multiplied by inf at the optimizer steps

@@ -19,8 +19,6 @@ import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
 from unifiedamp.callbacks.accelerate import use_scaler  # noqa: E402
 
-pytestmark = pytest.mark.framework("torch")
-
 
 @pytest.fixture(autouse=True)
 def fresh_accelerator_state():

@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_torch_ops import CountOps  # noqa: E402
+from torch_helpers import DEVICES, CountOps  # noqa: E402
 
 import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
@@ -31,10 +31,6 @@ from unifiedamp.backends.torch._diagnostics import (  # noqa: E402
 from unifiedamp.diagnostics import FIXES, count_overflow  # noqa: E402
 from unifiedamp.errors import ScaleCollapseWarning  # noqa: E402
 
-pytestmark = pytest.mark.framework("torch")
-
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 OPTIMIZERS = ["foreach", "fused"]
 #: A config torch's kernel runs, and one the tensor-op rule runs.
 CONFIGS = {"torch-kernel": {}, "rule": {"hysteresis": 2, "min_scale": 1.0}}

@@ -11,26 +11,12 @@ import contextlib
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from torch_helpers import CUDA, CountOps  # noqa: E402
 
 import unifiedamp as ua  # noqa: E402
 
-pytestmark = pytest.mark.framework("torch")
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-
 EXTENDED = {"hysteresis": 2, "min_scale": 1.0}
-
-
-class CountOps(TorchDispatchMode):
-    """Counts the aten ops dispatched while active, by name."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
 
 
 class CountDeviceWork:

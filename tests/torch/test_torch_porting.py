@@ -11,13 +11,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from torch_helpers import lightning_fit  # noqa: E402
+
 import unifiedamp as ua  # noqa: E402
 from unifiedamp import spec  # noqa: E402
 from unifiedamp.backends.torch import ScaleNotCalledError, TorchGradScaler  # noqa: E402
 from unifiedamp.errors import NoInfChecksError  # noqa: E402
 from unifiedamp.spec._state_dict import STATE_KEYS  # noqa: E402
-
-pytestmark = pytest.mark.framework("torch")
 
 TORCH_KEYS = {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="measures a CPU-only machine")
@@ -110,44 +110,6 @@ def test_state_dict_with_torch_keys_is_still_the_canonical_dict_for_every_backen
     assert adapter.save(handle)["config"] == config.to_dict()
 
 
-def lightning_fit(scaler, steps, ckpt_in=None, ckpt_out=None):
-    """Fits a tiny model with Lightning's MixedPrecision plugin; returns the scale and
-    tracker the scaler held when training started (after any checkpoint was restored)."""
-    L = pytest.importorskip("lightning")
-    from lightning.pytorch.plugins import MixedPrecision
-
-    seen = {}
-
-    class Module(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = torch.nn.Linear(4, 1)
-
-        def on_train_start(self):
-            plugin_scaler = self.trainer.precision_plugin.scaler
-            seen["start"] = (plugin_scaler.get_scale(), plugin_scaler._get_growth_tracker())
-
-        def training_step(self, batch, index):
-            x = batch[0].clone()
-            if self.global_step == 1:
-                x[0, 0] = float("inf")  # one skipped step: the scale backs off
-            return torch.nn.functional.mse_loss(self.net(x), batch[1])
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
-    data = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
-    plugin = (MixedPrecision("16-mixed", "cpu") if scaler is None
-              else MixedPrecision("16-mixed", "cpu", scaler=scaler))
-    trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
-                        plugins=[plugin], enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Module(), data, ckpt_path=ckpt_in)
-    if ckpt_out is not None:
-        trainer.save_checkpoint(ckpt_out)
-    return seen["start"], trainer.precision_plugin.scaler
 
 
 RESUME_MID_EPOCH = pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint")
@@ -280,6 +242,22 @@ def test_update_new_scale_takes_numpy_values_like_the_numpy_backend():
         with pytest.raises(ValueError, match="new_scale must be finite and > 0 in float32"):
             scaler.update(bad)
     assert scaler.get_scale() == spec.f32(0.1)
+
+
+def test_update_new_scale_takes_the_same_types_on_every_imperative_backend():
+    # The numpy backend's case: tests/core/test_numpy_backend.py, under the same name.
+    scaler = ua.GradScaler(1024.0, backend="torch", device="cpu")  # the scale exists already
+    for good in (8, 8.0, np.float32(8.0), np.array([8.0]), np.array(8.0)):
+        scaler.update(good)
+        assert scaler.get_scale() == 8.0
+    for bad in (True, [8.0], "8", np.ones(2)):
+        with pytest.raises(TypeError, match="new_scale must be a float or a 1-element "
+                                            "array/tensor, got"):
+            scaler.update(new_scale=bad)
+        if bad is not True:  # positional, a bool is update(finite)'s flag
+            with pytest.raises(TypeError, match="new_scale must be a float"):
+                scaler.update(bad)
+    assert scaler.get_scale() == 8.0 and scaler.num_steps == 0
 
 
 def test_max_consecutive_skips_takes_a_numpy_int_like_the_config():

@@ -12,8 +12,6 @@ import pytest
 from unifiedamp.conformance.zoo import ZOO
 from unifiedamp.spec import ScalerConfig
 
-pytestmark = pytest.mark.framework("torch")
-
 INSTALL = "pip install 'unifiedamp[zoo]'"
 
 

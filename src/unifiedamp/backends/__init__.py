@@ -8,7 +8,7 @@ imperative backends share, their diagnostics mixin), ``_functional`` (the immuta
 scaler of JAX and MLX) and ``_functional_diagnostics``, ``_float32`` (float32 arithmetic
 on bit patterns, for JAX and Keras), and here :func:`show_as_public`, for a backend
 package's ``__init__``. A backend package imports no other backend's package, but for
-the modules ``tests/test_architecture.py`` declares shared (Keras on torch runs the torch
+the modules ``tests/core/test_architecture.py`` declares shared (Keras on torch runs the torch
 backend's kernel).
 """
 

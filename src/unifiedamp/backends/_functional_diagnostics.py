@@ -4,8 +4,7 @@ Per-leaf overflow counts computed inside the traced step (:func:`leaf_counts`) a
 an :class:`~unifiedamp.diagnostics.OverflowReport` outside it (:func:`build_report`), a ring
 of (iteration, scale, skipped) kept in the user's train state (:func:`history_init`,
 :func:`history_record`, :func:`scale_history`), and the collapse message the imperative
-backends' monitor gives, read from a scaler's skip counters (:func:`collapse_message`); the
-guide is ``docs/diagnostics.md``.
+backends' monitor gives, read from a scaler's skip counters (:func:`collapse_message`).
 
 :func:`public_functions` binds them to one backend: its scaler class, how it reads arrays to
 the host, names the leaves of a tree and writes one slot of an array. It returns the six

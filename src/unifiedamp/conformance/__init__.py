@@ -26,8 +26,8 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "CAPABILITIES": "adapters", "Adapter": "adapters", "ImperativeAdapter": "adapters",
-    "Problem": "adapters", "FunctionalAdapter": "adapters", "STEP_KINDS": "adapters",
+    "CAPABILITIES": "interface", "Adapter": "interface", "ImperativeAdapter": "interface",
+    "Problem": "interface", "FunctionalAdapter": "interface", "STEP_KINDS": "interface",
     "Divergence": "_runner", "run_steps": "_runner", "run_vector": "_runner",
     "ScalerContract": "contract",
 }

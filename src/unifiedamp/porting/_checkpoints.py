@@ -9,8 +9,9 @@ form (:mod:`unifiedamp.porting._states`), keeping the rest. Writes are atomic (t
 ``os.replace``), so a process killed mid-write leaves the previous checkpoint whole.
 
 No framework is imported at module import: each file type imports its framework when it
-reads or writes one; a ``.keras`` model is loaded in a child process (``_keras_files``:
-Keras with its own ``KERAS_BACKEND``), so tensorflow never shares a process with paddle.
+reads or writes one; a ``.keras`` model is read in a plain child process unless the file is
+trusted and Keras is already imported here (``_keras_files``), so importing Keras never
+brings tensorflow into a process that may import paddle.
 The zip checks and the caps on reading are ``_limits``'.
 """
 

@@ -16,8 +16,8 @@
 :func:`convert_state` writes another, and nothing is dropped silently: a form that cannot
 carry the config raises and names what would be lost. How each form is read and written,
 and what it can carry, is the spec's (``unifiedamp.spec.STATE_FORMS`` and the native
-scalers' table); a ``.keras`` model's optimizer variables are read and assigned by the
-child process in ``_checkpoints``.
+scalers' table); a ``.keras`` model's optimizer variables are read and assigned in
+``_keras_files``.
 """
 
 from __future__ import annotations

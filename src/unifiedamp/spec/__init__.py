@@ -53,7 +53,7 @@ from unifiedamp.spec._rule import MIN_UNSCALABLE, ScalerState, unscale_overflows
 
 # ``import unifiedamp`` needs only the config and the rule. The state-dict format,
 # the test vectors and the spec document are loaded on first access (PEP 562), to
-# keep the bare import fast (tests/test_import.py).
+# keep the bare import fast (tests/core/test_import.py).
 _LAZY = {
     "STATE_FORMAT": "_state_dict", "STATE_VERSION": "_state_dict",
     "parse_state_dict": "_state_dict", "to_state_dict": "_state_dict",

@@ -11,7 +11,7 @@ from unifiedamp.spec._names import CANONICAL, POSITIONAL
 from unifiedamp.spec._natives import ALIASES
 
 # typing.TYPE_CHECKING without importing typing, which (with re and enum) a bare ``import
-# unifiedamp`` must not load (tests/test_import.py); type checkers know this idiom.
+# unifiedamp`` must not load (tests/core/test_import.py); type checkers know this idiom.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -143,7 +143,7 @@ class ScalerConfig:
     # A plain class that behaves like the frozen dataclass it used to be (same
     # signature, repr, equality, hash, FrozenInstanceError, pickles): ``import
     # dataclasses`` pulls in ``inspect`` and ``re``, which a bare ``import unifiedamp``
-    # must not load (tests/test_import.py). What no longer applies is dataclasses.fields(),
+    # must not load (tests/core/test_import.py). What no longer applies is dataclasses.fields(),
     # asdict() and replace() on it: ``to_dict()`` and ``replace()`` do that.
     # The class attributes are the defaults, readable on the class as before.
     init_scale: float = 65536.0

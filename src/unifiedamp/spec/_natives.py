@@ -27,8 +27,8 @@ Each entry of :data:`NATIVE_SCALERS`, keyed by the class's qualified name:
 
 The defaults were read from the installed sources (torch 2.13, paddle 3.3.1, keras
 3.15.1, jmp 0.0.4) with ``inspect``; paddle 2.x's from its documentation (GradScaler)
-and source (AmpScaler); tf-keras 2's from its source. ``tests/test_framework_assumptions.py``
-checks them against the framework where it is installed.
+and source (AmpScaler); tf-keras 2's from its source. ``test_framework_assumptions.py`` in
+each framework's test folder checks them against the framework where it is installed.
 
 Example:
     >>> from unifiedamp.spec import ScalerConfig
@@ -44,7 +44,7 @@ from __future__ import annotations
 from unifiedamp.spec._float32 import f32
 from unifiedamp.spec._names import CANONICAL
 
-# typing.TYPE_CHECKING without importing typing (tests/test_import.py).
+# typing.TYPE_CHECKING without importing typing (tests/core/test_import.py).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

@@ -12,7 +12,7 @@ __all__ = ["MIN_UNSCALABLE", "ScalerState", "unscale_overflows", "update"]
 
 
 # collections.namedtuple, not typing.NamedTuple: ``import typing`` (with re and enum) is
-# among what a bare ``import unifiedamp`` must not load (tests/test_import.py).
+# among what a bare ``import unifiedamp`` must not load (tests/core/test_import.py).
 class ScalerState(namedtuple("ScalerState", ["scale", "growth_tracker", "hysteresis_tracker"],
                              defaults=[0, 0])):
     """The dynamic part of a scaler: what a checkpoint must carry.

@@ -3,8 +3,8 @@
 Supported: ``keras>=3.0`` (the ``keras`` extra of pyproject.toml, with ``tensorflow-cpu>=2.16``
 for the TensorFlow backend); tested with keras 3.15. A Keras that renames one of the names
 below, or changes the parameters of a method listed here, is outside that range:
-``tests/test_keras_backend.py`` checks every name against the installed Keras and names the
-one that changed.
+``tests/keras/test_keras_private_api.py`` checks every name against the installed Keras and
+names the one that changed.
 
 What the backend relies on beyond Keras's public API, all of it reached through this module:
 

@@ -61,7 +61,7 @@ def next_state(scale: Any, growth: Any, hyst: Any, rule: Any, finite: Any, facto
         return new, unscale_factors(new)
 
     # In a cond, run only when the scale moves; the step that keeps it first (what
-    # tests/test_graph_ops_keras.py counts).
+    # tests/keras/test_graph_ops_keras.py counts).
     new_bits, factors = ops.cond(ops.logical_not(ops.logical_or(grow, back_off)),
                                  lambda: (bits, factors), moved)
     return new_bits, factors, growth, hyst

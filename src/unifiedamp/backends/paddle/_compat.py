@@ -2,8 +2,8 @@
 
 Supported: ``paddlepaddle>=3.0`` (the ``paddle`` extra); tested on 3.3.1, CPU build
 (``constraints.txt``). Every private name the backend relies on is listed
-below: ``tests/test_paddle_backend.py`` checks that each one still exists in the installed
-Paddle, and that no other module of ``unifiedamp.backends.paddle`` names one. A Paddle
+below: ``tests/paddle/test_paddle_private_api.py`` checks that each one still exists in the
+installed Paddle, and that no other module of ``unifiedamp.backends.paddle`` names one. A Paddle
 release that drops or changes one is outside the supported range until this module follows.
 
 What the backend takes from Paddle's private API, and why:

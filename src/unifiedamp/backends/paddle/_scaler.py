@@ -407,7 +407,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         self._scale_called = True
         if outputs.__class__ is paddle.Tensor:
             # One loss, the usual case, in line: every call here is host time a
-            # launch-bound step waits for (tests/test_call_counts_paddle.py).
+            # launch-bound step waits for (tests/paddle/test_call_counts.py).
             dtype = outputs.dtype
             if not self._bf16_warned and (dtype == paddle.bfloat16
                                           or _compat.autocast_dtype() == "bfloat16"):
@@ -655,63 +655,78 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             return self
         if self._iteration_thread != threading.get_ident():
             self._claim()
-        found_inf = False
         if new_scale is not None:
-            if isinstance(new_scale, paddle.Tensor):
-                if new_scale.size != 1 or not paddle.is_floating_point(new_scale):
-                    raise TypeError(f"new_scale must be a float or a 1-element array/tensor, "
-                                    f"got {new_scale!r}")
-                new_scale = new_scale.item()  # a Python float: a floating tensor's item
-            self._set_state(self._state._replace(scale=new_scale_value(new_scale)))
-            self._remember_update(None)
-        else:
-            # Loops, not comprehensions or any(): each of those is a call per update.
-            # step() has left a bool in each optimizer's check; unscale_() alone a tensor.
-            checked = optimizer_found = False
-            for s in self._optimizer_checks.values():
-                if "found_inf" in s:
-                    checked = True
-                    if _is_set(s["found_inf"]):
-                        optimizer_found = True
-            found_inf = optimizer_found
-            for flag in self._functional_found_inf:
+            self._set_scale(new_scale)
+            self._forget_iteration()
+            return self
+        found_inf, optimizer_found = self._iteration_found_inf(finite)
+        scale = self._state.scale
+        self._set_state(spec.update(self._config, self._state, found_inf))
+        self._count(found_inf)
+        if len(self._ring_iterations):  # history=N
+            self._record(self._state.scale, found_inf)  # the scale the update left
+        # A skip is kept for overflow_report(), with what the iteration checked.
+        skip = (LastUpdate(self._updates, scale, list(self._checked.values()), self._scale_input,
+                           functional_only=not optimizer_found,
+                           distributed=self._across_ranks(), prechecked=self._prechecked)
+                if found_inf else None)
+        self._remember_update(skip)
+        self._forget_iteration()
+        # A good update at a normal scale, with no run of skips before it, has nothing to
+        # tell the monitor. Observed after the iteration is over: on_collapse="raise"
+        # leaves a consistent scaler.
+        if found_inf or not self._monitor.settled or self._state.scale < FLOAT32_MIN_NORMAL:
+            self._monitor.observe(self._updates, self._state.scale, found_inf,
+                                  detail=self._collapse_detail if found_inf else None)
+        return self
+
+    def _iteration_found_inf(self, finite: Any) -> tuple[bool, bool]:
+        """The spec's found_inf: the OR of every check since the last update (each
+        optimizer's, each functional ``unscale()``'s, and ``finite``); and the OR of the
+        optimizers' checks alone (for the overflow report)."""
+        # Loops, not comprehensions or any(): each of those is a call per update. step()
+        # has left a bool in its optimizer's check, unscale_() alone a tensor.
+        checked = optimizer_found = False
+        for s in self._optimizer_checks.values():
+            if "found_inf" in s:
                 checked = True
-                if _is_set(flag):
-                    found_inf = True
-            if finite is not None:
-                checked = True
-                if not bool(finite):
-                    found_inf = True
-            if not checked:
-                raise NoInfChecksError.prior_to_update()
-            scale = self._state.scale
-            self._set_state(spec.update(self._config, self._state, found_inf))
-            self._updates += 1  # HostCounters._count, in line
-            self._skipped += found_inf
-            self._last_skipped = found_inf
-            if len(self._ring_iterations):
-                self._record(self._state.scale, found_inf)  # the scale the update left
-            if found_inf:
-                self._remember_update(LastUpdate(
-                    self._updates, scale, list(self._checked.values()), self._scale_input,
-                    not optimizer_found, self._across_ranks(), self._prechecked))
-            else:
-                self._last = None  # _remember_update(None): nothing to diagnose
+                if _is_set(s["found_inf"]):
+                    optimizer_found = True
+        found_inf = optimizer_found
+        for flag in self._functional_found_inf:
+            checked = True
+            if _is_set(flag):
+                found_inf = True
+        if finite is not None:
+            checked = True
+            if not bool(finite):
+                found_inf = True
+        if not checked:
+            raise NoInfChecksError.prior_to_update()
+        return found_inf, optimizer_found
+
+    def _set_scale(self, new_scale: Any) -> None:
+        """``update(new_scale=...)``: the scale set by hand, the trackers kept; not an
+        update, so nothing is left to report."""
+        if isinstance(new_scale, paddle.Tensor):
+            if new_scale.size != 1 or not paddle.is_floating_point(new_scale):
+                raise TypeError(f"new_scale must be a float or a 1-element array/tensor, "
+                                f"got {new_scale!r}")
+            new_scale = new_scale.item()  # a Python float: a floating tensor's item
+        self._set_state(self._state._replace(scale=new_scale_value(new_scale)))
+        self._remember_update(None)
+
+    def _forget_iteration(self) -> None:
+        """After an update: the next iteration starts with no checks (Paddle's own
+        ``_optimizer_states`` too), in any thread."""
         self._optimizer_checks.clear()  # Paddle's _optimizer_states: the same dict
         self._functional_found_inf = []
         if self._prechecked:
             self._prechecked = {}
-        self._checked = {}  # _forget_iteration, in line
-        self._scale_input = None
+        super()._forget_iteration()
         _compat.write_native_iteration(self, self._optimizer_checks,
                                        self._last_skipped if self._updates else None)
         self._iteration_thread = None
-        if new_scale is None and (found_inf or not self._monitor.settled
-                                  or self._state.scale < FLOAT32_MIN_NORMAL):
-            # After the update is applied: on_collapse="raise" leaves a consistent scaler.
-            self._monitor.observe(self._updates, self._state.scale, found_inf,
-                                  detail=self._collapse_detail if found_inf else None)
-        return self
 
     def _claim(self) -> None:
         # One scaler's iteration (scale ... update) must run in one thread: two threads

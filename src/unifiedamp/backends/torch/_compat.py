@@ -9,7 +9,7 @@ private attributes it shares with torch's class, the copy of torch's fused-optim
 branch of ``step()`` (:func:`fused_step`), and torch.distributed's slot for the default
 process group (:func:`distributed_initialized`).
 
-``tests/test_torch_backend.py`` checks these against the torch installed: the methods'
+``tests/torch/test_torch_private_api.py`` checks these against the torch installed: the methods'
 parameters, how torch's own ``step()`` calls the two it overrides, the ops' schemas, the
 per-optimizer state's keys, the attributes, and that :func:`distributed_initialized` agrees
 with ``torch.distributed.is_initialized()`` around a process group; a torch that changes one
@@ -95,7 +95,7 @@ def current_dispatch_mode() -> Any:
 #: growth_interval)``: torch's update of the scale and its growth tracker, in place on the
 #: device, what ``torch.amp.GradScaler.update`` runs. The op itself, not a function around
 #: it: update() runs it at every iteration, and a Python call is host time a launch-bound
-#: step waits for (``tests/test_call_counts.py``).
+#: step waits for (``tests/torch/test_call_counts.py``).
 update_scale_ = torch._amp_update_scale_
 
 

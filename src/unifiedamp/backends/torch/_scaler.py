@@ -81,6 +81,11 @@ _PICKLED_NAMES = {"_skipped_on_host": "_skip_count_host", "_host_skips": "_conse
 
 #: torch's assertion in step() when none of the optimizer's parameters had a gradient.
 _NO_CHECKS_FOR_OPTIMIZER = "No inf checks were recorded for this optimizer."
+#: torch's words for an update() before the scale exists, and the fix.
+_UPDATE_BEFORE_SCALE = (
+    "Attempted update but _scale is None.  This may indicate your script did not use "
+    "scaler.scale(loss or outputs) earlier in the iteration. Fix: call "
+    "scaler.scale(loss).backward() and scaler.step(optimizer) before scaler.update()")
 
 class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
     """``torch.amp.GradScaler`` with the unifiedamp spec, config, state and reporting.
@@ -450,7 +455,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         if scale is None or outputs.device != scale.device:
             return self._scale_one(outputs)
         # The usual loss: _scale_one's multiply written out, with no tree walk and no call
-        # (host time, tests/test_call_counts.py).
+        # (host time, tests/torch/test_call_counts.py).
         out = outputs * scale
         return out if out.dtype == outputs.dtype else out.to(outputs.dtype)
 
@@ -532,7 +537,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         # After torch's own check (unscale_ or the fused path's): the spec's extra
         # inf, then agreement across ranks. The conditions are tested here, at every
         # step, with as few calls as they allow (host time a launch-bound step waits
-        # for, tests/test_call_counts.py): traced() written out (its own frame is one
+        # for, tests/torch/test_call_counts.py): traced() written out (its own frame is one
         # more), and distributed_initialized() for dist.is_initialized() (three frames).
         if self._updates >= self._check_unscalable_from or torch.compiler.is_compiling() or (
                 self._device == "cuda" and torch.cuda.is_current_stream_capturing()):
@@ -720,98 +725,115 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             >>> scaler.update(np.float32(8.0)).get_scale()
             8.0
         """
-        if finite is not None:  # update(): no call to sort out the arguments
+        if finite is not None:  # update() alone needs no sorting out of its arguments
             finite, new_scale = update_arguments(finite, new_scale)
         if not self._enabled:
             return self
         # torch's _check_scale_growth_tracker, which torch.compile does not trace.
         scale, growth = self._scale, self._growth_tracker
         if scale is None or growth is None:
-            raise ScaleNotCalledError(
-                "Attempted update but _scale is None.  This may indicate your script did not "
-                "use scaler.scale(loss or outputs) earlier in the iteration. Fix: call "
-                "scaler.scale(loss).backward() and scaler.step(optimizer) before "
-                "scaler.update()")
+            raise ScaleNotCalledError(_UPDATE_BEFORE_SCALE)
         if new_scale is not None:
             self._set_scale(scale, new_scale)
             self._diag_found = None  # not a skip; overflow_report() is None after it
             self._scale_set = True
         else:
-            # One pass: the flags, and how many optimizers checked. Every check since
-            # the last update was read by a plain step() when there is one read per
-            # optimizer that checked and no functional unscale().
-            found_infs = []
-            checked = 0
-            for state in self._per_optimizer_states.values():
-                founds = state["found_inf_per_device"]
-                if founds:
-                    checked += 1
-                    for found in founds.values():  # a loop: a comprehension is a frame
-                        found_infs.append(found.to(scale.device, non_blocking=True))
-            functional = self._functional_found_inf
-            if functional:
-                found_infs += functional
-            if finite is not None:
-                found_infs.append(not_finite(finite, scale.device))
-            elif not found_infs:
-                raise NoInfChecksError.prior_to_update()
-            host_found = (self._host_found if self._host_reads == checked and not functional
-                          and finite is None else None)
-            if len(found_infs) > 1:
-                found = torch.stack(found_infs).sum().clamp_(max=1.0)
-            else:
-                found = found_infs[0]  # 0.0 or 1.0
-            # Before the update changes the scale in place.
-            # Not inside a traced graph: a replay would not run this Python.
+            found, host_found = self._iteration_found_inf(scale, finite)
+            # The report of a skip is built before the rule changes the scale in place; not
+            # while traced (a replay would not run this Python), nor after a plain step()
+            # that read no inf (nothing to report).
             diagnosed = self._diagnose and not traced(self._device)
-            # A plain step() that read no inf leaves nothing to report: no call.
             report = (self._diagnose_now(scale, found, host_found)
                       if diagnosed and host_found is not False else None)
             if self._native_update:
-                # torch's kernel, written here rather than in a method: one frame less
-                # at every update.
-                if self._clamp_tracker:
-                    # torch grows on tracker + 1 == interval; the spec on >=.
-                    growth.clamp_(max=self._config.growth_interval - 1)
-                    self._clamp_tracker = False
-                growth_factor, backoff_factor = self._float32_factors
-                update_scale_(scale, growth, found, growth_factor, backoff_factor,
-                              self._config.growth_interval)
-                if self._hysteresis_may_be_set:
-                    # With hysteresis 1 the spec leaves the tracker at 0 after any update.
-                    assert self._hysteresis_tracker is not None  # made with the scale
-                    self._hysteresis_tracker.zero_()
-                    self._hysteresis_may_be_set = False
+                self._apply_torch_kernel(scale, growth, found)
             else:
                 self._apply_rule(scale, growth, found)
             if self._ring is not None:
                 self._record(scale, found)  # the scale the update left
             self._updates += 1
-            if host_found is not None:
-                self._last_skipped = host_found
-                self._skip_count_host += host_found
-            else:
-                self._last_skipped = found
-                assert self._skip_count_device is not None  # made with the scale
-                self._skip_count_device.add_(found)
+            self._count_skip(found, host_found)
             self._remember_update(found, host_found, report, diagnosed)
-            if host_found is None or self._device_holds_consecutive_skips:
-                self._count_skips_on_device(found, host_found)
-            else:
-                # A plain step() read the flag: the run of skips is counted here, no call.
-                self._consecutive_skips_host = (self._consecutive_skips_host + 1
-                                                if host_found else 0)
-            # Read the device only every `period` updates, so update() stays free of
-            # host syncs in between.
+            # The device is read only once per period of updates: none in between.
             if self._updates % (self._monitor.max_consecutive_skips or 100) == 0:
                 self._check_collapse()
+        self._end_iteration()
+        return self
+
+    def _iteration_found_inf(self, scale: torch.Tensor, finite: Any
+                             ) -> tuple[torch.Tensor, bool | None]:
+        """The spec's found_inf: the OR of every check since the last update (each
+        optimizer's on each device, each functional ``unscale()``'s, and ``finite``), as a
+        float32 0.0/1.0 on the scale's device. Also the same as a bool when a plain
+        ``step()`` has read every check (one read per optimizer that checked, no other
+        check), else None: then only the device knows."""
+        found_infs = []
+        checked = 0
+        for state in self._per_optimizer_states.values():
+            founds = state["found_inf_per_device"]
+            if founds:
+                checked += 1
+                for found in founds.values():  # a loop: a comprehension is a frame
+                    found_infs.append(found.to(scale.device, non_blocking=True))
+        functional = self._functional_found_inf
+        if functional:
+            found_infs += functional
+        if finite is not None:
+            found_infs.append(not_finite(finite, scale.device))
+        elif not found_infs:
+            raise NoInfChecksError.prior_to_update()
+        host_found = (self._host_found if self._host_reads == checked and not functional
+                      and finite is None else None)
+        if len(found_infs) > 1:
+            found = torch.stack(found_infs).sum().clamp_(max=1.0)
+        else:
+            found = found_infs[0]  # 0.0 or 1.0
+        return found, host_found
+
+    def _apply_torch_kernel(self, scale: torch.Tensor, growth: torch.Tensor,
+                            found: torch.Tensor) -> None:
+        """The spec's update by torch's own kernel (a config it can express): given the
+        float32-rounded factors, it computes the spec's bits."""
+        if self._clamp_tracker:
+            # torch grows on tracker + 1 == interval; the spec on >=.
+            growth.clamp_(max=self._config.growth_interval - 1)
+            self._clamp_tracker = False
+        growth_factor, backoff_factor = self._float32_factors
+        update_scale_(scale, growth, found, growth_factor, backoff_factor,
+                      self._config.growth_interval)
+        if self._hysteresis_may_be_set:
+            # With hysteresis 1 the spec leaves the tracker at 0 after any update; torch's
+            # kernel does not know it.
+            assert self._hysteresis_tracker is not None  # made with the scale
+            self._hysteresis_tracker.zero_()
+            self._hysteresis_may_be_set = False
+
+    def _count_skip(self, found: torch.Tensor, host_found: bool | None) -> None:
+        """Counts the update as skipped or not, and the run of skipped updates for the
+        collapse warning: on the host when a plain step() read every check (``host_found``),
+        else on the device (``found``), with no host sync."""
+        if host_found is None:
+            self._last_skipped = found
+            assert self._skip_count_device is not None  # made with the scale
+            self._skip_count_device.add_(found)
+            self._count_skips_on_device(found)
+        else:
+            self._last_skipped = host_found
+            self._skip_count_host += host_found
+            if self._device_holds_consecutive_skips:  # the run so far, of fused steps: rare
+                assert self._consecutive_skips_device is not None  # made with the scale
+                self._consecutive_skips_host = int(self._consecutive_skips_device.item())
+                self._device_holds_consecutive_skips = False
+            self._consecutive_skips_host = self._consecutive_skips_host + 1 if host_found else 0
+
+    def _end_iteration(self) -> None:
+        """After an update: the next iteration starts with no checks."""
         self._per_optimizer_states = defaultdict(empty_optimizer_state)
         if self._functional_found_inf:
             self._functional_found_inf = []
         self._host_reads = 0
         self._host_found = False
         self._checking = {}
-        return self
 
     def _set_scale(self, scale: torch.Tensor, new_scale: Any) -> None:
         # One message shape with the numpy backend's, whatever the type.
@@ -854,17 +876,10 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             rule(scale, growth, hyst, found, config, constants)
         self._hysteresis_may_be_set = True
 
-    def _count_skips_on_device(self, found: torch.Tensor, host_found: bool | None) -> None:
-        """Counts consecutive skipped updates on the device (``found`` is 0.0 or 1.0), or,
-        when a plain step() has read the flag (``host_found``) after fused steps, moves the
-        run back to the host and counts it there. update() counts the usual plain step's
-        run itself."""
+    def _count_skips_on_device(self, found: torch.Tensor) -> None:
+        """Counts the run of consecutive skipped updates on the device (``found`` is 0.0 or
+        1.0), carrying over the run the host has counted so far."""
         assert self._consecutive_skips_device is not None  # made with the scale
-        if host_found is not None:  # a switch from fused steps: rare
-            self._consecutive_skips_host = int(self._consecutive_skips_device.item())
-            self._device_holds_consecutive_skips = False
-            self._consecutive_skips_host = self._consecutive_skips_host + 1 if host_found else 0
-            return
         if not self._device_holds_consecutive_skips:
             self._consecutive_skips_device.fill_(self._consecutive_skips_host)
             self._device_holds_consecutive_skips = True

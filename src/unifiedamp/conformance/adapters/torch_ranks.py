@@ -1,5 +1,5 @@
 """Gloo ranks for the torch adapters of the suite: one function run on each of ``world``
-processes that fork from an interpreter that imported torch once.
+processes (plain interpreters).
 
 ``python -m unifiedamp.conformance.adapters.torch_ranks JOB`` is one rank
 (:func:`spawn_ranks` starts them with :func:`unifiedamp.conformance.engines.launch`).
@@ -26,13 +26,6 @@ from unifiedamp.conformance.engines import launch, rank_main
 PINNING_MODULES = ("torch.distributed.nn.functional", "torch.distributed.fsdp.sharded_grad_scaler",
                    "torch.distributed.optim.zero_redundancy_optimizer")
 
-#: What the ranks' interpreter imports before it forks them: torch, and the parts of it a
-#: gloo rank imports anyway (its optimizers build through ``torch._dynamo``, and
-#: ``init_gloo_rank`` imports :data:`PINNING_MODULES`, which must come before
-#: ``init_process_group``), so that no rank imports them again.
-RANK_PRELOAD = ("torch", "torch._dynamo", "torch.distributed.fsdp", "torch.distributed.optim",
-                *PINNING_MODULES)
-
 
 def spawn_ranks(main: Callable[..., Any], world: int, *args: Any,
                 timeout: float = 300.0) -> list[Any]:
@@ -55,7 +48,7 @@ def spawn_ranks(main: Callable[..., Any], world: int, *args: Any,
         RuntimeError: 2 torch ranks of builtins:divmod: error: TypeError: divmod expected 2...
     """
     job = {"main": f"{main.__module__}:{main.__qualname__}", "args": list(args)}
-    outcome = launch(__name__, job, world, timeout=timeout, preload=RANK_PRELOAD)
+    outcome = launch(__name__, job, world, timeout=timeout)
     if outcome.status != "ok":
         logs = "".join(f"\n--- rank {rank} ---\n{log[-2000:]}"
                        for rank, log in enumerate(outcome.logs))

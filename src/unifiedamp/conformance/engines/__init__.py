@@ -25,6 +25,9 @@ Every run can be repeated from a shell::
 prints each rank's trajectory and the verdict (exit status 1 when it is not
 "follows the spec").
 
+The ranks are plain interpreters (:func:`launch`); a deadlock is found by the framework's
+collective timeout (:data:`COLLECTIVE_TIMEOUT`) or the launch's, with each rank's stacks.
+
 Example:
     >>> from unifiedamp.spec import ScalerConfig
     >>> config = ScalerConfig(1024.0, growth_interval=2)
@@ -40,6 +43,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import importlib
 import json
 import math
@@ -60,13 +65,6 @@ import numpy as np
 import unifiedamp
 from unifiedamp import spec
 from unifiedamp._atomic_write import write_bytes
-from unifiedamp._forks import kill_group, zygote_for
-from unifiedamp.conformance.engines._deadlock import (
-    KILLED,
-    IdleWatch,
-    listen_for_stacks,
-    print_stacks,
-)
 from unifiedamp.spec import ScalerConfig, ScalerState
 
 #: The frameworks with a module here, by the name the command line takes.
@@ -79,6 +77,19 @@ NO_GRADIENT = "-"
 #: on one rank only, a different rank each time) and grows at steps 0 -> 2 -> 5.
 DEFAULT_CONFIG = ScalerConfig(1024.0, growth_interval=2)
 DEFAULT_KINDS = ("FIFFFF", "FFFIFF")
+
+#: Seconds a rank waits in one collective before its framework ends it with an error (the
+#: run is then a deadlock), where the framework takes a timeout: torch's
+#: ``init_process_group(timeout=)``, TensorFlow's ``CommunicationOptions(timeout_seconds=)``.
+#: Well past what a rank waits in a run that works: a peer still importing or compiling
+#: at the first collectives, a few seconds on two busy cores.
+COLLECTIVE_TIMEOUT = 30.0
+
+#: Seconds before the launch's timeout at which each rank prints its threads' stacks.
+STACKS_BEFORE_TIMEOUT = 2.0
+
+#: The exit statuses of ranks that launch() killed (or that ended before it did).
+KILLED = frozenset({None, 0, -signal.SIGKILL})
 
 
 def default_kinds(world: int) -> list[str]:
@@ -98,9 +109,13 @@ class Outcome:
 
     Attributes:
         status: ``"ok"`` (every rank wrote its records and exited 0), ``"error"`` (a
-            rank raised: ``detail`` has its exception), ``"deadlock"`` (no result
-            within the timeout; every rank was killed), ``"abort at exit"`` (every
-            rank wrote its records, then a rank died, e.g. SIGABRT at teardown).
+            rank raised: ``detail`` has its exception, the first in time), ``"deadlock"``
+            (a rank's framework ended a collective that waited past its timeout before
+            any rank raised otherwise, or no result within the launch's timeout: every
+            rank still running was killed), ``"abort at exit"`` (every rank wrote its
+            records, then a rank died, e.g. SIGABRT at teardown). A deadlock's logs say
+            where each rank waited: the traceback of its collective's timeout, or its
+            threads' stacks printed before the launch's timeout.
         records: Per rank, its records (None for a rank that wrote none).
         detail: The error, or what timed out, in one line.
         returncodes: Per rank, its exit status (negative: killed by that signal).
@@ -165,88 +180,72 @@ def _pythonpath() -> str:
 
 def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120.0,
            env: Callable[[int], Mapping[str, str]] | None = None,
-           grace: float = 15.0, preload: Sequence[str] = (),
-           idle: float | None = 15.0) -> Outcome:
+           grace: float = 15.0) -> Outcome:
     """Runs ``python -m module JOB`` as ``world`` processes; ``JOB`` is ``job`` as JSON
-    with ``rank``, ``world``, ``port`` (one free port for the rendezvous) and ``out``
-    added. A rank writes its records with :func:`rank_main`.
+    with ``rank``, ``world``, ``port`` (one free port for the rendezvous), ``out`` and
+    ``deadline`` (the run's end, as :func:`time.time`) added. A rank writes its records
+    with :func:`rank_main`.
 
-    Every rank is killed when the run outlives ``timeout`` seconds, ``grace`` seconds
-    after a rank failed (its peers would wait for it in a collective), and when no rank
-    that is still running has used the CPU for ``idle`` seconds (ranks that all wait in
-    collectives for each other: a deadlock, found without waiting for the timeout; read
-    from Linux's ``/proc``, elsewhere only the timeout applies; ``None``: never). Before
-    they are killed as a deadlock, the ranks of :func:`rank_main` print their threads'
-    stacks to their logs, which then say where each one waited.
+    Each rank is a fresh interpreter in a process group of its own, run from a temp folder
+    (nothing beside it shadows a framework). Every rank's group is killed when the run
+    outlives ``timeout`` seconds (the ranks of :func:`rank_main` print their threads'
+    stacks to their logs shortly before, which say where each one waited), and ``grace``
+    seconds after a rank failed (its peers would wait for it in a collective), and when
+    the launching process is interrupted. :class:`Outcome` says how the run is judged: a
+    rank whose framework ended a collective at its timeout makes it a deadlock.
 
     Args:
         env: Per rank, environment variables to add (e.g. ``TF_CONFIG``).
-        preload: Modules (the rank's framework) that a *zygote* imports once: the ranks
-            are then forks of it instead of fresh interpreters, for this launch and every
-            later one in this process with the same ``preload`` and rank environment (the
-            zygote is keyed by the environment, since frameworks read variables when
-            imported). Each rank is otherwise what ``python -m`` makes of it: its own
-            session, cwd, environment, ``__main__`` and exit status.
-            ``unifiedamp._zygote`` says what else differs. A preload
-            that fails runs the ranks as plain interpreters, where the error shows.
 
     Example:
-        >>> outcome = launch("this", {}, 2, timeout=60, preload=["json"])
+        >>> outcome = launch("this", {}, 2, timeout=60)
         >>> outcome.status, outcome.returncodes, outcome.records  # ranks that wrote nothing
         ('error', [0, 0], [None, None])
         >>> outcome.logs[1].splitlines()[0]
         'The Zen of Python, by Tim Peters'
     """
     start = time.monotonic()
+    deadline = time.time() + timeout
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="unifiedamp-engine-") as out:
-        procs: list[Any] = []
+        procs: list[subprocess.Popen[bytes]] = []
         logs = []
-        for rank in range(world):
-            rank_job = {**job, "rank": rank, "world": world, "port": port, "out": out}
-            rank_env = {**os.environ, "PYTHONPATH": _pythonpath(), "PYTHONUNBUFFERED": "1",
-                        **(env(rank) if env else {})}
-            log_path = os.path.join(out, f"{rank}.log")
-            log = open(log_path, "w+b")  # noqa: SIM115
-            logs.append(log)
-            zygote = zygote_for(tuple(preload), rank_env) if preload else None
-            forked = zygote.fork({"module": module}, [json.dumps(rank_job)], out, rank_env,
-                                 log_path, log_path, os.path.join(out, f"{rank}.exit")
-                                 ) if zygote else None
-            if forked is not None:
-                procs.append(forked)
-                continue
-            # Run from the temp folder with -m: nothing beside it shadows a framework.
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", module, json.dumps(rank_job)], cwd=out, env=rank_env,
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        timed_out, failed_at, idle_for = False, None, None
-        watch = IdleWatch(idle) if idle is not None else None
-        while any(p.poll() is None for p in procs):
-            now = time.monotonic()
-            if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
-                failed_at = now
-            if watch is not None and watch.idle([p.pid for p in procs if p.poll() is None],
-                                                now):
-                timed_out, idle_for = True, idle
-                break
-            if now - start > timeout or (failed_at is not None and now - failed_at > grace):
-                timed_out = True
-                break
-            time.sleep(0.05)
-        if timed_out and failed_at is None:
-            print_stacks([p for p in procs if p.poll() is None])
-        # Every rank killed before waiting on any: a rank that outlived a killed peer
-        # would see its connection closed and write that as its error.
-        for p in procs:
-            if p.poll() is None:
-                kill_group(p.pid)
-        for p in procs:
-            p.wait()
+        timed_out = False
+        try:
+            for rank in range(world):
+                rank_job = {**job, "rank": rank, "world": world, "port": port, "out": out,
+                            "deadline": deadline}
+                rank_env = {**os.environ, "PYTHONPATH": _pythonpath(), "PYTHONUNBUFFERED": "1",
+                            **(env(rank) if env else {})}
+                log = open(os.path.join(out, f"{rank}.log"), "w+b")  # noqa: SIM115
+                logs.append(log)
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", module, json.dumps(rank_job)], cwd=out,
+                    env=rank_env, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True))
+            failed_at = None
+            while any(p.poll() is None for p in procs):
+                now = time.monotonic()
+                if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+                    failed_at = now
+                if now - start > timeout or (failed_at is not None
+                                             and now - failed_at > grace):
+                    timed_out = True
+                    break
+                time.sleep(0.05)
+        finally:
+            # Every rank killed before waiting on any: a rank that outlived a killed peer
+            # would see its connection closed and write that as its error.
+            for p in procs:
+                if p.poll() is None:  # its group: the rank and what it started
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGKILL)
+            for p in procs:
+                p.wait()
         tails = []
         for log in logs:
             log.seek(0)
-            tails.append(log.read().decode(errors="replace")[-4000:])
+            tails.append(log.read().decode(errors="replace")[-8000:])
             log.close()
         records: list[dict[str, Any] | None] = []
         for rank in range(world):
@@ -257,28 +256,35 @@ def launch(module: str, job: Mapping[str, Any], world: int, timeout: float = 120
             else:
                 records.append(None)
     returncodes = [p.returncode for p in procs]
-    errors = [r["error"] for r in records if r is not None and "error" in r]
-    complete = all(r is not None and "steps" in r for r in records)
-    if errors:
-        status, detail = "error", errors[0]
-    elif timed_out and all(code in KILLED for code in returncodes):
-        status = "deadlock"
-        waiting = [r for r, rec in enumerate(records) if rec is None]
-        within = (f"within {timeout:g} s" if idle_for is None else
-                  f"after {idle_for:g} s in which no rank used the CPU")
-        detail = (f"no result {within} from rank(s) {waiting}; every rank killed"
-                  if not complete else f"a rank did not exit {within} of its results")
-    elif complete and all(code == 0 for code in returncodes):
-        status, detail = "ok", ""
-    elif complete:
-        status = "abort at exit"
-        detail = "; ".join(f"rank {r}: {_describe_exit(code)}"
-                           for r, code in enumerate(returncodes) if code != 0)
-    else:
-        status = "error"
-        detail = "; ".join(f"rank {r}: {_describe_exit(code)}: {_last_line(tails[r])}"
-                           for r, code in enumerate(returncodes) if code != 0) or "no records"
+    status, detail = _judge(records, returncodes, tails, timed_out, timeout)
     return Outcome(status, records, detail, returncodes, tails, time.monotonic() - start)
+
+
+def _judge(records: list[dict[str, Any] | None], returncodes: list[int | None],
+           tails: list[str], timed_out: bool, timeout: float) -> tuple[str, str]:
+    """The status and detail of :class:`Outcome`: the first error in time decides (a rank
+    that lost its peer fails after it, of a closed connection or its own timeout)."""
+    errors = sorted((r for r in records if r is not None and "error" in r),
+                    key=lambda r: r.get("at", 0.0))
+    complete = all(r is not None and "steps" in r for r in records)
+    waiting = [rank for rank, r in enumerate(records) if r is None or "steps" not in r]
+    if errors and errors[0].get("timed_out"):
+        timed = sorted(r["rank"] for r in errors if r.get("timed_out"))
+        return "deadlock", (f"a collective timed out on rank(s) {timed} ({errors[0]['error']}); "
+                            f"no result from rank(s) {waiting}")
+    if errors:
+        return "error", errors[0]["error"]
+    if timed_out and all(code in KILLED for code in returncodes):
+        return "deadlock", (f"no result within {timeout:g} s from rank(s) {waiting}; every "
+                            "rank killed" if not complete else
+                            f"a rank did not exit within {timeout:g} s of its results")
+    if complete and all(code == 0 for code in returncodes):
+        return "ok", ""
+    if complete:
+        return "abort at exit", "; ".join(f"rank {r}: {_describe_exit(code)}"
+                                          for r, code in enumerate(returncodes) if code != 0)
+    return "error", "; ".join(f"rank {r}: {_describe_exit(code)}: {_last_line(tails[r])}"
+                              for r, code in enumerate(returncodes) if code != 0) or "no records"
 
 
 def _describe_exit(code: int | None) -> str:
@@ -298,20 +304,30 @@ def _last_line(text: str) -> str:
 
 
 def rank_main(train: Callable[[dict[str, Any]], list[dict[str, Any]]],
-              argv: Sequence[str] | None = None) -> None:
+              argv: Sequence[str] | None = None,
+              timed_out: Callable[[BaseException], bool] | None = None) -> None:
     """A rank's program: ``train(job)`` returns its step records, written to
     ``OUT/RANK.json`` for :func:`launch`; an exception is written there as
-    ``{"error": "Type: message"}`` (the process then exits 1)."""
+    ``{"error": "Type: message"}`` (the process then exits 1, its traceback in the log),
+    marked as a collective's timeout when ``timed_out(exception)`` says it is the
+    framework's error for a collective that waited past its timeout. Shortly before the
+    job's ``deadline`` (the launch's timeout) the rank prints its threads' stacks to its
+    log (:func:`faulthandler.dump_traceback_later`), in case it is still running then."""
     job = json.loads((sys.argv[1:] if argv is None else argv)[0])
     path = os.path.join(job["out"], f"{job['rank']}.json")
-    listen_for_stacks()  # launch() asks for them before it kills a deadlocked run
+    if "deadline" in job:
+        faulthandler.dump_traceback_later(
+            max(job["deadline"] - time.time() - STACKS_BEFORE_TIMEOUT, 0.1))
     try:
         steps = train(job)
     except BaseException as exc:
         # The message's first line: frameworks append notes (JAX's traceback note) after it.
         message = str(exc).strip().splitlines()
         line = f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
-        write_bytes(path, json.dumps({"rank": job["rank"], "error": line}).encode())
+        record = {"rank": job["rank"], "error": line, "at": time.time()}
+        if timed_out is not None and timed_out(exc):
+            record["timed_out"] = True
+        write_bytes(path, json.dumps(record).encode())
         traceback.print_exc()
         sys.stderr.flush()
         raise SystemExit(1) from None

@@ -32,6 +32,11 @@ Scalers (:data:`SCALERS`): ``"unifiedamp"`` and ``"jmp"`` (``jmp.DynamicLossScal
 ``all_finite`` takes no axis). Each step record also lists the warnings the step raised
 (``"warnings"``). ``python -m unifiedamp.conformance.engines jax processes unifiedamp``
 runs one setting from a shell.
+
+JAX's CPU collectives take no timeout: ``collective_timeout`` bounds what
+``jax.distributed`` does take, the wait for every process at ``initialize``
+(``initialization_timeout``) and at ``shutdown`` (``shutdown_timeout_seconds``); a rank
+that hangs in a step is ended by the launch's timeout, its stacks printed shortly before.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from unifiedamp.conformance.engines import (
+    COLLECTIVE_TIMEOUT,
     DEFAULT_CONFIG,
     Run,
     default_kinds,
@@ -100,8 +106,11 @@ def reference(kinds_per_rank: list[str]) -> list[list[float]]:
 
 
 def run(engine: str, scaler: str, kinds: list[str] | None = None,
-        config: ScalerConfig | None = None, timeout: float = 120.0) -> Run:
+        config: ScalerConfig | None = None, timeout: float = 120.0,
+        collective_timeout: float = COLLECTIVE_TIMEOUT) -> Run:
     """Runs ``engine`` with ``scaler`` as two processes; :meth:`Run.problems` checks it.
+    ``timeout`` ends the run (every rank killed: a deadlock); ``collective_timeout``
+    bounds ``jax.distributed``'s waits for every process (see the module).
 
     Example (two processes: about 10 s):
         >>> run("processes", "unifiedamp").problems()  # doctest: +SKIP
@@ -116,8 +125,9 @@ def run(engine: str, scaler: str, kinds: list[str] | None = None,
     if len(kinds) != WORLD or any(set(k) - set(STEP_KINDS) for k in kinds):
         raise ValueError(f"kinds: one string of {''.join(STEP_KINDS)} per rank, {WORLD} ranks; "
                          f"got {kinds!r}")
-    job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict()}
-    outcome = launch(__name__, job, WORLD, timeout, env=_rank_env, preload=("jax",))
+    job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict(),
+           "collective_timeout": collective_timeout}
+    outcome = launch(__name__, job, WORLD, timeout, env=_rank_env)
     return Run(config, kinds, outcome, replicas=True, reference=reference(kinds))
 
 
@@ -133,8 +143,10 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One rank: initializes ``jax.distributed``, runs the job's steps, returns its records."""
     import jax
 
+    wait = max(1, round(job["collective_timeout"]))
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{job['port']}",
-                               num_processes=job["world"], process_id=job["rank"])
+                               num_processes=job["world"], process_id=job["rank"],
+                               initialization_timeout=wait, shutdown_timeout_seconds=wait)
     try:
         return _Rank(job).train()
     finally:

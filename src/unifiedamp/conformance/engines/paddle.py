@@ -25,7 +25,9 @@ Scalers:
   weights turn inf on every rank).
 
 Records follow :mod:`unifiedamp.conformance.engines`; each rank prints one line per
-step, so a run that hangs shows where it got to.
+step, so a run that hangs shows where it got to. Paddle's gloo group on CPU takes no
+timeout (``PADDLE_PG_TIMEOUT`` is NCCL's): a rank that hangs is ended by the launch's
+timeout, its threads' stacks printed shortly before.
 
 Example:
     >>> sorted(ENGINES), sorted(SCALERS)
@@ -84,8 +86,8 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
             :func:`~unifiedamp.conformance.engines.default_kinds`).
         config: The scaler's config (default
             :data:`~unifiedamp.conformance.engines.DEFAULT_CONFIG`).
-        timeout: Seconds before every rank is killed and the run is a deadlock (also
-            reached earlier when no rank has used the CPU for 15 s: :func:`launch`).
+        timeout: Seconds before every rank is killed and the run is a deadlock
+            (:func:`~unifiedamp.conformance.engines.launch`).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")

@@ -15,8 +15,9 @@ Scalers:
   found_inf over every replica of every worker before it decides.
 - ``keras``: ``keras.optimizers.LossScaleOptimizer(SGD)``, which takes each worker's own
   first replica's flag: with an inf on one worker only, that worker skips while the other
-  waits in the gradients' all-reduce, and the run deadlocks (every rank is killed once
-  no worker has used the CPU for a while, or at the timeout).
+  waits in the gradients' all-reduce, and the run deadlocks: the strategy's collectives
+  wait at most ``collective_timeout`` seconds
+  (``CommunicationOptions(timeout_seconds=)``), then raise ``DeadlineExceededError``.
 
 The records follow :mod:`unifiedamp.conformance.engines`: each worker's own copy of the
 scale and trackers (``dynamic_scale``, ``step_counter``, ``hysteresis_counter``; Keras's
@@ -25,7 +26,7 @@ worker is divided by the number of workers (the strategy sums the gradients), so
 reference is a single process taking the spec's steps on the mean gradient.
 
 MirroredStrategy over several CPUs in one process (``model.fit`` and a custom loop) is
-tested in ``tests/test_keras_distributed.py``.
+tested in ``tests/keras/test_keras_distributed.py``.
 
 Example:
     >>> sorted(ENGINES), sorted(SCALERS)
@@ -42,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from unifiedamp.conformance.engines import (
+    COLLECTIVE_TIMEOUT,
     DEFAULT_CONFIG,
     Run,
     check_kinds,
@@ -87,7 +89,8 @@ def _native_config(config: ScalerConfig) -> None:
 
 
 def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
-        config: ScalerConfig | None = None, timeout: float | None = None) -> Run:
+        config: ScalerConfig | None = None, timeout: float | None = None,
+        collective_timeout: float = COLLECTIVE_TIMEOUT) -> Run:
     """Runs ``engine`` with ``scaler`` as :data:`WORLD` worker processes; see the module.
 
     Args:
@@ -95,10 +98,12 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
             :func:`~unifiedamp.conformance.engines.default_kinds`).
         config: The scaler's config (default
             :data:`~unifiedamp.conformance.engines.DEFAULT_CONFIG`).
-        timeout: Seconds before every worker is killed (status ``"deadlock"``, also
-            reached earlier when no worker has used the CPU for 15 s); by default 120,
-            and 60 for ``keras``, which deadlocks (a run of the two workers takes 20 to
-            30 s on two cores).
+        timeout: Seconds before every worker is killed (status ``"deadlock"``); by
+            default 120, and 90 for ``keras``, which deadlocks (a run of the two workers
+            takes 20 to 30 s on two cores).
+        collective_timeout: Seconds a worker waits in one collective before TensorFlow
+            raises ``DeadlineExceededError``: the run is then a deadlock, found before
+            ``timeout``.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r}: one of {', '.join(ENGINES)}")
@@ -112,16 +117,17 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
         _native_config(config)
     # One port per worker's server (launch's own port is for one rendezvous).
     workers = [f"localhost:{p}" for p in free_ports(world)]
-    env = {"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
-    # The workers' addresses go in the job, not in TF_CONFIG: each worker sets TF_CONFIG
-    # itself (TensorFlow reads it when the strategy is built), so that every worker of every
-    # launch has the same environment and forks from one interpreter that imported Keras.
+
+    def env(rank: int) -> dict[str, str]:
+        return {"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3",
+                "CUDA_VISIBLE_DEVICES": "", "TF_CONFIG": json.dumps(
+                    {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})}
+
     job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict(),
-           "workers": workers}
+           "collective_timeout": collective_timeout}
     if timeout is None:
-        timeout = 60.0 if scaler == "keras" else 120.0
-    outcome = launch(_MODULE, job, world, timeout=timeout, env=lambda rank: env,
-                     preload=("tensorflow", "keras"))
+        timeout = 90.0 if scaler == "keras" else 120.0
+    outcome = launch(_MODULE, job, world, timeout=timeout, env=env)
     return Run(config, kinds, outcome, replicas=True, reference=reference(kinds))
 
 
@@ -129,15 +135,13 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
 
 
 def train(job: dict[str, Any]) -> list[dict[str, Any]]:
-    """One worker: its records, one per step (run by :func:`run` through ``launch``).
-    ``job["workers"]``, where given, are the cluster's addresses (else ``TF_CONFIG`` is)."""
+    """One worker: its records, one per step (run by :func:`run` through ``launch``; the
+    cluster from ``TF_CONFIG``)."""
     import tensorflow as tf
 
-    if "workers" in job:
-        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": job["workers"]},
-                                              "task": {"type": "worker", "index": job["rank"]}})
-
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=job["collective_timeout"]))
     import keras
 
     from unifiedamp.backends.keras import KerasGradScaler
@@ -197,7 +201,18 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
+def collective_timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is TensorFlow's error for a collective that waited past
+    ``CommunicationOptions(timeout_seconds=)``: a ``DeadlineExceededError``.
+
+    Example:
+        >>> collective_timed_out(TimeoutError("a socket's"))
+        False
+    """
+    return type(exc).__name__ == "DeadlineExceededError"
+
+
 if __name__ == "__main__":
     # Keras picks its backend at import; run() sets it too, this covers a hand-made launch.
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    rank_main(train)
+    rank_main(train, timed_out=collective_timed_out)

@@ -12,8 +12,10 @@ A rank records after each step its scaler's scale and trackers, whether its own
 parameters (its shard) changed, and the whole model's weights (gathered). Where the
 engine averages the ranks' gradients, :func:`reference` gives the weights of a single
 process taking the spec's steps on the mean gradient: a gradient left scaled shows.
-Shortly before the run's timeout each rank prints its threads' stacks to its log,
-so a deadlock says which collective each rank waits in.
+The gloo group waits at most ``collective_timeout`` seconds in a collective
+(``init_process_group(timeout=)``); a rank whose collective times out ends with gloo's
+"Timed out waiting" error and its traceback, so a deadlock says which collective each
+rank waited in.
 
 Engines (:data:`ENGINES`), each launched as ``world`` processes by
 :func:`unifiedamp.conformance.engines.launch`:
@@ -48,12 +50,15 @@ Example:
 
 from __future__ import annotations
 
+import datetime
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from unifiedamp.conformance.adapters.torch_ranks import RANK_PRELOAD
+from unifiedamp.conformance.adapters.torch_ranks import PINNING_MODULES
 from unifiedamp.conformance.engines import (
+    COLLECTIVE_TIMEOUT,
     DEFAULT_CONFIG,
     NO_GRADIENT,
     Run,
@@ -65,8 +70,8 @@ from unifiedamp.conformance.engines import (
 )
 from unifiedamp.spec import ScalerConfig
 
-__all__ = ["ENGINES", "SCALERS", "config_of", "kinds_of", "reference", "run", "scalers_of",
-           "train", "world_of"]
+__all__ = ["ENGINES", "SCALERS", "collective_timed_out", "config_of", "kinds_of", "reference",
+           "run", "scalers_of", "train", "world_of"]
 
 #: The rank program's module, for ``python -m``.
 MODULE = "unifiedamp.conformance.engines.torch"
@@ -168,7 +173,8 @@ def config_of(engine: str) -> ScalerConfig:
 
 
 def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
-        config: ScalerConfig | None = None, timeout: float = 120.0) -> Run:
+        config: ScalerConfig | None = None, timeout: float = 120.0,
+        collective_timeout: float = COLLECTIVE_TIMEOUT) -> Run:
     """Runs ``engine`` with ``scaler`` as its ranks and returns the :class:`Run` to check.
 
     Args:
@@ -176,8 +182,10 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
             engine's, :func:`kinds_of`).
         config: The scaler's config (default: :func:`config_of`); a native scaler
             takes its init_scale, factors and interval.
-        timeout: Seconds before every rank is killed and the run is a deadlock (also
-            reached earlier when no rank has used the CPU for 15 s: :func:`launch`).
+        timeout: Seconds before every rank is killed and the run is a deadlock
+            (:func:`~unifiedamp.conformance.engines.launch`).
+        collective_timeout: Seconds a rank waits in one collective before gloo ends it
+            with an error: the run is then a deadlock, found before ``timeout``.
     """
     spec = _engine(engine)
     if scaler not in SCALERS:
@@ -194,12 +202,9 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
                                    or config.max_scale is not None):
         raise ValueError(f"{scaler} has no hysteresis, min/max scale or static mode: "
                          f"{config} is for the unifiedamp scaler only")
-    # A deadlock's logs end with each rank's stacks (launch), which say which collective
-    # each rank waits in.
-    job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict()}
-    # The ranks fork from an interpreter that imported torch and the parts of it a rank
-    # imports (most of a rank's CPU).
-    outcome = launch(MODULE, job, spec.world, timeout=timeout, preload=RANK_PRELOAD)
+    job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict(),
+           "collective_timeout": collective_timeout}
+    outcome = launch(MODULE, job, spec.world, timeout=timeout)
     ref = reference(engine, kinds) if spec.reference and outcome.status == "ok" else None
     return Run(config, kinds, outcome, spec.replicas, ref, spec.rtol)
 
@@ -350,17 +355,38 @@ def _poison(params: Any, kind: str) -> None:
 def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     """One rank's steps (run by :func:`launch`); returns its step records."""
     import torch
+    import torch.distributed as dist
 
-    from unifiedamp.conformance.adapters.torch import init_gloo_rank, run_then_leave
+    from unifiedamp.conformance.adapters.torch import run_then_leave
 
     torch.set_num_threads(1)  # the ranks share the machine's cores
     rank, world = job["rank"], job["world"]
     # The teardown recipe of docs/distributed.md: the model, optimizer and scaler live in
     # _steps' frame only, so nothing holds the group when it is destroyed, and the
     # checked destroy raises if something still does (its threads could abort the exit).
-    init_gloo_rank(rank, world, job["port"])
+    # It joins as init_gloo_rank does (the pinning modules first), with the timeout.
+    for module in PINNING_MODULES:
+        importlib.import_module(module)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{job['port']}", rank=rank,
+                            world_size=world,
+                            timeout=datetime.timedelta(seconds=job["collective_timeout"]))
     return run_then_leave(lambda: _steps(job, rank, world),
                           check=not _engine(job["engine"]).group_outlives_destroy)
+
+
+def collective_timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is gloo's error for a collective that waited past the group's
+    timeout (``[...gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for
+    recv operation to complete``).
+
+    Example:
+        >>> collective_timed_out(RuntimeError("[unbound_buffer.cc:78] Timed out waiting "
+        ...                                   "15000ms for recv operation to complete"))
+        True
+        >>> collective_timed_out(RuntimeError("Connection closed by peer [127.0.0.1]:4242"))
+        False
+    """
+    return isinstance(exc, RuntimeError) and "Timed out waiting" in str(exc)
 
 
 def _steps(job: dict[str, Any], rank: int, world: int) -> list[dict[str, Any]]:
@@ -404,4 +430,4 @@ def _steps(job: dict[str, Any], rank: int, world: int) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    rank_main(train)
+    rank_main(train, timed_out=collective_timed_out)

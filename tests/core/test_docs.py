@@ -1,0 +1,309 @@
+"""The docs site and what the pages say: every page in the nav, every link between pages to
+a page and a heading that exist, the API reference documenting every public name, every
+`unifiedamp` command of a ```bash block one the CLI parses, the spec schema's table, the tests
+and settings docs/distributed.md cites, README's test command, and the assignment of every
+```python block to exactly one test session (the blocks themselves run in each session's
+``test_docs_examples.py``: tests/support/doc_blocks.py)."""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+import re
+
+import doc_blocks
+import pytest
+from doc_blocks import PAGES, code_blocks
+
+from unifiedamp.conformance._pytest_process import run_pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
+
+
+def test_every_python_block_runs_in_exactly_one_session():
+    """Each ```python block of README.md and docs/ is run by exactly one session's
+    test_docs_examples.py (the keras session: on exactly one Keras backend)."""
+    blocks = doc_blocks.blocks()
+    fences = sum(len(re.findall(r"^ *```python *$", page.read_text(), re.M)) for page in PAGES)
+    assert len(blocks) == fences >= 90, (len(blocks), fences)  # none missed by the pattern
+    assert len({b.id for b in blocks}) == len(blocks)
+    runs: collections.Counter[str] = collections.Counter()
+    for session in doc_blocks.SESSIONS:
+        variants = doc_blocks.KERAS_BACKENDS if session == "keras" else (None,)
+        for keras_backend in variants:
+            runs.update(b.id for b in doc_blocks.runs_in(session, keras_backend))
+        # the session's folder runs them: a test over doc_blocks.params(session)
+        runner = (TESTS / session / "test_docs_examples.py").read_text()
+        assert f'doc_blocks.params("{session}")' in runner and "doc_blocks.run(" in runner, \
+            session
+    assert "doc_blocks.skip_unless_this_backend(block)" in (
+        TESTS / "keras" / "test_docs_examples.py").read_text()
+    wrong = {b.id: runs[b.id] for b in blocks if runs[b.id] != 1}
+    assert not wrong, f"blocks not run exactly once (id: times): {wrong}"
+
+
+def test_a_block_goes_to_the_session_of_the_frameworks_it_uses():
+    def where(code, page="docs/x.md"):
+        block = doc_blocks.block_of(page, 0, code)
+        return block.session, block.keras_backend, block.fresh is not None
+
+    assert where("import numpy as np\nimport unifiedamp as ua\n") == ("core", None, False)
+    assert where("import unifiedamp as ua\ns = ua.GradScaler(backend='paddle')\n") == (
+        "paddle", None, False)  # the backend named, its framework never imported here
+    assert where("x = 1  # backend='keras'\ns = \"backend='keras'\"\n")[0] == "core"
+    assert where("from unifiedamp.callbacks.lightning import ScaleLogger\n")[0] == "torch"
+    assert where("import optax\nfrom flax import nnx\n")[0] == "jax"
+    assert where("import keras\nimport jax\n") == ("keras", "tensorflow", False)
+    assert where("import os\nos.environ['KERAS_BACKEND'] = 'jax'\nimport keras\n") == (
+        "keras", "jax", True)
+    assert where("import torch\nimport jax\n") == ("cross", None, False)
+    assert where("import paddle\nimport keras\n") == ("cross", None, True)
+    assert where("import torch.distributed as dist\ndist.init_process_group('gloo')\n") == (
+        "torch", None, True)
+    assert where("import jax\n", page="docs/backends/praxis.md")[0] == "praxis"
+    block = doc_blocks.block_of("docs/x.md", 3, "from unifiedamp.backends.jax.paxml import L\n")
+    assert (block.session, block.id) == ("praxis", "docs/x.md#3-paxml")  # -k "praxis or paxml"
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"```bash\n(.*?)\n```", readme, re.S)
+    assert len(commands) == 2
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert commands[1] in ci
+    install = commands[0].split(" && ")
+    assert install[-1] == ".venv/bin/unifiedamp conformance" and install[-1] in ci
+    # Both install the tested versions: the same extras, through the constraints file.
+    pip_args = install[1].split("pip install ", 1)[1]
+    assert pip_args.startswith("-c constraints.txt ") and (ROOT / "constraints.txt").exists()
+    assert any(line.endswith(pip_args) for line in ci), pip_args
+    assert len(install) == 3, install
+    # README states the test command's time in one line, with the date it was measured.
+    timing = [line for line in readme.splitlines() if "min" in line and "2026-" in line]
+    assert len(timing) == 1, timing
+
+
+def test_worked_third_party_example_passes_the_suite():
+    examples = ROOT / "docs" / "examples"
+    proc = run_pytest(["--unifiedamp-max-examples", "50", str(examples)], rootdir=examples)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "TestMyScaler: backend myscaler (numpy" in proc.stdout
+
+
+def test_spec_schema_doc_names_every_key_of_the_spec_document():
+    from unifiedamp import spec
+
+    doc = spec.spec_document()
+    table = (ROOT / "docs" / "spec-schema.md").read_text()
+    keys = set(doc) | {f"parameters[].{k}" for k in doc["parameters"][0]}
+    keys |= {f"vectors[].{k}" for k in doc["vectors"][0]}
+    keys |= {f"frameworks.<fw>.{k}" for k in doc["frameworks"]["torch"]}
+    for key in keys:
+        assert f"| `{key}` |" in table, f"{key} is not documented in docs/spec-schema.md"
+
+
+def test_the_distributed_page_names_tests_and_settings_that_exist():
+    """Each cell of docs/distributed.md's table cites a test and can be rerun from a shell:
+    every test it names is defined, every `python -m unifiedamp.conformance.engines`
+    command in the docs names an engine and a scaler its framework runs, and every engine
+    has a row."""
+    import importlib
+
+    page = (ROOT / "docs" / "distributed.md").read_text()
+    defined = set()
+    for path in TESTS.rglob("test_*.py"):  # every session's folder; a class's tests too
+        defined |= set(re.findall(r"^(?:    )?def (test_\w+)", path.read_text(), re.M))
+    named = set(re.findall(r"`(?:tests/[\w/]+\.py::)?(test_\w+)`", page))
+    assert len(named) >= 10 and named <= defined, sorted(named - defined)
+    commands = []
+    for path in PAGES:
+        commands += re.findall(r"python -m unifiedamp\.conformance\.engines (\w+) ([\w.-]+) "
+                               r"([\w.]+)", path.read_text())
+    assert len(commands) >= 4
+    for framework, engine, scaler in commands:
+        module = importlib.import_module(f"unifiedamp.conformance.engines.{framework}")
+        assert engine in module.ENGINES and scaler in module.SCALERS, (framework, engine,
+                                                                      scaler)
+    for framework in ("torch", "jax", "tensorflow", "paddle"):
+        module = importlib.import_module(f"unifiedamp.conformance.engines.{framework}")
+        missing = [e for e in module.ENGINES if f"`{e}`" not in page]
+        assert not missing, f"{framework} engines without a row in docs/distributed.md: {missing}"
+
+
+# The site (mkdocs.yml): every page in the nav, every link between pages to a page and a
+# heading that exist, every `unifiedamp` command of a ```bash block one the CLI takes.
+
+DOCS = ROOT / "docs"
+_FENCE = re.compile(r"^( *)(`{3,}|~{3,}).*?^\1\2 *$", re.S | re.M)
+_CODE_SPAN = re.compile(r"(`+).+?\1", re.S)
+_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+
+
+def nav_pages(config: str) -> list[str]:
+    """The pages mkdocs.yml's ``nav`` names (read as text: the nav is a list of
+    ``- [Title: ]page.md`` lines, and the test needs no YAML reader)."""
+    nav = re.search(r"^nav:\n(.*?)(?=^\S)", config, re.S | re.M)
+    assert nav, "mkdocs.yml has no nav"
+    return re.findall(r"^\s*-\s+(?:.*:\s+)?([\w./-]+\.md)\s*$", nav[1], re.M)
+
+
+def prose(text: str) -> str:
+    """A page without its code blocks and code spans, where links are not links."""
+    return _CODE_SPAN.sub("", _FENCE.sub("", text))
+
+
+def slug(heading: str) -> str:
+    """The anchor MkDocs gives a heading (Python-Markdown's toc slugify), from its text."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link: its text
+    text = re.sub(r"[`*]|<[^>]+>", "", text)
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(page: pathlib.Path) -> set[str]:
+    found: set[str] = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", _FENCE.sub("", page.read_text()),
+                              re.M):
+        explicit = re.search(r"\{\s*#([\w-]+)[^}]*\}\s*$", heading)
+        base = explicit[1] if explicit else slug(heading)
+        anchor, n = base, 0
+        while anchor in found:  # a repeated heading gets _1, _2...
+            n += 1
+            anchor = f"{base}_{n}"
+        found.add(anchor)
+    return found
+
+
+def test_every_page_is_in_the_nav():
+    named = nav_pages((ROOT / "mkdocs.yml").read_text())
+    pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
+    missing = [p for p in pages if p not in named]
+    assert not missing, f"pages missing from mkdocs.yml's nav: {missing}"
+    absent = [p for p in named if not (DOCS / p).is_file()]
+    assert not absent and len(set(named)) == len(named), (absent, named)
+
+
+def test_nav_pages_reads_the_nav_as_mkdocs_does():
+    config = "site_name: x\nnav:\n  - Home: index.md\n  - Guides:\n      - A: a/b.md\n" \
+             "  # - Old: old.md\n  - c.md\ntheme:\n  name: material\n"
+    assert nav_pages(config) == ["index.md", "a/b.md", "c.md"]
+    # the repository's: a page dropped from it is reported
+    config = (ROOT / "mkdocs.yml").read_text()
+    assert "backends/paddle.md" in nav_pages(config)
+    dropped = re.sub(r"^.*: backends/paddle\.md\n", "", config, flags=re.M)
+    assert "backends/paddle.md" not in nav_pages(dropped)
+
+
+def test_links_between_pages_point_to_pages_and_headings_that_exist():
+    checked, broken = 0, []
+    for page in PAGES:
+        name = str(page.relative_to(ROOT))
+        for target in _LINK.findall(prose(page.read_text())):
+            if re.match(r"^[a-z][\w+.-]*:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            checked += 1
+            if page.is_relative_to(DOCS) and not linked.is_relative_to(DOCS):
+                broken.append(f"{name}: {target} is outside docs/, so not on the site")
+            elif not linked.exists():
+                broken.append(f"{name}: {target} does not exist")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                broken.append(f"{name}: {target}: no heading #{anchor} in {linked.name}")
+    assert checked >= 100, f"only {checked} links found: is the link pattern right?"
+    assert not broken, "\n".join(broken)
+
+
+def test_slugs_are_mkdocs_anchors():
+    assert slug("`unifiedamp conformance`") == "unifiedamp-conformance"
+    assert slug("Devices: shard_map, pmap and several processes") == \
+        "devices-shard_map-pmap-and-several-processes"
+    assert slug("PaxML: what LossScaledLearner changes, and why") == \
+        "paxml-what-lossscaledlearner-changes-and-why"
+
+
+def bash_commands() -> list[tuple[str, list[str]]]:
+    """Each `unifiedamp ...` command line of the ```bash blocks: (where, its arguments)."""
+    import shlex
+
+    commands = []
+    for page in PAGES:
+        name = str(page.relative_to(ROOT))
+        for block in code_blocks(page.read_text(), "bash"):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                command: list[str] = []
+                for word in [*words, "&&"]:
+                    if word not in ("&&", "||", ";", "|"):
+                        command.append(word)
+                        continue
+                    while command and re.match(r"^\w+=", command[0]):  # VAR=value cmd
+                        command.pop(0)
+                    if command and command[0].rsplit("/", 1)[-1] == "unifiedamp":
+                        commands.append((f"{name}: {shlex.join(command)}", command[1:]))
+                    command = []
+    return commands
+
+
+def test_bash_blocks_run_unifiedamp_commands_the_cli_parses(capsys):
+    """A renamed subcommand or option fails here, not in a reader's shell."""
+    from unifiedamp.cli import _parser
+
+    commands = bash_commands()
+    assert len(commands) >= 8, commands
+    parser = _parser()
+    refused = []
+    for where, argv in commands:
+        try:
+            parser.parse_args(argv)
+        except SystemExit:
+            refused.append(f"{where}\n    {capsys.readouterr().err.strip()}")
+    assert not refused, "\n".join(refused)
+    with pytest.raises(SystemExit):  # what a stale option does
+        parser.parse_args(["conformance", "--backends", "numpy"])
+
+
+#: The public modules and the API reference page that documents each (docs/api/).
+API_PAGES = {
+    "unifiedamp": "unifiedamp.md", "unifiedamp.backends.torch": "torch.md",
+    "unifiedamp.backends.paddle": "paddle.md", "unifiedamp.backends.keras": "keras.md",
+    "unifiedamp.backends.jax": "jax.md", "unifiedamp.backends.jax.praxis": "jax.md",
+    "unifiedamp.backends.jax.paxml": "jax.md", "unifiedamp.backends.mlx": "mlx.md",
+    "unifiedamp.backends.numpy": "numpy.md", "unifiedamp.diagnostics": "diagnostics.md",
+    "unifiedamp.callbacks.lightning": "callbacks.md", "unifiedamp.callbacks.keras": "callbacks.md",
+    "unifiedamp.callbacks.accelerate": "callbacks.md",
+    "unifiedamp.porting": "porting.md", "unifiedamp.spec": "spec.md",
+    "unifiedamp.conformance": "conformance.md", "unifiedamp.conformance.contract": "conformance.md",
+    "unifiedamp.conformance.strategies": "conformance.md",
+}
+
+
+def public_names(module: str) -> list[str]:
+    """A module's ``__all__``, read from its source (importing it would import a framework):
+    a list of names, or ``sorted(_LAZY)`` over a dict of lazily loaded names."""
+    import ast
+
+    path = ROOT / "src" / module.replace(".", "/")
+    tree = ast.parse((path / "__init__.py" if path.is_dir() else path.with_suffix(".py"))
+                     .read_text())
+    values = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+              for target in node.targets if isinstance(target, ast.Name)}
+    names = values["__all__"]
+    if isinstance(names, ast.Call):  # sorted(_LAZY)
+        names = ast.List([*values[names.args[0].id].keys])  # type: ignore[attr-defined]
+    return [n for n in ast.literal_eval(names) if not n.startswith("__")]
+
+
+def test_the_api_reference_documents_every_public_name():
+    """Each name of a public module's ``__all__`` is in its docs/api page: a ``::: path``
+    directive, or a ``- name`` of a directive's ``members`` list."""
+    missing = []
+    for module, page in API_PAGES.items():
+        text = (DOCS / "api" / page).read_text()
+        documented = set(re.findall(r"^:::\s+[\w.]*?(\w+)\s*$", text, re.M))
+        documented |= set(re.findall(r"^\s+-\s+(\w+)\s*$", text, re.M))
+        names = public_names(module)
+        assert names, module
+        missing += [f"{module}.{n} (docs/api/{page})" for n in names if n not in documented]
+    assert not missing, "public names the API reference leaves out: " + ", ".join(missing)

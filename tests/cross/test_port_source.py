@@ -1,0 +1,28 @@
+"""``unifiedamp port`` across frameworks: each torch, paddle or jmp source ported to another of
+them runs with both frameworks in this process (the file keeps its own imports and arguments)
+and builds the same scaler, or one whose differences its problems name. Pairs with Keras:
+tests/keras/test_port_source.py.
+The framework-free checks of the rewriter: tests/core/test_port_source.py."""
+
+from __future__ import annotations
+
+import pytest
+
+for _module in ("torch", "paddle", "jmp"):
+    pytest.importorskip(_module)
+pytest.importorskip("libcst")
+
+import port_sources  # noqa: E402
+
+PAIRS = port_sources.pairs("cross")
+
+
+@pytest.fixture(scope="module")
+def built_by_target():
+    """Each rewritten source of this session run once, in this process."""
+    return port_sources.build_pairs(PAIRS)
+
+
+@pytest.mark.parametrize("to", PAIRS)
+def test_the_rewritten_source_builds_the_same_scaler_in_the_real_framework(to, built_by_target):
+    port_sources.check_built(to, PAIRS[to], built_by_target[to])
