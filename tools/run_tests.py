@@ -54,10 +54,11 @@ def paths_of(name: str) -> list[str]:
     """What one session collects: its folder and the modules whose doctests it runs."""
     _, folder, doctests = SESSIONS[name]
     paths = [folder, *(f"{PACKAGE}/{path}" for path in doctests)]
+    claimed = OWN_ENVIRONMENT
     if name == "core":  # every module no other session claims
         claimed = [p for _, _, mods in SESSIONS.values() for p in mods] + OWN_ENVIRONMENT
-        paths += [PACKAGE, *(f"--ignore={PACKAGE}/{path}" for path in claimed)]
-    return paths
+        paths.append(PACKAGE)
+    return paths + [f"--ignore={PACKAGE}/{path}" for path in claimed]
 
 
 def session_of(path: str) -> str:

@@ -3,7 +3,7 @@ one shared scaler config, overflows forced at fixed steps, the scale trajectorie
 with the spec's reference bit for bit and drawn on one chart.
 
 Each framework trains in a child process of its own (``python -m
-unifiedamp.cli._demo_child NAME STEPS``, where the training loops are), as ``unifiedamp
+unifiedamp.cli._demo_train NAME STEPS``, where the training loops are), as ``unifiedamp
 conformance`` does, because some frameworks cannot share a process (tensorflow then paddle
 segfaults). The child prints one JSON line per step; this module, the parent, holds the
 scenario (:data:`CONFIG`, the forced overflows, the spec's :func:`reference`), shows the
@@ -124,7 +124,7 @@ def _run_child(name: str, steps: int, progress: Progress | None = None) -> dict[
     and status."""
     start = time.monotonic()
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    cmd = [sys.executable, "-m", "unifiedamp.cli._demo_child", name, str(steps)]
+    cmd = [sys.executable, "-m", "unifiedamp.cli._demo_train", name, str(steps)]
     result: dict[str, Any] = {"status": "ok", "records": []}
     # stderr to a file, not a pipe: a chatty framework would fill a pipe nobody reads
     # while stdout is read line by line, and both processes would wait for ever.
@@ -311,7 +311,7 @@ def _print_summary(report: dict[str, Any]) -> None:
     for name, r in report["backends"].items():
         if r["status"] == "error":
             print(f"\n{name}: {r['detail']} (its whole output: `python -m "
-                  f"unifiedamp.cli._demo_child {name} {report['steps']}`)")
+                  f"unifiedamp.cli._demo_train {name} {report['steps']}`)")
         elif r.get("first_divergence"):
             d = r["first_divergence"]
             print(f"\n{name}: diverged at step {d['step']}: expected {d['expected']}, "

@@ -1,6 +1,6 @@
-"""The child process of ``unifiedamp demo``: trains the demo's model in one framework.
+"""The process of ``unifiedamp demo`` that trains the demo's model in one framework.
 
-``python -m unifiedamp.cli._demo_child NAME STEPS`` trains in framework NAME (one trainer
+``python -m unifiedamp.cli._demo_train NAME STEPS`` trains in framework NAME (one trainer
 per framework, ``_train_<name>``) with :data:`unifiedamp.cli.demo.CONFIG` and its forced
 overflows, and prints one JSON line per step (:class:`_Emitter`). Every framework gets the
 same initial parameters and batches (:func:`_data`). The parent,
@@ -315,6 +315,6 @@ def _child(name: str, steps: int) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("python -m unifiedamp.cli._demo_child is the demo's child process; "
+        sys.exit("python -m unifiedamp.cli._demo_train is the demo's child process; "
                  "run: unifiedamp demo")
     _child(sys.argv[1], int(sys.argv[2]))
