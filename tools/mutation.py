@@ -8,8 +8,8 @@ into the file, runs pytest (``-x -q -p no:cacheprovider``) on the mutant's test
 selection (or on the whole suite with ``--full``), writes the original file
 back, and records whether the tests failed ("killed") or passed ("survived").
 It prints a table and the kill rate per area and always exits 0: it is a
-report for developers, not a CI gate. A run of every mutant takes about half
-an hour on two cores.
+report for developers, not a CI gate. A run of every mutant takes about a quarter
+of an hour on two cores.
 
 The source tree is edited in place while a mutant runs, so do not run tests,
 benchmarks or an editor's auto-save on the same checkout meanwhile. The
