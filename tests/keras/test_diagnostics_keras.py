@@ -9,7 +9,6 @@ diagnostics' variables; on TensorFlow alone, an XLA-compiled custom step and
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import warnings
@@ -18,6 +17,7 @@ from types import SimpleNamespace
 import keras
 import numpy as np
 import pytest
+from keras_helpers import dtype_policy
 
 from unifiedamp import spec
 from unifiedamp.diagnostics import count_overflow
@@ -32,14 +32,6 @@ def _only_on_tensorflow(why: str) -> pytest.MarkDecorator:
 # ------------------------------------------------------------ helpers
 
 
-@contextlib.contextmanager
-def _policy(name: str):
-    before = keras.mixed_precision.dtype_policy()
-    keras.mixed_precision.set_dtype_policy(name)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_dtype_policy(before)
 
 
 def _backend() -> str:
@@ -191,7 +183,7 @@ def test_custom_loop_report_names_the_poisoned_variable():
     ``net/out/kernel`` only, then a NaN into ``net/hidden/bias`` only: each report names
     exactly that variable, with the counts and largest finite |g| NumPy finds in the
     unscaled gradient."""
-    with _policy("mixed_float16"):
+    with dtype_policy("mixed_float16"):
         scaler = _scaler(1024.0, growth_interval=1000, diagnose=True)
         model = _mlp()
         opt = scaler.wrap(keras.optimizers.Adam(1e-3))

@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from imperative_misuse_checks import check_update_new_scale_types  # noqa: E402
 from torch_helpers import lightning_fit  # noqa: E402
 
 import unifiedamp as ua  # noqa: E402
@@ -247,17 +248,7 @@ def test_update_new_scale_takes_numpy_values_like_the_numpy_backend():
 def test_update_new_scale_takes_the_same_types_on_every_imperative_backend():
     # The numpy backend's case: tests/core/test_numpy_backend.py, under the same name.
     scaler = ua.GradScaler(1024.0, backend="torch", device="cpu")  # the scale exists already
-    for good in (8, 8.0, np.float32(8.0), np.array([8.0]), np.array(8.0)):
-        scaler.update(good)
-        assert scaler.get_scale() == 8.0
-    for bad in (True, [8.0], "8", np.ones(2)):
-        with pytest.raises(TypeError, match="new_scale must be a float or a 1-element "
-                                            "array/tensor, got"):
-            scaler.update(new_scale=bad)
-        if bad is not True:  # positional, a bool is update(finite)'s flag
-            with pytest.raises(TypeError, match="new_scale must be a float"):
-                scaler.update(bad)
-    assert scaler.get_scale() == 8.0 and scaler.num_steps == 0
+    check_update_new_scale_types(scaler)
 
 
 def test_max_consecutive_skips_takes_a_numpy_int_like_the_config():
