@@ -36,6 +36,7 @@ SESSIONS: dict[str, tuple[dict[str, str], str, list[str]]] = {
         "backends/jax", "backends/_functional.py", "conformance/adapters/jax.py",
         "conformance/adapters/jax_devices.py"]),
     "mlx": ({}, "tests/mlx", ["backends/mlx.py", "conformance/adapters/mlx.py"]),
+    "mindspore": ({}, "tests/mindspore", []),
     "keras-tensorflow": ({"KERAS_BACKEND": "tensorflow"}, "tests/keras", [
         "backends/keras", "callbacks/keras.py", "conformance/adapters/keras.py",
         "conformance/adapters/keras_replicas.py", "porting/_keras_files.py"]),

@@ -75,11 +75,13 @@ def test_a_failure_names_the_step_expected_and_got_in_hex_and_the_config(tmp_pat
     _, report = run_suite(tmp_path, "--unifiedamp-backend", "broken_scalers:GrowsOneStepLate",
                           "--unifiedamp-max-examples", "10")
     detail = report["tests"]["test_vector[growth_on_nth_finite]"]["detail"]
-    assert ("[growth timing] growth_on_nth_finite: diverged at step 3 of 'FFFFFF': expected "
+    assert ("[grows one step late] growth_on_nth_finite: diverged at step 3 of 'FFFFFF': expected "
             "scale 2048.0 (float32 0x45000000), growth_tracker 0, hysteresis_tracker 0; got "
             "scale 1024.0 (float32 0x44800000), growth_tracker 3, hysteresis_tracker 0; config "
             "{'init_scale': 1024.0") in detail
     assert report["tests"]["test_vector[growth_on_nth_finite]"]["rule"] == "growth timing"
+    assert report["tests"]["test_vector[growth_on_nth_finite]"]["causes"] == [
+        "grows one step late"]
 
 
 def test_a_scale_that_is_no_float32_value_is_called_so(tmp_path):

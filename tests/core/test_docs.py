@@ -131,6 +131,27 @@ def test_the_distributed_page_names_tests_and_settings_that_exist():
         assert not missing, f"{framework} engines without a row in docs/distributed.md: {missing}"
 
 
+def test_every_row_of_the_distributed_table_has_both_overflows_and_a_test():
+    """Each row of docs/distributed.md's table gives the framework's scaler with the overflow
+    in one rank's input and with an inf in one rank's gradient after the reduction (a
+    verdict, or why there is none), and cites a test."""
+    page = (ROOT / "docs" / "distributed.md").read_text()
+    lines = page.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| framework: engine |"))
+    header = [cell.strip() for cell in lines[start].strip("|").split("|")]
+    assert header[3:5] == [
+        "the framework's scaler, the overflow in one rank's input",
+        "the framework's scaler, an inf in one rank's gradient after the reduction"], header
+    rows = [line for line in lines[start + 2:] if line.startswith("|")]
+    assert len(rows) >= 15 and lines[start + 2 + len(rows)] == "", "the table ends at a blank line"
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert len(cells) == len(header), row
+        assert all(cells[3:5]), f"a row without a cell for each overflow: {cells[0]}"
+        assert re.search(r"`(?:tests/[\w/]+\.py::)?test_\w+`", cells[-1]), (
+            f"a row citing no test: {cells[0]}")
+
+
 # The site (mkdocs.yml): every page in the nav, every link between pages to a page and a
 # heading that exist, every `unifiedamp` command of a ```bash block one the CLI takes.
 

@@ -62,6 +62,10 @@ PROGRAM = textwrap.dedent("""
             if job["rank"] == 0:
                 raise AssertionError("No inf checks were recorded for this optimizer.")
             collective(job, lambda: False)
+        if job["mode"] == "raise-then-hang":  # rank 1 waits with no timeout of its own
+            if job["rank"] == 0:
+                raise AssertionError("No inf checks were recorded for this optimizer.")
+            time.sleep(600)
         if job["mode"] == "who":
             return [{"ppid": os.getppid(), "cwd": os.getcwd(), "out": job["out"],
                      "main": __name__, "argv0": sys.argv[0], "argc": len(sys.argv),
@@ -141,6 +145,21 @@ def test_a_collective_that_times_out_after_a_peer_raised_leaves_that_error(progr
     assert outcome.detail == ("AssertionError: No inf checks were recorded for this "
                               "optimizer.")
     assert outcome.records[1]["timed_out"] and outcome.returncodes == [1, 1]
+
+
+def test_the_peers_of_a_rank_that_raised_are_killed_after_the_grace(program):
+    # Rank 1 would wait for rank 0 until the launch's timeout (as in a collective that takes
+    # no timeout, JAX's and Paddle's on CPU): the launch ends it `grace` seconds after rank
+    # 0 failed, timed from rank 0's own clock of its failure.
+    grace = 3.0
+    outcome = program("raise-then-hang", timeout=90, grace=grace)
+    ended = time.time()
+    assert outcome.status == "error", outcome
+    assert outcome.detail == ("AssertionError: No inf checks were recorded for this "
+                              "optimizer.")
+    assert outcome.returncodes == [1, -9], outcome
+    waited = ended - outcome.records[0]["at"]
+    assert grace <= waited < grace + 10, f"rank 1 killed {waited:.1f} s after rank 0 failed"
 
 
 def test_a_rank_that_aborts_after_its_results_is_an_abort_at_exit(program):
@@ -243,8 +262,37 @@ def test_the_verdict_is_the_first_problem():
 def test_the_command_line_names_the_frameworks_and_refuses_others(capsys):
     assert engines.main([]) == 2
     assert "FRAMEWORK: torch, jax, tensorflow, paddle" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="unknown framework 'mxnet'"):
-        engines.main(["mxnet"])
+
+
+USAGE = ("usage: python -m unifiedamp.conformance.engines FRAMEWORK [ENGINE SCALER]  "
+         "(FRAMEWORK: torch, jax, tensorflow, paddle)")
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["mxnet"], "unknown framework 'mxnet': one of torch, jax, tensorflow, paddle"),
+    (["--version"], "unknown option '--version'"),
+    (["torch", "--verbose"], "unknown option '--verbose'"),
+    (["torch", "ddp"], "give FRAMEWORK, or FRAMEWORK ENGINE SCALER; got 2 arguments"),
+])
+def test_every_wrong_call_of_the_command_line_exits_2_with_what_is_wrong(argv, error, capsys):
+    assert engines.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"{USAGE}\nerror: {error}\n"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["torch", "--help"]])
+def test_help_prints_the_usage_and_exits_0(argv, capsys):
+    assert engines.main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(USAGE + "\nRuns ENGINE with SCALER") and err == ""
+    assert out.endswith("\nexit status: 1 when the run departs from the spec, 2 for a usage "
+                        "error.\n")
+
+
+def test_python_m_help_exits_0(run_python):
+    # The module's own exit status, as a shell sees it.
+    proc = run_python("import unifiedamp.conformance.engines.__main__", args=("--help",))
+    assert proc.returncode == 0 and proc.stdout.startswith(USAGE), proc.stderr
 
 
 def test_the_command_line_lists_an_engines_settings_and_refuses_a_pairing_it_cannot_run(

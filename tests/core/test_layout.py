@@ -26,7 +26,7 @@ TORCH = {"torch", "lightning", "pytorch_lightning", "accelerate", "transformers"
          "megatron", "colossalai"}
 JAX = {"jax", "jaxlib", "flax", "optax", "jmp", "orbax"}
 KERAS = {"keras", "tensorflow", "tf_keras"}
-FRAMEWORKS = TORCH | JAX | KERAS | {"paddle", "mlx", "praxis", "paxml"}
+FRAMEWORKS = TORCH | JAX | KERAS | {"paddle", "mlx", "mindspore", "praxis", "paxml"}
 #: unifiedamp's modules that import a framework when imported.
 LIBRARY = {"unifiedamp.backends.torch": "torch", "unifiedamp.backends.paddle": "paddle",
            "unifiedamp.backends.jax": "jax", "unifiedamp.backends.mlx": "mlx",
@@ -40,6 +40,7 @@ ALLOWED = {
     "paddle": {"paddle"},
     "jax": JAX,
     "mlx": {"mlx"},
+    "mindspore": {"mindspore"},
     "keras": KERAS | JAX | TORCH,   # Keras on each of its backends
     "cross": FRAMEWORKS - {"praxis", "paxml"},
     "distributed": FRAMEWORKS - {"praxis", "paxml"},

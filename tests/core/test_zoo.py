@@ -1,28 +1,37 @@
-"""The zoo's adapters of jmp, Keras 3 and Paddle list their differences from the spec, each
-naming a test of the suite (the adapters driving the real scalers: ``test_zoo.py`` in
-tests/jax, tests/keras and tests/paddle)."""
+"""Every explained cause of the zoo's adapters is one the suite can name, and links to a
+snippet that exists (the snippets themselves run in their framework's session)."""
 
 from __future__ import annotations
 
 import importlib
+import pathlib
 
 import pytest
 
-from unifiedamp import spec
-from unifiedamp.conformance.contract import ScalerContract
-from unifiedamp.conformance.zoo import Difference
+from unifiedamp.conformance._causes import DEPARTURES
+from unifiedamp.conformance.zoo import ZOO, Difference
 
-MODULES = ("jmp_loss_scale", "keras_loss_scale_optimizer", "paddle_grad_scaler")
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MODULES = sorted({e.target.partition(":")[0] for e in ZOO.values()})
+#: Where a contract test names its cause in its own message (not a departure of a run).
+CONTRACT = [ROOT / "src" / "unifiedamp" / "conformance" / name
+            for name in ("contract.py", "_state_checks.py")]
 
 
 @pytest.mark.parametrize("module", MODULES)
-def test_every_difference_names_a_test_of_the_suite(module: str) -> None:
-    differences = importlib.import_module(f"unifiedamp.conformance.zoo.{module}").DIFFERENCES
-    vectors = {v.name for v in spec.VECTORS}
+def test_every_difference_is_a_cause_the_suite_names_with_a_snippet(module: str) -> None:
+    differences = importlib.import_module(module).DIFFERENCES
+    columns = {e.name for e in ZOO.values() if e.target.startswith(f"{module}:")}
+    contract = "".join(path.read_text() for path in CONTRACT)
     assert differences, f"{module} lists no differences"
-    for test_id, difference in differences.items():
-        name, _, param = test_id.partition("[")
-        assert callable(getattr(ScalerContract, name, None)), f"{test_id}: no such test"
-        assert not param or param.rstrip("]") in vectors, f"{test_id}: no such vector"
-        assert isinstance(difference, Difference)
-        assert all(len(field) > 20 for field in difference), f"{test_id}: a field is empty"
+    for d in differences:
+        assert isinstance(d, Difference)
+        known = d.cause in DEPARTURES or f"[{d.cause}]" in contract or d.cause.startswith(
+            ("raises ", "load does not restore the ", "a disabled scaler reports a scale of "))
+        assert known, f"{module}: {d.cause!r} is no cause the suite names"
+        assert all(len(field) > 20 for field in (d.sentence, d.matters, d.checked)), d.cause
+        assert set(d.columns) <= columns, f"{module}: {d.cause!r} names columns {d.columns}"
+        snippet = ROOT / d.snippet
+        assert d.snippet.startswith("docs/snippets/zoo/") and snippet.is_file(), (
+            f"{module}: {d.cause!r}: no snippet {d.snippet}")
+        assert "unifiedamp" not in snippet.read_text(), f"{d.snippet} uses unifiedamp"

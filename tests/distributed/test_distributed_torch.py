@@ -2,16 +2,20 @@
 and the teardown recipe that leaves torch.distributed without an abort at exit.
 
 The engines: the unifiedamp scaler follows the spec in every engine of
-``unifiedamp.conformance.engines.torch``: each rank's scale and trackers, its skip
-decisions and the whole model's weights, step by step (and, where the engine
-averages the ranks' gradients, the weights of a single process taking the spec's
-steps). The ``test_native_*`` tests show what torch's own scalers do in the same
-settings, so that what the docs say of them stays true as torch changes.
+``unifiedamp.conformance.engines.torch``, with the overflow in one rank's input (its loss
+inf, carried to every rank by the engine's reduction) and with an inf written into one
+rank's gradient after the reduction: each rank's scale and trackers, its skip decisions
+and the whole model's weights, step by step (and, where the engine averages the ranks'
+gradients, the weights of a single process taking the spec's steps). The
+``test_native_*`` tests show what torch's own scalers do in the same settings, so that
+what the docs say of them stays true as torch changes.
 
-Each engine test is one launch of 2 processes (HSDP: 4), 6 steps, bounded by the
-launch's timeout: about 5 s (HSDP 9 s), up to 20 s on two busy cores; the
-deadlock ends when gloo's collective timeout (:data:`DEADLOCK_COLLECTIVE_TIMEOUT`) ends
-the ranks' waits, about 30 s in. The engines: about a minute and a half.
+A launch costs about 5 s of imports and joining (15 s on two busy cores), a setting (an
+engine with one scaler and one overflow, 6 steps) a fraction of a second: the settings of
+engines that run as many ranks share a launch (:data:`LAUNCHES`), which the tests read
+(:func:`setting`). A setting that cannot end (a deadlock, a crash) has a launch of its own;
+the deadlock ends when gloo's collective timeout (:data:`DEADLOCK_COLLECTIVE_TIMEOUT`)
+ends the ranks' waits, about 30 s in. The engines: about a minute and a half.
 
 The teardown: a gloo worker thread drops its finished work (and the tensors in it) after it
 has woken the caller. When the process group outlives ``destroy_process_group()``
@@ -35,6 +39,7 @@ on, as a DDP Python comm hook's can be: with the old order (``init_process_group
 from __future__ import annotations
 
 import collections
+import functools
 import importlib.util
 import os
 import time
@@ -62,14 +67,38 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch not installed"),
 ]
 
-# The optional variants of FSDP1: slow (one launch each), left out by -m "not slow".
-_SLOW = {"fsdp1-orig", "fsdp1-clip"}
+#: The engines whose settings share a launch: as many ranks, and the checked teardown
+#: (fsdp2's group outlives the destroy, so its launch leaves with the plain one).
+LAUNCHES = (
+    ("ddp", "ddp-hysteresis", "ddp-fused", "ddp-two-optimizers", "ddp-no-sync", "ddp-unused",
+     "ddp-static", "zero", "no-grad"),
+    ("fsdp1", "fsdp1-fused", "fsdp1-fp16", "fsdp1-orig", "fsdp1-clip"),
+    ("fsdp2",),
+    ("hsdp",),
+)
+#: The settings whose run cannot end: each has a launch of its own, in its test.
+OWN_LAUNCH = {("zero", "torch.amp", "gradient"), ("no-grad", "torch.amp", "input"),
+              ("no-grad", "torch.amp", "gradient")}
 # gloo ends a collective that waited this long: the expected deadlock's end. Its ranks
 # reach step 1 in 5 s, 15 s on two busy cores; before that they wait for each other a
 # few seconds at most (a peer still importing).
 DEADLOCK_COLLECTIVE_TIMEOUT = 15
 # Should gloo's timeout not end it (a rank spinning), the launch's does.
 DEADLOCK_TIMEOUT = 90
+
+
+@functools.cache
+def _launched(names: tuple[str, ...]) -> dict[tuple[str, str, str], Run]:
+    return engines.runs([(engine, scaler, overflow) for engine in names
+                         for scaler in engines.scalers_of(engine)
+                         for overflow in engines.OVERFLOWS
+                         if (engine, scaler, overflow) not in OWN_LAUNCH])
+
+
+def setting(engine: str, scaler: str, overflow: str) -> Run:
+    """The run of ``engine`` with ``scaler`` and ``overflow``, from its shared launch."""
+    names = next(names for names in LAUNCHES if engine in names)
+    return _launched(names)[(engine, scaler, overflow)]
 
 
 def _explain(run: Run) -> str:
@@ -82,11 +111,17 @@ def _scales(run: Run, step: int) -> list[float]:
     return [record["steps"][step]["scale"] for record in run.outcome.records]
 
 
-@pytest.mark.parametrize("engine", [
-    pytest.param(name, marks=[pytest.mark.slow] if name in _SLOW else [])
-    for name in engines.ENGINES])
-def test_unifiedamp_follows_the_spec_in_the_engine(engine):
-    run = engines.run(engine, "unifiedamp")
+def test_every_engine_is_in_one_launch():
+    named = [engine for names in LAUNCHES for engine in names]
+    assert sorted(named) == sorted(engines.ENGINES)
+    for names in LAUNCHES:
+        assert len({engines.world_of(engine) for engine in names}) == 1, names
+
+
+@pytest.mark.parametrize("overflow", list(engines.OVERFLOWS))
+@pytest.mark.parametrize("engine", list(engines.ENGINES))
+def test_unifiedamp_follows_the_spec_in_the_engine(engine, overflow):
+    run = setting(engine, "unifiedamp", overflow)
     assert run.outcome.status == "ok", _explain(run)
     assert run.problems() == [], _explain(run)
     # A run that never stepped or never skipped would check little.
@@ -95,21 +130,98 @@ def test_unifiedamp_follows_the_spec_in_the_engine(engine):
     assert (run.reference is not None) == (engine != "no-grad")
 
 
-def test_native_torch_amp_under_ddp_leaves_the_replicas_with_different_weights():
-    """torch.amp.GradScaler reads found_inf on its own rank only: with an inf on rank 0
-    only, rank 1 steps and grows its scale while rank 0 skips and backs off, so the
-    DDP replicas hold different weights from then on."""
-    run = engines.run("ddp", "torch.amp")
+@pytest.mark.parametrize(("engine", "scaler"), [
+    (engine, scaler) for engine in engines.ENGINES if engine != "no-grad"
+    for scaler in engines.scalers_of(engine) if scaler != "unifiedamp"])
+def test_native_scalers_follow_the_spec_with_an_overflow_in_the_input(engine, scaler):
+    """An inf in one rank's target makes its loss, and so every gradient it computes, inf
+    or NaN; the engine's reduction (all-reduce, reduce-scatter) carries it into every
+    rank's gradients, every shard included, so each rank's own check finds it."""
+    run = setting(engine, scaler, "input")
+    assert run.problems() == [], _explain(run)
+
+
+@pytest.mark.parametrize("engine", ["ddp", "ddp-fused", "ddp-no-sync", "ddp-unused",
+                                    "ddp-static"])
+def test_native_torch_amp_under_ddp_leaves_the_replicas_with_different_weights(engine):
+    """torch.amp.GradScaler reads found_inf on its own rank only: with an inf in rank 0's
+    gradient after the all-reduce, rank 1 steps and grows its scale while rank 0 skips and
+    backs off, so the DDP replicas hold different weights from then on."""
+    run = setting(engine, "torch.amp", "gradient")
     assert run.outcome.status == "ok", _explain(run)
-    problems = run.problems()
-    assert "step 1: the ranks' weights differ" in problems, _explain(run)
+    assert "step 1: the ranks' weights differ" in run.problems(), _explain(run)
     assert _scales(run, 1) == [512.0, 2048.0]
+
+
+def test_native_torch_amp_with_two_optimizers_under_ddp_steps_a_different_one_on_each_rank():
+    """One scaler, two optimizers: each one's step() decides on that optimizer's gradients
+    on its own rank. Step 1: an inf in B's gradients on rank 0 and in A's on rank 1 after the
+    all-reduce: both ranks back off (the scales agree), rank 0 steps A and rank 1 steps B,
+    and the weights part. Step 3: an inf in A's on rank 1 only: rank 0 steps both and grows,
+    rank 1 backs off. The unifiedamp scaler skips A and B on both ranks at step 1, A at step
+    3."""
+    run = setting("ddp-two-optimizers", "torch.amp", "gradient")
+    assert run.outcome.status == "ok", _explain(run)
+    steps = [record["steps"] for record in run.outcome.records]
+    assert [s[1]["optimizers_stepped"] for s in steps] == [[True, False], [False, True]]
+    assert _scales(run, 1) == [512.0, 512.0]
+    assert "step 1: the ranks' weights differ" in run.problems(), _explain(run)
+    assert _scales(run, 3) == [1024.0, 256.0]
+    ours = [record["steps"] for record in setting("ddp-two-optimizers", "unifiedamp",
+                                                  "gradient").outcome.records]
+    assert [(s[1]["optimizers_stepped"], s[3]["optimizers_stepped"]) for s in ours] == [
+        ([False, False], [False, True])] * 2
+
+
+@pytest.mark.parametrize("engine", ["fsdp1", "fsdp1-fused", "fsdp1-fp16", "fsdp1-orig",
+                                    "fsdp1-clip"])
+def test_native_torch_amp_under_fsdp1_leaves_the_shards_apart(engine):
+    """torch.amp checks the rank's own shard of the gradient: with an inf in rank 0's shard
+    only, rank 0 skips and backs off to 512 while rank 1 grows to 2048 (and, but under
+    clip_grad_norm_, whose inf norm zeroes its gradients, steps its shard)."""
+    run = setting(engine, "torch.amp", "gradient")
+    assert run.outcome.status == "ok", _explain(run)
+    assert _scales(run, 1) == [512.0, 2048.0], _explain(run)
+    stepped = [record["steps"][1]["stepped"] for record in run.outcome.records]
+    assert stepped == [False, engine != "fsdp1-clip"], _explain(run)
+
+
+@pytest.mark.parametrize(("engine", "scaler"), [
+    ("fsdp1", "sharded"), ("fsdp1-fp16", "sharded"), ("fsdp1-orig", "sharded"),
+    ("fsdp1-clip", "sharded"), ("fsdp2", "sharded"), ("fsdp2", "torch.amp"),
+    ("hsdp", "sharded")])
+def test_native_scalers_follow_the_spec_with_an_inf_in_one_ranks_shard(engine, scaler):
+    """ShardedGradScaler all-reduces found_inf in unscale_(); under fully_shard the
+    gradients are DTensors, and DTensor's handler of the unscale kernel all-reduces
+    found_inf over the mesh's sharded dimension, so torch.amp agrees there too."""
+    run = setting(engine, scaler, "gradient")
+    assert run.problems() == [], _explain(run)
+
+
+def test_native_sharded_grad_scaler_under_fsdp1_with_a_fused_optimizer_splits_the_scale():
+    """ShardedGradScaler all-reduces found_inf in unscale_() only; a fused optimizer's
+    step takes torch.amp's path, which checks the rank's own shard: the rank with the
+    inf backs off, its peer grows, and the ranks' scales differ."""
+    run = setting("fsdp1-fused", "sharded", "gradient")
+    assert run.outcome.status == "ok", _explain(run)
+    assert _scales(run, 1) == [512.0, 2048.0], _explain(run)
+    assert any("stepped (the spec skips" in p for p in run.problems())
+
+
+def test_native_torch_amp_under_hsdp_splits_the_replicas():
+    """DTensor's found_inf handler reduces over sharded mesh dimensions only, not over
+    replicated ones: under HSDP (2 x 2 mesh) an inf on rank 0's shard reaches rank 1
+    (same replica) but not ranks 2 and 3 (the other replica), which step and grow."""
+    run = setting("hsdp", "torch.amp", "gradient")
+    assert run.outcome.status == "ok", _explain(run)
+    assert _scales(run, 1) == [512.0, 512.0, 2048.0, 2048.0], _explain(run)
 
 
 def test_native_torch_amp_under_zero_deadlocks_in_zeros_broadcast():
     """ZeroRedundancyOptimizer's step broadcasts each rank's shard: torch.amp skips
-    the step on the rank with the inf only, which goes on to the next backward's
-    all-reduce while its peer waits in ZeRO's broadcast (_sync_params): no rank ends."""
+    the step on the rank with the inf in its gradient only, which goes on to the next
+    backward's all-reduce while its peer waits in ZeRO's broadcast (_sync_params): no
+    rank ends."""
     run = engines.run("zero", "torch.amp", timeout=DEADLOCK_TIMEOUT,
                       collective_timeout=DEADLOCK_COLLECTIVE_TIMEOUT)
     assert run.outcome.status == "deadlock", _explain(run)
@@ -120,43 +232,15 @@ def test_native_torch_amp_under_zero_deadlocks_in_zeros_broadcast():
     assert any("in backward" in log for log in logs), _explain(run)
 
 
-def test_native_torch_amp_with_a_rank_without_gradients_raises_no_inf_checks():
+@pytest.mark.parametrize("overflow", list(engines.OVERFLOWS))
+def test_native_torch_amp_with_a_rank_without_gradients_raises_no_inf_checks(overflow):
     """A rank whose loss reaches no parameter has no gradient for torch.amp to check:
     its step() raises, where the unifiedamp scaler still joins the ranks' found_inf."""
-    run = engines.run("no-grad", "torch.amp")
+    run = engines.run("no-grad", "torch.amp", overflow=overflow)
     assert run.kinds[0][1] == NO_GRADIENT
     assert run.outcome.status == "error", _explain(run)
     assert run.outcome.detail == ("AssertionError: No inf checks were recorded for this "
                                   "optimizer."), _explain(run)
-
-
-def test_native_sharded_grad_scaler_under_fsdp1_with_a_fused_optimizer_splits_the_scale():
-    """ShardedGradScaler all-reduces found_inf in unscale_() only; a fused optimizer's
-    step takes torch.amp's path, which checks the rank's own shard: the rank with the
-    inf backs off, its peer grows, and the ranks' scales differ."""
-    run = engines.run("fsdp1-fused", "sharded")
-    assert run.outcome.status == "ok", _explain(run)
-    assert _scales(run, 1) == [512.0, 2048.0], _explain(run)
-    assert any("stepped (the spec skips" in p for p in run.problems())
-
-
-def test_native_torch_amp_under_fsdp2_follows_the_spec():
-    """Under fully_shard the gradients are DTensors, and DTensor's handler of the
-    unscale kernel all-reduces found_inf over the mesh's sharded dimension: torch.amp
-    follows the spec there (the unifiedamp scaler adds its own all-reduce of the
-    0-d flag)."""
-    run = engines.run("fsdp2", "torch.amp")
-    assert run.problems() == [], _explain(run)
-
-
-@pytest.mark.slow
-def test_native_torch_amp_under_hsdp_splits_the_replicas():
-    """DTensor's found_inf handler reduces over sharded mesh dimensions only, not over
-    replicated ones: under HSDP (2 x 2 mesh) an inf on rank 0's shard reaches rank 1
-    (same replica) but not ranks 2 and 3 (the other replica), which step and grow."""
-    run = engines.run("hsdp", "torch.amp")
-    assert run.outcome.status == "ok", _explain(run)
-    assert _scales(run, 1) == [512.0, 512.0, 2048.0, 2048.0], _explain(run)
 
 
 def test_an_engine_refuses_a_scaler_it_cannot_run_and_kinds_for_another_world():
@@ -172,6 +256,12 @@ def test_an_engine_refuses_a_scaler_it_cannot_run_and_kinds_for_another_world():
         engines.run("ddp", "unifiedamp", kinds=["F-", "FF"])
     with pytest.raises(ValueError, match="unknown torch engine 'fsdp3'"):
         engines.run("fsdp3", "unifiedamp")
+    with pytest.raises(ValueError, match="overflow='loss': one of input, gradient"):
+        engines.run("ddp", "unifiedamp", overflow="loss")
+    with pytest.raises(ValueError, match=r"run \[2, 4\] ranks; give engines of one world"):
+        engines.runs([("ddp", "unifiedamp", "input"), ("hsdp", "unifiedamp", "input")])
+    with pytest.raises(ValueError, match="distinct"):
+        engines.runs([("ddp", "unifiedamp", "input")] * 2)
 
 
 # ------------------------------------------------------------------ teardown

@@ -7,6 +7,12 @@ without an axis warns there. Gradients that already agree (``lax.pmean``, the su
 gradients of replicated parameters, ``jax.jit`` on global arrays) need no axis, and
 nothing is said. One device is enough: the check reads types, not values (two devices
 and two processes: tests/distributed/test_distributed_jax.py).
+
+On a 2-D ("data", "model") mesh with parameters sharded over "model", the flag varies over
+"model" only (JAX sums the gradients over "data"): a tuple ``axis_name`` sums it over the
+axes it varies over, and one that leaves out "model" raises (default ``shard_map``) or warns
+(``check_vma=False``, ``pmap``). A 1 x 1 mesh carries the same types (four devices, where
+the values show: test_jax_devices.py).
 """
 
 from __future__ import annotations
@@ -171,3 +177,112 @@ def test_axis_name_empty_tuple_adds_no_collective():
     assert "psum" not in str(jax.make_jaxpr(flag(()))(jnp.ones((1, 3))))
     assert not bool(flag(())(jnp.array([[1.0, jnp.nan, 1.0]]))[0])
 
+
+
+# ------------------------------------------------------------ 2-D meshes
+
+MESH_2D = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
+W = jnp.ones((3, 2))  # its columns sharded over "model"
+X = jnp.ones((4, 3))  # the batch, its rows split over "data"
+
+
+def on_2d_mesh(body, check_vma=True):
+    """``body(scaler, w, x)`` under ``jax.jit(shard_map)`` on ``MESH_2D``: the scaler
+    replicated, ``w`` sharded over "model", ``x`` over "data"."""
+    return jax.jit(jax.shard_map(body, mesh=MESH_2D, in_specs=(P(), P(None, "model"), P("data")),
+                                 out_specs=P(), check_vma=check_vma))
+
+
+def sharded_step(name, axis_name):
+    """The gradient of ``w`` (varies over "model"), checked by ``name``; the new scale."""
+
+    def body(scaler, w, x):
+        grads = jax.grad(lambda w: scaler.scale(((x @ w) ** 2).mean()))(w)
+        if name in ("loss_scaled", "loss_scaled_accumulate"):
+            tx = (loss_scaled(optax.sgd(0.1), scaler, axis_name=axis_name)
+                  if name == "loss_scaled" else
+                  loss_scaled_accumulate(optax.sgd(0.1), scaler, 1, axis_name=axis_name))
+            return find_scaler(tx.update(grads, tx.init(w), w)[1]).loss_scale
+        finite = (all_finite(grads, axis_name) if name == "all_finite" else
+                  scaler.unscale(grads, axis_name=axis_name)[1])
+        return scaler.update(finite).loss_scale
+
+    return body
+
+
+CHECKERS = ["unscale", "all_finite", "loss_scaled", "loss_scaled_accumulate"]
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_a_tuple_agrees_a_flag_that_varies_over_some_of_its_axes_only(name):
+    # lax.psum refuses a value varying over "model" and not "data" in one call
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for axis_name in (("data", "model"), ("model", "data"), ["data", "model"]):
+            step = on_2d_mesh(sharded_step(name, axis_name))
+            assert float(step(JaxGradScaler(8.0), W, X)) == 8.0
+            assert float(step(JaxGradScaler(8.0), W, X.at[1, 2].set(jnp.inf))) == 4.0
+
+
+def test_the_tuple_adds_only_the_psum_over_the_axis_the_flag_varies_over():
+    args = (JaxGradScaler(8.0), W, X)
+
+    def jaxpr(axis_name):
+        return str(jax.make_jaxpr(on_2d_mesh(sharded_step("unscale", axis_name)))(*args))
+
+    assert jaxpr(("data", "model")) == jaxpr("model")
+    (flag_sum,) = [line for line in jaxpr("model").splitlines() if "i32[] = psum" in line]
+    assert "axes=('model',)" in flag_sum
+    # replicated parameters: JAX sums their gradients over both axes, nothing is left to agree
+    replicated = jax.jit(jax.shard_map(sharded_step("unscale", ("data", "model")), mesh=MESH_2D,
+                                       in_specs=(P(), P(), P("data")), out_specs=P()))
+    assert "i32[] = psum" not in str(jax.make_jaxpr(replicated)(*args))
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_an_axis_name_leaving_out_the_sharded_axis_raises_naming_it(name):
+    step = on_2d_mesh(sharded_step(name, "data"))
+    with pytest.raises(ValueError, match=r"varies over the shard_map mesh axis 'model'.*"
+                                         r"Fix: pass axis_name='model'") as error:
+        step(JaxGradScaler(8.0), W, X)
+    assert "already names other axes, add 'model' to them in a tuple" in str(error.value)
+
+
+@pytest.mark.parametrize("name", CHECKERS)
+def test_an_axis_name_leaving_out_a_mesh_axis_warns_where_jax_tracks_nothing(name):
+    with pytest.warns(UserWarning, match=r"with axis_name='data' inside pmap or shard_map\("
+                                         r"check_vma=False\) over the mesh axes \('data', "
+                                         r"'model'\): .* not over 'model'") as caught:
+        on_2d_mesh(sharded_step(name, "data"), check_vma=False)(JaxGradScaler(8.0), W, X)
+    # loss_scaled_accumulate traces its window's branch twice (its output types, then
+    # lax.cond): the same warning from the same line, which Python's filter shows once.
+    ((message, filename),) = {(str(w.message), w.filename) for w in caught
+                              if "axis_name" in str(w.message)}
+    assert "Fix: pass axis_name=('data', 'model')" in message
+    assert filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for axis_name in (("data", "model"), ("model", "data"), ()):
+            on_2d_mesh(sharded_step(name, axis_name), check_vma=False)(JaxGradScaler(8.0), W, X)
+
+
+def test_under_pmap_an_axis_name_of_an_inner_vmap_only_warns_naming_the_device_axis():
+    def flags(axis_name):
+        return jax.pmap(jax.vmap(lambda g: all_finite(g, axis_name), axis_name="b"),
+                        axis_name="d")
+
+    with pytest.warns(UserWarning, match=r"all_finite with axis_name='b' .* not over 'd'.* "
+                                         r"Fix: pass axis_name=\('b', 'd'\)"):
+        flags("b")(jnp.ones((1, 2, 3)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not bool(flags(("b", "d"))(jnp.ones((1, 2, 3)).at[0, 1, 0].set(jnp.nan))[0, 0])
+
+
+def test_pmap_maps_one_axis_as_it_does_not_nest():
+    """So under pmap an axis_name that JAX accepts (no unbound name) covers its devices,
+    unless it names only an inner vmap's axis (above)."""
+    nested = jax.pmap(jax.pmap(lambda g: all_finite(g, ("d", "e")), axis_name="e"),
+                      axis_name="d")
+    with pytest.raises(ValueError, match="context mesh"):
+        nested(jnp.ones((1, 1, 3)))

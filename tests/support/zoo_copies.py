@@ -1,11 +1,12 @@
-"""A copy of a zoo scaler's rule, with bugs to plant: the matrix must name the rule each breaks.
+"""A copy of a zoo scaler's rule, with bugs to plant: the suite must name the cause of each.
 
 ``PaddleRuleCopy`` is Paddle's dynamic loss scaling as its static-graph kernels run it
 (``check_finite_and_unscale`` and ``update_loss_scaling``: float32 scale and ratios, int
 good/bad step counters, ``==`` tests, a floor of 1 on backoff, no growth past inf; the
 eager ``paddle.amp.GradScaler._update`` has no floor) in NumPy, over the NumPy backend's
 SGD. ``UNIFIEDAMP_PLANTED_BUG`` names one bug to plant
-(``PLANTED``); test_conformance_zoo.py runs the suite on each.
+(``PLANTED``); test_conformance_zoo.py runs the suite on each. ``state_on_skipped_step``
+(optimizer state built, non-zero, by a skipped step) is driven by tests/core/test_causes.py.
 """
 
 from __future__ import annotations
@@ -20,17 +21,17 @@ from unifiedamp.conformance.adapters.numpy import make_problem
 from unifiedamp.conformance.interface import Adapter
 from unifiedamp.spec import ScalerConfig, ScalerState
 
-#: Bug name -> the rule the matrix must name for it.
+#: Bug name -> the cause the suite must name for it.
 PLANTED = {
-    "growth_one_step_late": "growth timing",
-    "nan_not_inf": "inf/NaN detection",
-    "double_factor": "float32 multiply",
-    "float64_scale": "float32 multiply",
-    "hysteresis_not_rearmed": "hysteresis",
-    "state_not_reloaded": "state round trip",
+    "growth_one_step_late": "grows one step late",
+    "nan_not_inf": "NaN taken as finite",
+    "double_factor": "multiplies by a float64 factor",
+    "float64_scale": "keeps the scale in float64",
+    "hysteresis_not_rearmed": "hysteresis not re-armed at a backoff",
+    "state_not_reloaded": "load does not restore the growth_tracker",
     # The scale and trackers stay right; only the parameters show these.
-    "skips_growth_step": "growth timing",
-    "unscales_with_the_new_scale": "growth step",
+    "skips_growth_step": "skips the step that grows",
+    "unscales_with_the_new_scale": "unscales the growth step with the new scale",
 }
 
 
@@ -42,6 +43,7 @@ class PaddleRule:
         self.scale = np.float32(config.init_scale)
         self.good = self.bad = 0
         self.found_inf = False
+        self.lazy: list[np.ndarray] = []
 
     def scale_loss(self, value: np.ndarray) -> np.ndarray:
         return value * self.scale.astype(value.dtype)
@@ -57,6 +59,8 @@ class PaddleRule:
         bad = np.isinf if self.bug == "nan_not_inf" else (lambda g: ~np.isfinite(g))
         found = any(bool(bad(g).any()) for g in grads)
         self.found_inf = self.found_inf or found
+        if self.bug == "state_on_skipped_step" and found and not self.lazy:
+            self.lazy.append(np.ones(2, np.float32))  # optimizer state a skipped step built
         if self.bug == "skips_growth_step" and self.good + 1 == self.config.growth_interval:
             return
         if not found:
@@ -138,7 +142,8 @@ class PaddleRuleCopy(Adapter):
         return ScalerState(float(handle[0].scale), handle[0].good, handle[0].bad)
 
     def snapshot(self, handle: Any) -> list[np.ndarray]:
-        return [a.copy() for problem in handle[1] for a in problem.snapshot()]
+        return [*(a.copy() for problem in handle[1] for a in problem.snapshot()),
+                *handle[0].lazy]
 
     def reconfigure(self, handle: Any, changes: dict[str, Any]) -> Any:
         handle[0].config = handle[0].config.replace(**changes)

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from unifiedamp import spec
-from unifiedamp.conformance._rules import VECTOR_RULES, step_rule
+from unifiedamp.conformance._causes import Observed, explain
 from unifiedamp.spec import ScalerConfig, ScalerState, Vector
 
 __all__ = ["Divergence", "describe_scale", "normalise", "run_steps", "run_vector", "same"]
@@ -23,7 +23,9 @@ class Divergence(NamedTuple):
 
     ``what`` says what differed: ``"state"`` (the scale or a tracker), ``"skip"``
     (the step was skipped where the reference steps, or the reverse) or
-    ``"finite"`` (a parameter or optimizer-state value became inf or NaN).
+    ``"finite"`` (a parameter or optimizer-state value became inf or NaN) or ``"raised"``
+    (the scaler raised where the spec takes the step). ``causes``:
+    the departures from the spec that reproduce the whole run (:mod:`._causes`).
     """
 
     vector: str
@@ -33,15 +35,19 @@ class Divergence(NamedTuple):
     config: dict[str, Any]
     steps: str = ""
     what: str = "state"
-    rule: str = ""
     detail: str = ""
+    causes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         e, g = self.expected, self.got
-        where = (f"{f'[{self.rule}] ' if self.rule else ''}{self.vector}: diverged at step "
-                 f"{self.step}" + (f" of {self.steps!r}" if self.steps else ""))
+        causes = "; ".join(self.causes)
+        where = (f"{f'[{causes}] ' if causes else ''}{self.vector}: "
+                 f"diverged at step {self.step}" + (f" of {self.steps!r}" if self.steps else ""))
+        if self.what == "raised":
+            return f"{where}: {self.detail}; config {self.config}"
         if self.what != "state":
-            return f"{where}: {self.detail}; scale {describe_scale(g.scale)}; config {self.config}"
+            return (f"{where}: {self.detail}; scale {describe_scale(g.scale)} (the spec's "
+                    f"{describe_scale(e.scale)}); config {self.config}")
         return (f"{where}: expected scale {describe_scale(e.scale)}, growth_tracker "
                 f"{e.growth_tracker}, hysteresis_tracker {e.hysteresis_tracker}; got scale "
                 f"{describe_scale(g.scale)}, growth_tracker {_tracker(g.growth_tracker)}, "
@@ -100,8 +106,7 @@ def run_vector(adapter: Any, vector: Vector, *, compiled: bool = False) -> Diver
         None
     """
     return _run(adapter, ScalerConfig(**vector.config), vector.steps, vector.name,
-                changes=vector.changes, compiled=compiled,
-                rule=VECTOR_RULES.get(vector.name, ""))
+                changes=vector.changes, compiled=compiled)
 
 
 def run_steps(adapter: Any, config: ScalerConfig, steps: str, name: str = "steps",
@@ -112,42 +117,61 @@ def run_steps(adapter: Any, config: ScalerConfig, steps: str, name: str = "steps
 
 def _run(adapter: Any, config: ScalerConfig, steps: str, name: str, *,
          changes: dict[int, dict[str, Any]] | None = None, compiled: bool = False,
-         handle: Any = None, start: ScalerState | None = None,
-         rule: str = "") -> Divergence | None:
+         handle: Any = None, start: ScalerState | None = None) -> Divergence | None:
     compare = getattr(adapter, "compare", "full")
     handle = adapter.new(config) if handle is None else handle
     iterate = adapter.compiled_iterate if compiled else adapter.iterate
     watch = callable(getattr(adapter, "snapshot", None))
     # What one step leaves is what the next starts from: one snapshot per step.
     before = _bits(adapter.snapshot(handle)) if watch else []
-    state = start or ScalerState.initial(config)
+    first_config, state = config, start or ScalerState.initial(config)
+    observed: list[Observed] = []
+    first: Divergence | None = None
+    poisoned = False
     for i, kind in enumerate(steps):
         if changes and i in changes:
             config = config.replace(**changes[i])
             handle = adapter.reconfigure(handle, changes[i])
         found_inf = kind != "F" or spec.unscale_overflows(state.scale)
         state = spec.update(config, state, found_inf)
-        handle = iterate(handle, kind)
-        got = normalise(adapter.read(handle))
-
-        if not same(state, got, compare):
-            return Divergence(name, i + 1, state, got, config.to_dict(), steps, "state",
-                              step_rule(rule, kind))
+        try:
+            handle = iterate(handle, kind)
+            got = normalise(adapter.read(handle))
+        except Exception as exc:  # the scaler's own error is a verdict, not a crash
+            if first is None:
+                return Divergence(name, i + 1, state, state, config.to_dict(), steps, "raised",
+                                  f"it raised {type(exc).__name__}: {exc}",
+                                  (f"raises {type(exc).__name__}",))
+            break  # it raised after leaving the spec: explain the steps it took
+        problem, skipped = None, None
         if watch:
             after = adapter.snapshot(handle)
             after_bits = _bits(after)
-            problem = _step_problem(after, after_bits, before, kind, found_inf)
-            if problem is not None:
-                return Divergence(name, i + 1, state, got, config.to_dict(), steps, problem[0],
-                                  step_rule(rule, kind), problem[1])
+            skipped = _unchanged(after_bits, before)
+            problem = _step_problem(after, skipped, kind, found_inf)
+            poisoned = problem is not None and problem[0] == "finite"
             before = after_bits
-    return None
+        observed.append(Observed(got, skipped))
+        if first is None and (problem is not None or not same(state, got, compare)):
+            what, detail = problem or ("state", "")
+            first = Divergence(name, i + 1, state, got, config.to_dict(), steps, what,
+                               detail=detail)
+        if poisoned:
+            break  # inf/NaN weights give non-finite gradients whatever the step: no evidence
+    if first is None:
+        return None
+    # Reported trackers only: a scale_and_skip adapter's own counters mean something else.
+    if compare != "full":
+        observed = [Observed(ScalerState(o.state.scale, None, None), o.skipped)
+                    for o in observed]
+    return first._replace(causes=tuple(explain(first_config, steps, observed, changes,
+                                               start)))
 
 
 _GRADIENTS = {"F": "finite gradients", "I": "an inf", "N": "a NaN"}
 
 
-def _step_problem(after: list[Any], after_bits: list[Any], before: list[Any], kind: str,
+def _step_problem(after: list[Any], skipped: bool | None, kind: str,
                   found_inf: bool) -> tuple[str, str] | None:
     """What is wrong with a step seen through the parameters and optimizer state:
     ``("finite", why)``, ``("skip", why)`` or ``None``."""
@@ -155,8 +179,7 @@ def _step_problem(after: list[Any], after_bits: list[Any], before: list[Any], ki
                if np.issubdtype(a.dtype, np.inexact)):
         return "finite", (f"a step with {_GRADIENTS[kind]} left a parameter or optimizer-state "
                           "value inf or NaN")
-    skipped = _unchanged(after_bits, before)
-    if skipped == found_inf:
+    if skipped is None or skipped == found_inf:
         return None
     why = ", and 1/scale overflows float32" if found_inf and kind == "F" else ""
     return "skip", (f"the step was {'skipped' if skipped else 'taken'}; the reference "

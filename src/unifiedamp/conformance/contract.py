@@ -32,6 +32,12 @@ from unifiedamp import spec
 from unifiedamp._tree import tree_map
 from unifiedamp.conformance import strategies
 from unifiedamp.conformance._runner import describe_scale, normalise, run_steps, run_vector, same
+from unifiedamp.conformance._state_checks import (
+    check_loaded,
+    check_resume,
+    check_saved,
+    load_causes,
+)
 from unifiedamp.conformance.interface import CAPABILITIES
 from unifiedamp.spec import ScalerConfig, ScalerState
 
@@ -193,6 +199,7 @@ class ScalerContract:
             got = normalise(adapter.read(handle))
             expected = ScalerState(512.0, 0, 0)
             assert _same(adapter, expected, got), (
+                "[an inf in one of two optimizers is not one overflow] "
                 f"optimizer gradients {kinds!r} after one finite step: expected {expected}, "
                 f"got {got}; config {config.to_dict()}")
 
@@ -207,11 +214,13 @@ class ScalerContract:
             handle = adapter.iterate(handle, kind)
             after = adapter.snapshot(handle)
             assert _hex_tree(after) == _hex_tree(before), (
+                "[a skipped step changes the parameters or optimizer state] "
                 f"a step with {'an inf' if kind == 'I' else 'a NaN'} gradient changed the "
                 "parameters or the optimizer state")
         handle = adapter.iterate(handle, "F")
         assert _hex_tree(adapter.snapshot(handle)) != _hex_tree(before), (
-            "a finite step changed nothing: the snapshot does not see the optimizer")
+            "[the adapter's snapshot does not see the optimizer] a finite step changed "
+            "nothing")
 
     def test_the_growth_step_is_unscaled_with_the_old_scale(self, adapter: Any) -> None:
         """The step whose update grows the scale was scaled by the old scale and must be
@@ -225,6 +234,7 @@ class ScalerContract:
             a, b = adapter.iterate(a, "F"), adapter.iterate(b, "F")
             scale = normalise(adapter.read(a)).scale
             assert _hex_tree(adapter.snapshot(a)) == _hex_tree(adapter.snapshot(b)), (
+                "[unscales the growth step with the new scale] "
                 f"after finite step {step} (scale now {scale}, growth_interval 2) the "
                 "parameters differ from a run at a steady scale of 1024: a step that grew "
                 "the scale was unscaled with the new scale, not the old one")
@@ -241,11 +251,12 @@ class ScalerContract:
         def check(scale: float, tree: Any) -> None:
             handle = adapter.new(_fitted(adapter, ScalerConfig(scale)))
             scaled = adapter.scale_tree(handle, tree)
-            assert _dtypes(scaled) == _dtypes(tree), "scale() changed a dtype"
+            assert _dtypes(scaled) == _dtypes(tree), (
+                f"[scale() changes a leaf's dtype] {_dtypes(tree)} became {_dtypes(scaled)}")
             unscaled, finite = adapter.unscale_tree(handle, scaled)
-            assert finite is True
+            assert finite is True, "[reports finite gradients non-finite] after scale()"
             assert _hex_tree(unscaled) == _hex_tree(tree), (
-                f"unscale(scale(x)) != x with scale {scale}")
+                f"[unscale(scale(x)) is not x] with scale {scale}")
 
         _hypothesis(check, adapter)
 
@@ -257,7 +268,7 @@ class ScalerContract:
         def check(tree: Any) -> None:
             _, finite = adapter.unscale_tree(adapter.new(_fitted(adapter, ScalerConfig(8.0))),
                                              tree)
-            assert finite is False, "a tree with an inf/NaN leaf was reported finite"
+            assert finite is False, "[misses an inf or NaN leaf] the tree was reported finite"
 
         _hypothesis(check, adapter)
 
@@ -269,7 +280,9 @@ class ScalerContract:
         tree = {"g": np.full(4, 3e38, np.float32), "h": [np.full(2, -3e38, np.float32)]}
         _, finite = adapter.unscale_tree(adapter.new(_fitted(adapter, ScalerConfig(2.0**-10))),
                                          tree)
-        assert finite is True, "finite gradients of 3e38 were reported non-finite"
+        assert finite is True, (
+            "[counts finite gradients that unscaling overflows as inf] finite gradients of "
+            "3e38 were reported non-finite at a scale of 2**-10")
 
     def test_no_inf_found_in_empty_or_finite_trees(self, adapter: Any,
                                                    max_examples: int) -> None:
@@ -278,12 +291,14 @@ class ScalerContract:
         handle = adapter.new(config)
         empty: object
         for empty in ([], {}, [[], {}]):
-            assert adapter.unscale_tree(handle, empty)[1] is True, f"{empty!r} reported non-finite"
+            assert adapter.unscale_tree(handle, empty)[1] is True, (
+                f"[reports finite gradients non-finite] {empty!r}")
 
         @self._settings(max_examples)
         @given(strategies.finite_trees(adapter.dtypes))
         def check(tree: Any) -> None:
-            assert adapter.unscale_tree(adapter.new(config), tree)[1] is True
+            assert adapter.unscale_tree(adapter.new(config), tree)[1] is True, (
+                "[reports finite gradients non-finite] a finite tree")
 
         _hypothesis(check, adapter)
 
@@ -293,7 +308,8 @@ class ScalerContract:
         require(adapter, "state_dict")
         config = _fitted(adapter, ScalerConfig(1024.0, growth_interval=4, hysteresis=2))
         for prefix in ("FF", "FFFFFI"):  # mid-growth, then mid-hysteresis
-            _check_resume(adapter, adapter, config, prefix, "FFIIFFFFIF")
+            check_resume(adapter, adapter, config, prefix, "FFIIFFFFIF",
+                         fit(adapter, ScalerConfig()) or config)
 
     def test_every_reachable_state_reloads(self, adapter: Any, max_examples: int) -> None:
         """A scaler reloads whatever it wrote: after random configs and steps, and after
@@ -305,10 +321,20 @@ class ScalerContract:
             for kind in steps:
                 handle = adapter.iterate(handle, kind)
             saved = normalise(adapter.read(handle))
-            d = json.loads(json.dumps(adapter.save(handle)))
+            try:
+                d = json.loads(json.dumps(adapter.save(handle)))
+            except (TypeError, ValueError) as exc:
+                # A state no canonical dict holds (an inf scale): why the scaler got there.
+                divergence = run_steps(adapter, config, steps)
+                causes = f"[{'; '.join(divergence.causes)}] " if divergence else ""
+                raise AssertionError(
+                    f"{causes}saving the state {tuple(saved)} reached after {steps!r} raised "
+                    f"{type(exc).__name__}: {exc}; config {config.to_dict()}") from None
+            check_saved(d, saved, f"after {steps!r}")
             fresh = adapter.new(_fitted(adapter, ScalerConfig()))
             got = normalise(adapter.read(adapter.load(fresh, d)))
             assert _same(adapter, saved, got), (
+                f"{load_causes(saved, got, getattr(adapter, 'compare', 'full'))} "
                 f"saved after {steps!r}: scale {describe_scale(saved.scale)}, trackers "
                 f"{saved.growth_tracker}, {saved.hysteresis_tracker}; reloaded: scale "
                 f"{describe_scale(got.scale)}, trackers {got.growth_tracker}, "
@@ -329,12 +355,13 @@ class ScalerContract:
         update grows (``>=``; torch's kernel tests ``tracker + 1 == interval``)."""
         require(adapter, "state_dict")
         config = _fitted(adapter, ScalerConfig(1024.0, growth_interval=5))
-        d = spec.to_state_dict(config, ScalerState(1024.0, 7, 0), "reference")
+        loaded = ScalerState(1024.0, 7, 0)
+        d = spec.to_state_dict(config, loaded, "reference")
         handle = adapter.load(adapter.new(config.replace(growth_interval=100)), d)
-        got = normalise(adapter.read(adapter.iterate(handle, "F")))
-        assert _same(adapter, ScalerState(2048.0, 0, 0), got), (
-            f"expected a growth to 2048, got scale {describe_scale(got.scale)}, growth_tracker "
-            f"{got.growth_tracker}")
+        check_loaded(adapter, loaded, handle)
+        divergence = run_steps(adapter, config, "F", name="loaded with growth_tracker 7, "
+                               "growth_interval 5", handle=handle, start=loaded)
+        assert divergence is None, str(divergence)
 
     def test_static_mode_resets_the_trackers_of_a_loaded_state(self, adapter: Any) -> None:
         require(adapter, "state_dict")
@@ -342,12 +369,10 @@ class ScalerContract:
                                                dynamic=False), strict=True)
         d = spec.to_state_dict(config, ScalerState(64.0, 2, 1), "reference")
         handle = adapter.load(adapter.new(_fitted(adapter, ScalerConfig())), d)
-        loaded = normalise(adapter.read(handle))
-        assert _same(adapter, ScalerState(64.0, 2, 1), loaded), (
-            f"loading a static state with trackers 2, 1 gave {loaded}")
-        got = normalise(adapter.read(adapter.iterate(handle, "F")))
-        assert _same(adapter, ScalerState(64.0, 0, 0), got), (
-            f"static mode kept the trackers: {got}")
+        check_loaded(adapter, ScalerState(64.0, 2, 1), handle)
+        divergence = run_steps(adapter, config, "F", name="a static state with trackers 2, 1",
+                               handle=handle, start=ScalerState(64.0, 2, 1))
+        assert divergence is None, str(divergence)
 
     def test_loading_keeps_enabled_as_the_scaler_was_built(self, adapter: Any) -> None:
         """Whether to scale belongs to the run (device, dtype), not to the checkpoint."""
@@ -356,8 +381,14 @@ class ScalerContract:
             d = spec.to_state_dict(_fitted(adapter, ScalerConfig(64.0, enabled=saved)),
                                    ScalerState(64.0), "reference")
             built_config = _fitted(adapter, ScalerConfig(8.0, enabled=built), strict=True)
-            handle = adapter.load(adapter.new(built_config), d)
-            assert adapter.save(handle)["config"]["enabled"] is built, (
+            try:
+                written = adapter.save(adapter.load(adapter.new(built_config), d))
+            except (TypeError, ValueError) as exc:
+                cause = "[a disabled scaler saves no state]" if not built else "[raises on load]"
+                raise AssertionError(f"{cause} built with enabled={built}, loading and saving "
+                                     f"raised {type(exc).__name__}: {exc}") from None
+            assert written["config"]["enabled"] is built, (
+                "[load takes enabled from the state dict] "
                 f"a scaler built with enabled={built} took enabled={saved} from a state dict")
 
     def test_state_dict_moves_between_backends(self, adapter: Any) -> None:
@@ -370,7 +401,8 @@ class ScalerContract:
                                                min_scale=2.0))
         for source, target in ((adapter, reference), (reference, adapter)):
             for prefix in ("FF", "FFFI"):
-                _check_resume(source, target, config, prefix, "FIIFFFIIIF")
+                check_resume(source, target, config, prefix, "FIIFFFIIIF",
+                             fit(target, ScalerConfig()) or config)
 
     # ------------------------------------------------------------ enabled=False
 
@@ -380,19 +412,23 @@ class ScalerContract:
         handle = adapter.new(config)
         if "scale_tree" in adapter.capabilities:
             tree = {"loss": np.array([3.0], adapter.dtypes[0])}
-            assert _hex_tree(adapter.scale_tree(handle, tree)) == _hex_tree(tree)
+            assert _hex_tree(adapter.scale_tree(handle, tree)) == _hex_tree(tree), (
+                "[a disabled scaler scales the loss]")
         for kind in "IF":
             before = adapter.snapshot(handle)
             handle = adapter.iterate(handle, kind)
             assert _hex_tree(adapter.snapshot(handle)) != _hex_tree(before), (
-                f"a disabled scaler skipped a step ({kind})")
+                f"[a disabled scaler skips a step] ({kind})")
             got = normalise(adapter.read(handle))
+            cause = ("a disabled scaler's state moves" if got.scale == 1024.0
+                     else f"a disabled scaler reports a scale of {got.scale!r}")
             assert _same(adapter, ScalerState(1024.0, 0, 0), got), (
-                f"a disabled scaler's state moved after a {kind!r} step: scale "
+                f"[{cause}] a disabled scaler's state moved after a {kind!r} step: scale "
                 f"{describe_scale(got.scale)}, trackers {got.growth_tracker}, "
                 f"{got.hysteresis_tracker} (expected 1024.0, 0, 0)")
         if "state_dict" in adapter.capabilities:
-            assert adapter.save(handle)["config"]["enabled"] is False
+            assert adapter.save(handle)["config"]["enabled"] is False, (
+                "[a disabled scaler saves enabled=True]")
 
     # ------------------------------------------------------------ compilation, ranks
 
@@ -404,7 +440,8 @@ class ScalerContract:
         expected = spec.update(config, ScalerState.initial(config), True)
         for rank, state in enumerate(states):
             assert _same(adapter, expected, normalise(state)), (
-                f"rank {rank}: expected {expected}, got {state} after an inf on rank 1 only")
+                f"[ranks disagree after an inf on one rank] rank {rank}: expected {expected}, "
+                f"got {state} after an inf on rank 1 only")
 
 
 def _require_vector(adapter: Any, vector: spec.Vector) -> None:
@@ -417,27 +454,3 @@ def _require_vector(adapter: Any, vector: spec.Vector) -> None:
         if fit(adapter, config) != config:
             why = _why_not(adapter, config) or "outside its config space"
             pytest.skip(f"{adapter.name} cannot run vector {vector.name}: {why}")
-
-
-def _check_resume(source: Any, target: Any, config: ScalerConfig, prefix: str,
-                  rest: str) -> None:
-    handle = source.new(config)
-    for kind in prefix:
-        handle = source.iterate(handle, kind)
-    saved_state = normalise(source.read(handle))
-    saved = json.loads(json.dumps(source.save(handle)))  # through JSON, as a checkpoint would
-    resumed = target.load(target.new(fit(target, ScalerConfig()) or config), saved)
-    got = normalise(target.read(resumed))
-    where = f"saved by {source.name} after {prefix!r}, loaded by {target.name}"
-    modes = {getattr(source, "compare", "full"), getattr(target, "compare", "full")}
-    compare = "full" if modes == {"full"} else "scale_and_skip"
-    assert same(saved_state, got, compare), (
-        f"{where}: expected scale {describe_scale(saved_state.scale)}, trackers "
-        f"{saved_state.growth_tracker}, {saved_state.hysteresis_tracker}; got scale "
-        f"{describe_scale(got.scale)}, trackers {got.growth_tracker}, {got.hysteresis_tracker}")
-    assert target.save(resumed)["config"] == config.to_dict(), f"{where}: config not restored"
-    if None in saved_state:  # a scaler without the canonical trackers: the spec's state
-        saved_state = spec.run_reference(spec.Vector("prefix", config.to_dict(), prefix, ()))[-1]
-    divergence = run_steps(target, config, rest, name=where, handle=resumed, start=saved_state)
-    assert divergence is None, str(divergence)
-

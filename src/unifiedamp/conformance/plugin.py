@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import sys
+import traceback
 from typing import Any, NamedTuple
 
 import pytest
@@ -65,8 +66,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--unifiedamp-json", default=None, metavar="FILE",
                     help=f"write a JSON report of every test's outcome (env {_ENV['json']})")
     group.addoption("--unifiedamp-progress", default=None, metavar="FILE",
-                    help="keep '<tests done> <tests collected>' in FILE while the suite runs "
-                         f"(env {_ENV['progress']})")
+                    help="keep '<tests done> <tests collected> [<test running>]' in FILE while "
+                         f"the suite runs (env {_ENV['progress']})")
 
 
 def _option(config: pytest.Config, name: str) -> Any:
@@ -239,8 +240,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 class _Progress:
-    """Writes how many tests have run, of how many, after each one (for a parent process
-    that shows progress)."""
+    """Writes how many tests have run, of how many, and the one running (its id after the
+    file's: ``TestConformance::test_vector[interval_one]``), for a parent process that
+    shows progress, or that stops a run that took too long and names the test it was in."""
 
     def __init__(self, path: str):
         self.path, self.done, self.total = pathlib.Path(path), 0, 0
@@ -248,6 +250,9 @@ class _Progress:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.total = len(session.items)
         self.path.write_text(f"0 {self.total}\n")
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.path.write_text(f"{self.done} {self.total} {nodeid.partition('::')[2]}\n")
 
     def pytest_runtest_logfinish(self) -> None:
         self.done += 1
@@ -259,7 +264,19 @@ class _JsonReport:
 
     def __init__(self, config: pytest.Config, path: str):
         self.config, self.path = config, path
-        self.tests: dict[str, dict[str, str]] = {}
+        self.tests: dict[str, dict[str, Any]] = {}
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item,
+                                  call: pytest.CallInfo[None]) -> Any:
+        report = yield
+        # Hypothesis raises an ExceptionGroup when it finds several distinct failures; the
+        # report's message is then only "found 2 distinct failures", so each one is kept.
+        failures = getattr(call.excinfo.value, "exceptions", None) if call.excinfo else None
+        if isinstance(failures, tuple) and all(isinstance(e, BaseException) for e in failures):
+            report.unifiedamp_failures = [
+                "".join(traceback.format_exception_only(e)).strip() for e in failures]
+        return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call" and report.passed:
@@ -280,10 +297,18 @@ class _JsonReport:
             outcome, detail = "passed", ""
         if self.tests.get(name, {}).get("outcome") in ("failed", "error"):
             return  # a teardown report must not hide the call's failure
-        from unifiedamp.conformance._rules import rule_of, rule_of_failure
+        from unifiedamp.conformance._rules import causes_of, rule_of
 
-        rule = rule_of_failure(name, detail) if outcome == "failed" else rule_of(name)
-        self.tests[name] = {"outcome": outcome, "detail": detail, "rule": rule}
+        entry: dict[str, Any] = {"outcome": outcome, "detail": detail, "rule": rule_of(name)}
+        failures = getattr(report, "unifiedamp_failures", None)
+        if outcome in ("failed", "error") and failures:
+            # Each failure in the detail too, for whoever reads only that.
+            entry.update(failures=failures, detail="\n".join(
+                [detail] + [f"failure {i} of {len(failures)}: {text}"
+                            for i, text in enumerate(failures, 1)]))
+        if outcome in ("failed", "error"):
+            entry["causes"] = causes_of(entry["detail"])
+        self.tests[name] = entry
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         header = header_fields(self.config) if _option(self.config, "backend") else {}

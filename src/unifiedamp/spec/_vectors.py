@@ -86,6 +86,13 @@ VECTORS: tuple[Vector, ...] = (
            {"init_scale": 77.0, "growth_factor": 1.1, "backoff_factor": 0.7,
             "growth_interval": 1},
            "FI", (84.70000457763672, 59.290000915527344)),
+    # Every update rounds the factor first, the first one too: 77 * f32(0.9) rounds to
+    # 69.29999542236328, 77 * 0.9 in float64 to 69.30000305175781; the third backoff then
+    # tells a float64 factor at every update (56.13300323486328) from one at the first
+    # update only, from a scale still held as a float64 (56.132999420166016).
+    Vector("backoff_factor_rounded_to_float32_every_update",
+           {"init_scale": 77.0, "backoff_factor": 0.9},
+           "III", (69.29999542236328, 62.3699951171875, 56.13299560546875)),
     Vector("backoff_below_one", {"init_scale": 2.0}, "IIIF", (1, 0.5, 0.25, 0.25)),
     Vector("growth_factor_one", {"init_scale": 8.0, "growth_factor": 1.0,
                                  "growth_interval": 1}, "FFI", (8, 8, 4)),

@@ -17,10 +17,10 @@ numbers, zeros, infs or NaNs (:mod:`unifiedamp.backends._float32_bits`).
 The package's modules: ``_scaler`` (:class:`JaxGradScaler` and the helpers of a
 jitted step), ``_optax`` (:func:`loss_scaled`, :func:`loss_scaled_accumulate`),
 ``_diagnostics`` (:func:`overflow_counts`, the report, history ring and collapse
-check), ``_agreement`` (the trace-time check that the devices sharing a scale agree on
-the finite flag: a missing ``axis_name``), ``_flax`` (the scaler registered with
-``flax.serialization``, now or when Flax is imported, so msgpack checkpoints take it) and
-``_compat`` (the JAX internals they rely on).
+check), ``_agreement`` (the mesh axes the finite flag is summed over, and the trace-time
+check that the devices sharing a scale agree on it: a missing ``axis_name``), ``_flax``
+(the scaler registered with ``flax.serialization``, now or when Flax is imported, so msgpack
+checkpoints take it) and ``_compat`` (the JAX internals they rely on).
 ``praxis`` and ``paxml`` (imported only when named: they import Praxis and PaxML) wrap the
 scaler for Praxis optimizers and PaxML's Learner.
 """

@@ -23,9 +23,10 @@ On a jax older than 0.7, without ``jax.sharding.get_abstract_mesh``, ``jax.typeo
 varying types: :func:`mapped_axes` reads ``((), False)``, :func:`varying_axes`
 ``frozenset()`` and :func:`cast_varying` returns its argument. So on jax 0.4.26 (Praxis's
 stack) the trace-time axis check is off: a flag that the devices may not agree on (a
-missing ``axis_name``) raises no ``ValueError`` in a ``shard_map`` and warns nothing under
-``pmap``. That check is a diagnostic only: scaling, unscaling, ``axis_name``'s ``psum`` and
-the updates are the same.
+missing ``axis_name``, or one that leaves out an axis) raises no ``ValueError`` in a
+``shard_map`` and warns nothing under ``pmap``. That check is a diagnostic only: scaling,
+unscaling and the updates are the same, and ``axis_name``'s ``psum`` runs over every named
+axis, as under ``pmap``.
 
 No other module of the package uses them: a JAX release that changes one changes this file.
 """

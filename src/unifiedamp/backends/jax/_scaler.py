@@ -18,7 +18,11 @@ from jax import lax
 
 from unifiedamp.backends._float32_bits import Float32Bits, factor_parts
 from unifiedamp.backends._functional import LEAVES, FunctionalGradScaler
-from unifiedamp.backends.jax._agreement import require_agreed, warn_if_unagreed
+from unifiedamp.backends.jax._agreement import (
+    reduction_axes,
+    require_agreed,
+    warn_if_unagreed,
+)
 from unifiedamp.backends.jax._compat import is_tracer
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, f32_bits
 
@@ -44,9 +48,13 @@ def all_finite(tree: Any, axis_name: Any = None) -> jax.Array:
 
     With ``axis_name`` (inside ``shard_map``/``pmap``: a mesh axis name or a tuple of
     them), true only if it holds on every device of those axes, so all of them skip
-    together; ``axis_name=()`` says the gradients already agree (no collective).
-    Without it, a check that devices may not agree on warns under ``pmap``,
-    ``shard_map(check_vma=False)`` and on one process's arrays of a multi-process run
+    together; ``axis_name=()`` says the gradients already agree (no collective). In a
+    default ``shard_map`` the flag is summed over the named axes it varies over only (on
+    the others it is already equal), so a tuple also works where the gradients vary over
+    some of its axes and not others (a 2-D mesh with parameters sharded over one axis).
+    Without ``axis_name``, or with one that leaves out a mesh axis in scope, a check that
+    devices may not agree on warns under ``pmap`` and ``shard_map(check_vma=False)``;
+    without it, also on one process's arrays of a multi-process run
     (``docs/backends/jax.md``, Devices).
 
     Example:
@@ -72,8 +80,10 @@ def _all_finite(tree: Any, axis_name: Any, caller: str) -> jax.Array:
             # float16/bfloat16: XLA's CPU emulates their arithmetic, which makes
             # sum(g * 0) the slower form there.
             finite = finite & jnp.all(jnp.isfinite(leaf))
-    if axis_name is not None and axis_name != ():
-        finite = lax.psum((~finite).astype(jnp.int32), axis_name) == 0
+    if axis_name is not None:
+        axes = reduction_axes(finite, axis_name)
+        if axes:
+            finite = lax.psum((~finite).astype(jnp.int32), axes) == 0
     return finite
 
 

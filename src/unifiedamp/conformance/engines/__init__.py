@@ -429,22 +429,27 @@ def verdict(problems: Sequence[str]) -> str:
     return problems[0] + more
 
 
-def _framework(name: str) -> Any:
-    if name not in FRAMEWORKS:
-        raise SystemExit(f"unknown framework {name!r}: one of {', '.join(FRAMEWORKS)}")
-    return importlib.import_module(f"{__name__}.{name}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m unifiedamp.conformance.engines FRAMEWORK [ENGINE SCALER]``: runs one
-    setting and prints each rank's trajectory and the verdict; without an engine,
-    lists the framework's engines and scalers."""
+    setting and prints each rank's trajectory and the verdict; without an engine, lists the
+    framework's engines and scalers. ``-h`` prints the usage; a wrong call exits 2."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) not in (1, 3):
-        print(f"usage: python -m {__name__} FRAMEWORK [ENGINE SCALER]  "
-              f"(FRAMEWORK: {', '.join(FRAMEWORKS)})", file=sys.stderr)
+    usage = (f"usage: python -m {__name__} FRAMEWORK [ENGINE SCALER]  "
+             f"(FRAMEWORK: {', '.join(FRAMEWORKS)})")
+    if "-h" in args or "--help" in args:
+        print(f"{usage}\nRuns ENGINE with SCALER as several processes, an inf on one rank only; "
+              "FRAMEWORK alone lists them.\nexit status: 1 when the run departs from the spec, "
+              "2 for a usage error.")
+        return 0
+    error = next((f"unknown option {a!r}" for a in args if a.startswith("-")), "")
+    if not error and len(args) not in (1, 3):
+        error = f"give FRAMEWORK, or FRAMEWORK ENGINE SCALER; got {len(args)} arguments"
+    if not error and args[0] not in FRAMEWORKS:
+        error = f"unknown framework {args[0]!r}: one of {', '.join(FRAMEWORKS)}"
+    if error:
+        print(f"{usage}\nerror: {error}", file=sys.stderr)
         return 2
-    module = _framework(args[0])
+    module = importlib.import_module(f"{__name__}.{args[0]}")
     if len(args) == 1:
         print("engines:")
         for name, text in module.ENGINES.items():

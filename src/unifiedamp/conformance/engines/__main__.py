@@ -1,4 +1,4 @@
-"""``python -m unifiedamp.conformance.engines FRAMEWORK [ENGINE SCALER]``."""
+"""``python -m unifiedamp.conformance.engines [-h] FRAMEWORK [ENGINE SCALER]``."""
 
 from unifiedamp.conformance.engines import main
 

@@ -1,12 +1,17 @@
 """torch's distributed engines on the CPU (gloo), with the unifiedamp scaler or torch's own.
 
 Each engine trains the same small model (``Linear(4, 4)``, ``Tanh``, ``Linear(4, 2)``,
-a mean squared error) on ``world`` processes, every rank on its own batch. The inf
-of a step's ``"I"`` kind is written into that rank's own gradient after
-``backward()``, that is after the engine's reduction: into its shard under FSDP, into
-its copy of the averaged gradient under DDP (and ZeRO). So only that rank sees it, as
-when one rank's shard overflows (FSDP) or a rank-local hook, clip or fault touches its
-gradients after the all-reduce (DDP); the ranks must still agree to skip.
+a mean squared error) on ``world`` processes, every rank on its own batch. Where a
+step's ``"I"`` (or ``"N"``) arises is the run's ``overflow`` (:data:`OVERFLOWS`):
+
+- ``"input"``: an inf (NaN) in that rank's batch, in its target, so its loss is inf
+  and every gradient it computes is inf or NaN, as when a float16 forward or loss
+  overflows. The engine's reduction carries it to every rank (the ordinary case).
+- ``"gradient"``: an inf (NaN) written into that rank's own gradient after
+  ``backward()``, that is after the engine's reduction: into its shard under FSDP
+  (as when an overflow reaches only parameters of that rank's shard), into its copy
+  of the averaged gradient under DDP (and ZeRO), as a rank-local gradient hook or a
+  fault would. Only that rank sees it; the ranks must still agree to skip.
 
 A rank records after each step its scaler's scale and trackers, whether its own
 parameters (its shard) changed, and the whole model's weights (gathered). Where the
@@ -23,6 +28,18 @@ Engines (:data:`ENGINES`), each launched as ``world`` processes by
 - ``ddp``, ``ddp-hysteresis``, ``ddp-fused``: ``DistributedDataParallel`` with SGD,
   with SGD and a config of ``hysteresis=2, min_scale=1`` (the scaler's tensor-op
   rule; torch's scalers have no such config), with ``AdamW(fused=True)``;
+- ``ddp-two-optimizers``: DDP, one SGD for the first layer (A) and one for the second
+  (B), one scaler stepping both (each optimizer skips on its own gradients, as torch
+  documents). A ``"gradient"`` inf goes into B's gradients on even ranks and A's on
+  odd ones; the rank's step counts as stepped when both optimizers stepped (each
+  one's is recorded as ``"optimizers_stepped"``), and the reference skips only the
+  optimizer whose gradients held an inf on some rank;
+- ``ddp-no-sync``: DDP with gradient accumulation, two micro-batches a step, the first
+  under ``no_sync()``; the ``"input"`` overflow is in the first micro-batch, the
+  ``"gradient"`` one written after the second (syncing) micro-step;
+- ``ddp-unused``: DDP with ``find_unused_parameters=True``; the model has a second head
+  that rank 0's loss uses and the other ranks' do not;
+- ``ddp-static``: DDP with ``static_graph=True``;
 - ``fsdp1``, ``fsdp1-fused``, ``fsdp1-fp16``, ``fsdp1-orig``, ``fsdp1-clip``:
   ``FullyShardedDataParallel`` with SGD, with ``Adam(fused=True)``, with
   ``MixedPrecision`` in float16, with ``use_orig_params=True``, and with its
@@ -36,11 +53,16 @@ Engines (:data:`ENGINES`), each launched as ``world`` processes by
 Scalers (:data:`SCALERS`): ``"unifiedamp"`` (``TorchGradScaler(device="cpu")``),
 ``"torch.amp"`` (``torch.amp.GradScaler("cpu")``) and ``"sharded"`` (FSDP's
 ``ShardedGradScaler``, on the FSDP engines). torch's scalers have no hysteresis:
-their tracker is recorded as 0.
+their tracker is recorded as 0. :func:`runs` runs several scalers and overflows of one
+engine in one launch, one after another (each with a new model, optimizer and scaler).
 
 From a shell::
 
     python -m unifiedamp.conformance.engines torch fsdp1-fused sharded
+
+Length: one framework's engines are one module: every setting trains the same model with
+the same rank loop, overflow placement and reference, and differs only in how it wraps
+the model and the optimizer.
 
 Example:
     >>> from unifiedamp.conformance.engines import torch as engines
@@ -50,6 +72,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib
 from collections.abc import Sequence
@@ -61,6 +84,7 @@ from unifiedamp.conformance.engines import (
     COLLECTIVE_TIMEOUT,
     DEFAULT_CONFIG,
     NO_GRADIENT,
+    Outcome,
     Run,
     check_kinds,
     default_kinds,
@@ -70,8 +94,8 @@ from unifiedamp.conformance.engines import (
 )
 from unifiedamp.spec import ScalerConfig
 
-__all__ = ["ENGINES", "SCALERS", "collective_timed_out", "config_of", "kinds_of", "reference",
-           "run", "scalers_of", "train", "world_of"]
+__all__ = ["ENGINES", "OVERFLOWS", "SCALERS", "collective_timed_out", "config_of", "kinds_of",
+           "reference", "run", "runs", "scalers_of", "train", "world_of"]
 
 #: The rank program's module, for ``python -m``.
 MODULE = "unifiedamp.conformance.engines.torch"
@@ -81,6 +105,14 @@ SCALERS = {
     "torch.amp": "torch.amp.GradScaler('cpu')",
     "sharded": "torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler('cpu') "
                "(FSDP engines)",
+}
+
+#: Where a step's inf or NaN arises (the runs' ``overflow``).
+OVERFLOWS = {
+    "input": "in the rank's batch (its target): its loss and every gradient it computes "
+             "are inf or NaN, and the engine's reduction carries them to every rank",
+    "gradient": "written into the rank's own gradient after backward(), after the "
+                "engine's reduction: only that rank sees it",
 }
 
 _NATIVES = ("torch.amp",)
@@ -115,6 +147,22 @@ _ENGINES = {
         "torch's scalers cannot express it)", "ddp", natives=(),
         config={"hysteresis": 2, "min_scale": 1.0}),
     "ddp-fused": _Engine("DistributedDataParallel, AdamW(fused=True)", "ddp", "adamw-fused"),
+    # Step 1: an inf in B's gradients on rank 0 and in A's on rank 1 (the "gradient"
+    # overflow); step 3: in A's on rank 1 only.
+    "ddp-two-optimizers": _Engine(
+        "DistributedDataParallel, SGD for the first layer (A) and for the second (B), one "
+        "scaler; a gradient inf in B's gradients on even ranks, A's on odd ones", "ddp",
+        options={"optimizers": 2}, kinds=("FIFFFF", "FIFIFF")),
+    "ddp-no-sync": _Engine(
+        "DistributedDataParallel, SGD, two micro-batches a step, the first under no_sync() "
+        "(the input inf in it; the gradient inf after the syncing micro-step)", "ddp",
+        options={"micro_batches": 2}),
+    "ddp-unused": _Engine(
+        "DistributedDataParallel(find_unused_parameters=True), SGD; a second head that "
+        "rank 0's loss uses and the other ranks' do not", "ddp",
+        options={"find_unused_parameters": True, "head": True}),
+    "ddp-static": _Engine("DistributedDataParallel(static_graph=True), SGD", "ddp",
+                          options={"static_graph": True}),
     "fsdp1": _Engine("FullyShardedDataParallel, SGD", "fsdp1", natives=_SHARDED),
     "fsdp1-fused": _Engine("FullyShardedDataParallel, Adam(fused=True)", "fsdp1",
                            "adam-fused", natives=_SHARDED),
@@ -174,7 +222,7 @@ def config_of(engine: str) -> ScalerConfig:
 
 def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
         config: ScalerConfig | None = None, timeout: float = 120.0,
-        collective_timeout: float = COLLECTIVE_TIMEOUT) -> Run:
+        collective_timeout: float = COLLECTIVE_TIMEOUT, overflow: str = "gradient") -> Run:
     """Runs ``engine`` with ``scaler`` as its ranks and returns the :class:`Run` to check.
 
     Args:
@@ -186,13 +234,48 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
             (:func:`~unifiedamp.conformance.engines.launch`).
         collective_timeout: Seconds a rank waits in one collective before gloo ends it
             with an error: the run is then a deadlock, found before ``timeout``.
+        overflow: Where a step's inf or NaN arises (:data:`OVERFLOWS`).
     """
+    setting = _setting(engine, scaler, overflow, kinds, config)
+    return _launch([setting], timeout, collective_timeout)[0]
+
+
+def runs(settings: Sequence[tuple[str, str, str]], timeout: float = 300.0,
+         collective_timeout: float = COLLECTIVE_TIMEOUT) -> dict[tuple[str, str, str], Run]:
+    """Runs each ``(engine, scaler, overflow)`` of ``settings`` (with the engine's kinds
+    and config), one after another in one launch, each with a new model, optimizer and
+    scaler; returns each one's :class:`Run`. The engines must run as many ranks. A launch
+    costs seconds of imports and joining, a setting about one; a launch that does not end
+    ``"ok"`` (a setting raised or deadlocked) is every setting's outcome. ``timeout`` and
+    ``collective_timeout`` are :func:`run`'s.
+
+    Example (one launch of two ranks: about 10 s):
+        >>> settings = [("ddp", "unifiedamp", "gradient"), ("zero", "torch.amp", "input")]
+        >>> [r.problems() for r in runs(settings).values()]  # doctest: +SKIP
+        [[], []]
+    """
+    if not settings or len(set(settings)) != len(settings):
+        raise ValueError(f"settings={list(settings)!r}: give one or more distinct "
+                         "(engine, scaler, overflow) triples")
+    checked = [_setting(engine, scaler, overflow) for engine, scaler, overflow in settings]
+    worlds = sorted({world_of(s["engine"]) for s in checked})
+    if len(worlds) > 1:
+        raise ValueError(f"settings={list(settings)!r}: their engines run {worlds} ranks; "
+                         "give engines of one world to a launch")
+    return dict(zip(settings, _launch(checked, timeout, collective_timeout), strict=True))
+
+
+def _setting(engine: str, scaler: str, overflow: str, kinds: Sequence[str] | None = None,
+             config: ScalerConfig | None = None) -> dict[str, Any]:
+    """One run of a launch's job, checked: raises ``ValueError`` naming the fix."""
     spec = _engine(engine)
     if scaler not in SCALERS:
         raise ValueError(f"unknown torch scaler {scaler!r}: one of {', '.join(SCALERS)}")
     if scaler not in scalers_of(engine):
         raise ValueError(f"engine {engine!r} does not run with scaler {scaler!r}: it runs "
                          f"with {', '.join(scalers_of(engine))}")
+    if overflow not in OVERFLOWS:
+        raise ValueError(f"overflow={overflow!r}: one of {', '.join(OVERFLOWS)}")
     kinds = list(kinds) if kinds is not None else kinds_of(engine)
     config = config if config is not None else config_of(engine)
     # A wrapped engine's reduction waits for every rank's backward: no "-" there.
@@ -202,22 +285,73 @@ def run(engine: str, scaler: str, kinds: Sequence[str] | None = None,
                                    or config.max_scale is not None):
         raise ValueError(f"{scaler} has no hysteresis, min/max scale or static mode: "
                          f"{config} is for the unifiedamp scaler only")
-    job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict(),
-           "collective_timeout": collective_timeout}
-    outcome = launch(MODULE, job, spec.world, timeout=timeout)
-    ref = reference(engine, kinds) if spec.reference and outcome.status == "ok" else None
-    return Run(config, kinds, outcome, spec.replicas, ref, spec.rtol)
+    return {"engine": engine, "scaler": scaler, "overflow": overflow, "kinds": kinds,
+            "config": config.to_dict()}
+
+
+def _launch(settings: list[dict[str, Any]], timeout: float,
+            collective_timeout: float) -> list[Run]:
+    """One launch running ``settings`` one after another; each one's :class:`Run`."""
+    engines = [_engine(s["engine"]) for s in settings]
+    job = {"settings": settings, "collective_timeout": collective_timeout,
+           # fully_shard on the whole world's mesh keeps the group past the destroy.
+           "check_destroy": not any(e.group_outlives_destroy for e in engines)}
+    outcome = launch(MODULE, job, engines[0].world, timeout=timeout)
+    out, start = [], 0
+    for spec, setting in zip(engines, settings, strict=True):
+        kinds, end = setting["kinds"], start + len(setting["kinds"][0])
+        # This setting's records of every rank.
+        records = [record if record is None or "steps" not in record
+                   else {**record, "steps": record["steps"][start:end]}
+                   for record in outcome.records]
+        part = Outcome(outcome.status, records, outcome.detail, outcome.returncodes,
+                       outcome.logs, outcome.seconds)
+        ref = (reference(setting["engine"], kinds, setting["overflow"])
+               if spec.reference and part.status == "ok" else None)
+        out.append(Run(ScalerConfig(**setting["config"]), kinds, part, spec.replicas, ref,
+                       spec.rtol))
+        start = end
+    return out
 
 
 # ------------------------------------------------------------------ the model and data
 
 
-def _model() -> Any:
+def _model(spec: _Engine) -> Any:
     import torch
 
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(_IN, _HIDDEN), torch.nn.Tanh(),
+    body = torch.nn.Sequential(torch.nn.Linear(_IN, _HIDDEN), torch.nn.Tanh(),
                                torch.nn.Linear(_HIDDEN, _OUT))
+    if not spec.options.get("head"):
+        return body
+
+    class TwoHeads(torch.nn.Module):
+        # The second head is used by the ranks the forward's argument says.
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = body
+            self.head = torch.nn.Linear(_IN, _OUT)
+
+        def forward(self, x: Any, use_head: bool) -> Any:
+            return self.body(x) + self.head(x) if use_head else self.body(x)
+
+    return TwoHeads()
+
+
+def _forward(spec: _Engine, model: Any, x: Any, rank: int) -> Any:
+    return model(x, rank == 0) if spec.options.get("head") else model(x)
+
+
+def _groups(spec: _Engine, model: Any) -> list[list[Any]]:
+    """The parameters of each optimizer: A (the first layer) and B (the rest), or one."""
+    params = list(model.parameters())
+    return [params[:2], params[2:]] if spec.options.get("optimizers") == 2 else [params]
+
+
+def _planted_group(spec: _Engine, rank: int) -> int:
+    """Which optimizer's gradients hold a rank's "gradient" inf: B on even ranks, A on odd."""
+    return (rank + 1) % 2 if spec.options.get("optimizers") == 2 else 0
 
 
 def _batch(step: int, rank: int) -> tuple[Any, Any]:
@@ -236,31 +370,38 @@ def _optimizer(kind: str, params: Any, fused: bool = True) -> Any:
     return cls(params, lr=_LR, fused=True) if fused else cls(params, lr=_LR, foreach=False)
 
 
-def reference(engine: str, kinds: Sequence[str]) -> list[list[float]]:
+def reference(engine: str, kinds: Sequence[str], overflow: str = "gradient") -> list[list[float]]:
     """The weights after each step of a single process that takes the spec's steps on
-    the ranks' mean gradient (skipping when any rank's kind is inf or NaN)."""
+    the ranks' mean gradient: an optimizer skips where any rank's kind is inf or NaN in
+    its gradients (with one optimizer, or an ``"input"`` overflow: every optimizer)."""
     import torch
 
     spec = _engine(engine)
-    model = _model()
-    optimizer = _optimizer(spec.optimizer, model.parameters(), fused=False)
+    model = _model(spec)
+    groups = _groups(spec, model)
+    optimizers = [_optimizer(spec.optimizer, group, fused=False) for group in groups]
     out = []
     for step in range(len(kinds[0])):
         grads = None
         for rank in range(len(kinds)):
             model.zero_grad(set_to_none=True)
             x, y = _batch(step, rank)
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            local = [p.grad.clone() for p in model.parameters()]
+            torch.nn.functional.mse_loss(_forward(spec, model, x, rank), y).backward()
+            local = [torch.zeros_like(p) if p.grad is None else p.grad.clone()
+                     for p in model.parameters()]
             grads = local if grads is None else [g + h for g, h in zip(grads, local,
                                                                          strict=True)]
         assert grads is not None
-        if not any(k[step] in "IN" for k in kinds):
-            for p, g in zip(model.parameters(), grads, strict=True):
-                p.grad = g / len(kinds)
-            if "clip" in spec.options:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.options["clip"])
-            optimizer.step()
+        for p, g in zip(model.parameters(), grads, strict=True):
+            p.grad = g / len(kinds)
+        bad = [rank for rank, k in enumerate(kinds) if k[step] in "IN"]
+        skipped = ({_planted_group(spec, rank) for rank in bad} if overflow == "gradient"
+                   else set(range(len(groups))) if bad else set())
+        if "clip" in spec.options and not skipped:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.options["clip"])
+        for index, optimizer in enumerate(optimizers):
+            if index not in skipped:
+                optimizer.step()
         out.append([float(v) for p in model.parameters() for v in p.detach().reshape(-1)])
     return out
 
@@ -313,7 +454,9 @@ def _wrap(spec: _Engine, model: Any, world: int) -> tuple[Any, Any]:
     if spec.wrapper in ("ddp", "zero"):
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model), plain
+        return DistributedDataParallel(
+            model, find_unused_parameters=spec.options.get("find_unused_parameters", False),
+            static_graph=spec.options.get("static_graph", False)), plain
     if spec.wrapper == "fsdp1":
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
 
@@ -353,7 +496,8 @@ def _poison(params: Any, kind: str) -> None:
 
 
 def train(job: dict[str, Any]) -> list[dict[str, Any]]:
-    """One rank's steps (run by :func:`launch`); returns its step records."""
+    """One rank's steps (run by :func:`launch`): each setting's records, one setting
+    after another."""
     import torch
     import torch.distributed as dist
 
@@ -370,8 +514,17 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{job['port']}", rank=rank,
                             world_size=world,
                             timeout=datetime.timedelta(seconds=job["collective_timeout"]))
-    return run_then_leave(lambda: _steps(job, rank, world),
-                          check=not _engine(job["engine"]).group_outlives_destroy)
+
+    def every_setting() -> list[dict[str, Any]]:
+        records = []
+        for setting in job["settings"]:
+            # In the rank's log: where a run that failed was.
+            print("{engine} with {scaler}, the overflow in the {overflow}".format(**setting),
+                  flush=True)
+            records += _steps(setting, rank, world)
+        return records
+
+    return run_then_leave(every_setting, check=job["check_destroy"])
 
 
 def collective_timed_out(exc: BaseException) -> bool:
@@ -389,43 +542,61 @@ def collective_timed_out(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "Timed out waiting" in str(exc)
 
 
-def _steps(job: dict[str, Any], rank: int, world: int) -> list[dict[str, Any]]:
+def _steps(setting: dict[str, Any], rank: int, world: int) -> list[dict[str, Any]]:
     import torch
 
-    spec = _engine(job["engine"])
-    config = ScalerConfig(**job["config"])
-    kinds = job["kinds"][rank]
-    model = _model()
+    spec = _engine(setting["engine"])
+    scaler_name, overflow = setting["scaler"], setting["overflow"]
+    kinds = setting["kinds"][rank]
+    model = _model(spec)
     wrapped, weights = _wrap(spec, model, world)
+    groups = _groups(spec, model)
     if spec.wrapper == "zero":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        optimizer = ZeroRedundancyOptimizer(wrapped.parameters(),
-                                            optimizer_class=torch.optim.SGD, lr=_LR)
+        optimizers = [ZeroRedundancyOptimizer(wrapped.parameters(),
+                                              optimizer_class=torch.optim.SGD, lr=_LR)]
+        groups = [list(wrapped.parameters())]
+    elif len(groups) == 1:
+        optimizers = [_optimizer(spec.optimizer, wrapped.parameters())]
+        groups = [list(wrapped.parameters())]  # FSDP1's flat parameter
     else:
-        optimizer = _optimizer(spec.optimizer, wrapped.parameters())
-    scaler = _scaler(job["scaler"], config)
+        optimizers = [_optimizer(spec.optimizer, group) for group in groups]
+    scaler = _scaler(scaler_name, ScalerConfig(**setting["config"]))
     clip = spec.options.get("clip")
+    micro_batches = spec.options.get("micro_batches", 1)
     records = []
     for step, kind in enumerate(kinds):
-        optimizer.zero_grad(set_to_none=True)
-        before = [_local(p).detach().clone() for p in wrapped.parameters()]
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        before = [[_local(p).detach().clone() for p in group] for group in groups]
         x, y = _batch(step, rank)
-        loss = torch.nn.functional.mse_loss(wrapped(x).float(), y)
-        if kind == NO_GRADIENT:
-            loss = loss.detach().requires_grad_()  # reaches no parameter
-        scaler.scale(loss).backward()
-        if kind in "IN":
-            _poison(wrapped.parameters(), kind)
+        if overflow == "input" and kind in "IN":
+            y[0, 0] = float("inf") if kind == "I" else float("nan")  # in the first micro-batch
+        for micro, (xs, ys) in enumerate(zip(x.chunk(micro_batches), y.chunk(micro_batches),
+                                             strict=True)):
+            last = micro == micro_batches - 1
+            with contextlib.nullcontext() if last else wrapped.no_sync():
+                loss = torch.nn.functional.mse_loss(
+                    _forward(spec, wrapped, xs, rank).float(), ys) / micro_batches
+                if kind == NO_GRADIENT:
+                    loss = loss.detach().requires_grad_()  # reaches no parameter
+                scaler.scale(loss).backward()
+        if overflow == "gradient" and kind in "IN":
+            _poison(groups[_planted_group(spec, rank)], kind)
         if clip is not None:
-            scaler.unscale_(optimizer)
+            scaler.unscale_(optimizers[0])
             wrapped.clip_grad_norm_(clip)
-        scaler.step(optimizer)
+        for optimizer in optimizers:
+            scaler.step(optimizer)
         scaler.update()
-        stepped = any(not torch.equal(a, _local(b)) for a, b in
-                      zip(before, wrapped.parameters(), strict=True))
-        records.append(step_record(kind, _state(job["scaler"], scaler), stepped,
-                                   [w.float().numpy() for w in weights()]))
+        each = [any(not torch.equal(a, _local(b)) for a, b in zip(old, group, strict=True))
+                for old, group in zip(before, groups, strict=True)]
+        record = step_record(kind, _state(scaler_name, scaler), all(each),
+                             [w.float().numpy() for w in weights()])
+        if len(optimizers) > 1:
+            record["optimizers_stepped"] = each
+        records.append(record)
     return records
 
 

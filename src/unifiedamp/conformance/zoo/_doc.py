@@ -2,8 +2,10 @@
 
 Written by ``unifiedamp conformance --zoo --markdown docs/scalers.md`` from a run's
 report and each zoo module's ``DIFFERENCES``; ``--check`` compares the file with
-a fresh run. A difference with no explanation stops the writing, so the file never
-lists one that nobody checked.
+a fresh run. Every failure is named by its causes (the departures from the spec
+that reproduce what the scaler did, in the failure's message); a cause that no
+``Difference`` explains stops the writing, so the page never lists one that nobody
+checked, and each explained cause links to the snippet that shows it.
 """
 
 from __future__ import annotations
@@ -14,18 +16,36 @@ from typing import Any
 
 from unifiedamp import __version__, spec
 from unifiedamp.conformance._report import cell, compact, tests_of
-from unifiedamp.conformance._rules import rule_of
+from unifiedamp.conformance._rules import causes_of, rule_of
 from unifiedamp.conformance.zoo import ZOO, Difference
 
 __all__ = ["UnexplainedDifference", "zoo_markdown"]
 
+
 class UnexplainedDifference(ValueError):
-    """A failing test of a zoo column has no entry in its module's ``DIFFERENCES``."""
+    """A cause of a zoo column's failures has no entry in its module's ``DIFFERENCES``."""
 
 
-def _differences(name: str) -> dict[str, Difference]:
+def differences(name: str) -> dict[str, Difference]:
+    """The explained causes of zoo column ``name``: cause -> :class:`Difference`.
+
+    Example:
+        >>> sorted(differences("jmp"))[:1]
+        ['counts finite gradients that unscaling overflows as inf']
+    """
     module = importlib.import_module(ZOO[name].target.partition(":")[0])
-    return getattr(module, "DIFFERENCES", {})
+    return {d.cause: d for d in getattr(module, "DIFFERENCES", ())
+            if not d.columns or name in d.columns}
+
+
+def _causes(result: dict[str, Any]) -> dict[str, list[str]]:
+    """Each cause of a column's failures -> the tests that show it, in the suite's order."""
+    out: dict[str, list[str]] = {}
+    for test, t in result.get("tests", {}).items():
+        if t["outcome"] in ("failed", "error"):
+            for cause in causes_of(t["detail"]):
+                out.setdefault(cause, []).append(test)
+    return out
 
 
 #: Tests whose failing example hypothesis draws and shrinks: which of a scaler's several
@@ -62,11 +82,16 @@ def zoo_markdown(report: dict[str, Any]) -> str:
         f"(unifiedamp {__version__}, spec version {spec.SPEC_VERSION}, on CPU); the test suite "
         "runs `unifiedamp conformance --zoo --check docs/scalers.md`, which fails when a fresh "
         "run differs from this page. Each adapter (`unifiedamp.conformance.zoo`) drives the "
-        "real scaler the way its own training loop does. Every difference below was checked "
-        "by hand once: the scaler's code read, the steps computed; a difference that came "
-        "from an adapter was fixed in the adapter instead. For the hypothesis tests the page "
-        "names the failure, not the example: which of a scaler's differences a drawn sequence "
-        "meets first may change from run to run.",
+        "real scaler the way its own training loop does. A failure is named by its causes: "
+        "the suite replays the spec's reference with candidate departures from it (a growth "
+        "one step late, a float64 factor, a floor, a flush of subnormals...) over the whole "
+        "run and keeps the smallest set that reproduces every step the scaler took "
+        "(`unifiedamp.conformance._causes`); a test's rule (the matrix's second column) says "
+        "what the test checks, never why a scaler failed it. Every cause below was checked by "
+        "hand (the scaler's code read, the steps computed) and links to a standalone snippet "
+        "that shows it with the scaler alone; the test suite runs every snippet. A difference "
+        "that came from an adapter was fixed in the adapter instead. For the hypothesis tests "
+        "the page names the failure, not the example.",
         "",
         "## The scalers",
         "",
@@ -84,12 +109,11 @@ def zoo_markdown(report: dict[str, Any]) -> str:
             "`scale_and_skip`: the scale and whether each step was skipped (the scaler keeps "
             "other counters). Every mode also checks that parameters and optimizer state stay "
             "finite and are untouched by a skipped step.", "",
-            "## In short", "", "| column | rules it breaks |", "|---|---|"]
+            "## In short", "", "| column | causes of its departures from the spec |",
+            "|---|---|"]
     for name in names:
         r = report["backends"][name]
-        rules = sorted({v.get("rule") or rule_of(t) for t, v in r.get("tests", {}).items()
-                        if v["outcome"] in ("failed", "error")})
-        broken = r["status"] if r["status"] != "ok" else ", ".join(rules) or "none"
+        broken = r["status"] if r["status"] != "ok" else "; ".join(sorted(_causes(r))) or "none"
         out.append(f"| {name} | {broken} |")
     out += ["", "## The matrix", "",
             f"| test | rule | {' | '.join(names)} |",
@@ -117,32 +141,31 @@ def zoo_markdown(report: dict[str, Any]) -> str:
 def _column_differences(name: str, result: dict[str, Any]) -> list[str]:
     if result["status"] != "ok":
         return []
-    failing = {t: v for t, v in result["tests"].items() if v["outcome"] in ("failed", "error")}
+    causes = _causes(result)
     out = [f"### {name}: {ZOO[name].title}", ""]
-    if not failing:
+    if not causes:
         return [*out, "No difference found.", ""]
-    explained = _differences(name)
-    groups: dict[Difference, list[str]] = {}
-    for test in failing:
-        if test not in explained:
+    explained = differences(name)
+    for cause, tests in causes.items():
+        if cause not in explained:
+            detail = result["tests"][tests[0]]["detail"].splitlines()[0][:300]
             raise UnexplainedDifference(
-                f"{name}: {test} differs ({failing[test]['detail'].splitlines()[0][:300]}) and "
-                f"{ZOO[name].target.partition(':')[0]}.DIFFERENCES does not explain it")
-        groups.setdefault(explained[test], []).append(test)
-    for difference, group in groups.items():
-        rules = sorted({failing[t].get("rule") or rule_of(t) for t in group})
-        out += [f"- **{', '.join(rules)}**: {difference.sentence}",
+                f"{name}: the cause {cause!r} (seen in {tests[0]}: {detail}) has no Difference "
+                f"in {ZOO[name].target.partition(':')[0]}.DIFFERENCES")
+        difference = explained[cause]
+        snippet = difference.snippet.removeprefix("docs/")
+        out += [f"- **{cause}**: {difference.sentence}",
                 f"  *Matters in fp16 training*: {difference.matters}",
                 f"  *Checked by hand*: {difference.checked}",
+                f"  *Shown by*: [`{difference.snippet}`]({snippet})",
                 "  Seen in:"]
-        for test in group:
+        for test in tests:
             if test in _DRAWN:
                 out += [f"  - `{test}`: hypothesis's example (run `unifiedamp conformance --zoo "
-                        f"{name}` to see the one it meets first)", ""]
+                        f"{name}` to see it)", ""]
                 continue
-            detail = failing[test]["detail"].splitlines()[0]
+            detail = result["tests"][test]["detail"].splitlines()[0]
             steps = _shortest(detail)
             out += [f"  - `{test}`" + (f", steps `{steps}`" if steps else "") + ":",
                     "", f"    ```text\n    {detail}\n    ```", ""]
     return out
-

@@ -206,8 +206,12 @@ class ColossalAIDynamicGradScaler(Adapter):
         config = config.replace(growth_factor=float(native["growth_factor"]),
                                 backoff_factor=float(native["backoff_factor"]),
                                 hysteresis=int(native["hysteresis"]))
-        # The native dict has no counter: a scaler that loads it keeps its own (0 when new).
-        return to_state_dict(config, ScalerState(float(native["scale"].item()), 0, 0),
+        # The native dict carries no counter: a scaler that loads it starts from 0, so 0 is
+        # what this checkpoint holds (the load check names the growth tracker it loses).
+        state = ScalerState(float(native["scale"].item()), 0, 0)
+        # Validates as a loader would: an inf scale (a growth past float32's maximum) is no
+        # state a canonical dict holds, and saving it raises.
+        return to_state_dict(*parse_state_dict(to_state_dict(config, state, "colossalai")),
                              "colossalai")
 
     def load(self, handle: Any, state_dict: dict[str, Any]) -> Any:
@@ -224,100 +228,113 @@ class ColossalAIDynamicGradScaler(Adapter):
         return optimizer, model, config
 
 
-_HYSTERESIS = Difference(
-    sentence=("Its hysteresis counter counts the overflows since the last growth: neither a "
-              "backoff nor a finite step resets it, so after a first backoff every overflow "
-              "backs off again until the scale grows, and overflows separated by finite steps "
-              "add up."),
-    matters=("Yes with hysteresis > 1, MixedPrecisionOptimizer's default of 2: the second of "
-             "two isolated overflows backs off, and so does every overflow after a backoff, "
-             "where the spec waits for `hysteresis` consecutive ones each time; with "
-             "hysteresis=1 the rules agree."),
-    checked=("colossalai/amp/naive_amp/grad_scaler/dynamic_grad_scaler.py, "
-             "DynamicGradScaler.update (0.3.6; the same in 0.5.0): on overflow "
-             "`_hysteresis_step += 1` and a backoff once it is >= hysteresis; "
-             "`_hysteresis_step = 0` only in the growth branch. hysteresis_two (init 1024, "
-             "interval 3, hysteresis 2, IIFIFII): counter 1 (1024), 2 -> 512, F leaves 2 (512), "
-             "I: 3 -> 256 at step 4, where the spec's counter restarted at its backoff (1: "
-             "512). Random IFI, init 1, interval 2: counter 1, F leaves 1, I: 2 -> 0.5 where "
-             "the spec's F reset it (1.0)."),
-)
+_SOURCE = ("colossalai/amp/naive_amp/grad_scaler/dynamic_grad_scaler.py (colossalai 0.3.6), "
+           "DynamicGradScaler")
+_OPTIMIZER = "colossalai/amp/naive_amp/mixed_precision_optimizer.py, MixedPrecisionOptimizer"
+_SNIPPETS = "docs/snippets/zoo/colossalai"
 
-_GROWTH_TO_INF = Difference(
-    sentence=("A growth past float32's largest value makes the scale inf when no max_scale is "
-              "set: that step's gradients are divided by inf (zeros), every later loss times "
-              "inf overflows, so every later step is skipped and inf * backoff stays inf."),
-    matters=("Not in real fp16 training: it needs max_scale=None (MixedPrecisionOptimizer's "
-             "default ceiling is 2**32) and a scale of 2**127."),
-    checked=("DynamicGradScaler._grow_scale: `self._scale = self._scale * "
-             "self._growth_factor`, clamped by torch.min only `if self._max_scale`, with no "
-             "finiteness check. init 2**127, interval 1, FFF: float32 2**127 * 2 = inf at step "
-             "1 where the spec keeps 2**127; the adapter saw inf, then two skipped steps."),
+#: Each cause of Colossal-AI's departures from the spec, checked by hand.
+DIFFERENCES: tuple[Difference, ...] = (
+    Difference(
+        cause="hysteresis not refilled by finite steps",
+        sentence="Its hysteresis counter counts the overflows since the last growth: a finite "
+                 "step does not reset it, so overflows separated by finite steps add up until "
+                 "the scale grows, where the spec counts consecutive overflows.",
+        matters="Yes with hysteresis > 1, MixedPrecisionOptimizer's default of 2: two isolated "
+                "overflows within one growth interval back off, where the spec waits for two "
+                "in a row; with hysteresis=1 the rules agree.",
+        checked=f"{_SOURCE}.update: on overflow `_hysteresis_step += 1` and a backoff once it "
+                "is >= hysteresis; `_hysteresis_step = 0` only in the growth branch. "
+                "hysteresis_two (1024, interval 3, hysteresis 2, IIFIFII): counter 1 (1024), 2 "
+                "-> 512, F leaves 2, I: 3 -> 256 at step 4, where the spec's count restarted "
+                "(512). Random (1.0, interval 2, hysteresis 2, IFI): counter 1, F leaves it, I: "
+                "2 -> 0.5 where the spec's F reset it (1.0).",
+        snippet=f"{_SNIPPETS}/hysteresis_not_refilled_by_finite_steps.py"),
+    Difference(
+        cause="hysteresis not re-armed at a backoff",
+        sentence="A backoff leaves its hysteresis counter at or past hysteresis, so every "
+                 "further overflow backs off again until the scale grows, where the spec "
+                 "re-arms the hysteresis at each backoff and waits for hysteresis more "
+                 "overflows in a row.",
+        matters="Yes with hysteresis > 1 (MixedPrecisionOptimizer's default is 2): at hysteresis h "
+                "a burst of k overflows in a row backs off k - h + 1 times, the spec k // h times.",
+        checked=f"{_SOURCE}.update and _backoff_scale: neither resets _hysteresis_step. "
+                "hysteresis_rearmed_after_backoff (1024, hysteresis 2, IIII): counter 1, 2, 3, "
+                "4, scales 1024, 512, 256, 128 (the spec 1024, 512, 512, 256).",
+        snippet=f"{_SNIPPETS}/hysteresis_not_re_armed_at_a_backoff.py"),
+    Difference(
+        cause="growth overflows to inf",
+        sentence="Without max_scale, a growth past float32's largest value makes the scale inf: "
+                 "every later loss times inf overflows, every later step is skipped, and inf * "
+                 "backoff_factor stays inf. An inf scale is no state of the spec: the canonical "
+                 "state dict refuses it, so such a run cannot be saved.",
+        matters="Not in real fp16 training: it needs max_scale=None (MixedPrecisionOptimizer's "
+                "default ceiling is 2**32) and a scale of 2**127.",
+        checked=f"{_SOURCE}._grow_scale: `self._scale = self._scale * self._growth_factor`, "
+                "clamped by torch.min only `if self._max_scale`, with no finiteness check. "
+                "growth_overflow_keeps_scale (2**127, interval 1, FFIF): float32 2**127 * 2 = "
+                "inf at step 1 where the spec keeps 2**127, then every step skipped at inf. "
+                "test_every_reachable_state_reloads draws such runs (init just below 2**126, "
+                "interval 1, FF: inf), whose state no canonical dict holds: saving it meets "
+                "'scale must be finite'.",
+        snippet=f"{_SNIPPETS}/growth_overflows_to_inf.py"),
+    Difference(
+        cause="takes a finite step whose 1/scale overflows",
+        sentence="A finite step at a scale whose float32 reciprocal is inf is not skipped: the "
+                 "scaled gradients pass the check, the scale grows, and unscaling them (times "
+                 "1.0 / scale, inf as a float32 multiplier) writes inf and NaN into the "
+                 "optimizer state and the parameters, where the spec counts the step as an "
+                 "overflow, backs off and skips it.",
+        matters="Only once backoffs take the scale below about 3e-39, which "
+                "MixedPrecisionOptimizer's default min_scale=1 prevents.",
+        checked=f"{_OPTIMIZER}.step: should_skip_step() tests the scaled gradients with "
+                "torch.isfinite and updates the scaler, then _unscale_and_clip_grads does "
+                "`p.grad.data.mul_(1.0 / div_scale)`. reciprocal_overflow_skips_finite_steps "
+                "(2**-130, interval 1, FFF): the gradients are finite, the scale grows to "
+                "2**-129 (the spec backs off to 2**-131 and skips), 2**130 is inf as a float32 "
+                "multiplier, and the parameters hold inf and NaN after that step.",
+        snippet=f"{_SNIPPETS}/takes_a_finite_step_whose_reciprocal_overflows.py"),
+    Difference(
+        cause="raises ZeroDivisionError",
+        sentence="Once backoffs take the scale to 0, a finite step raises ZeroDivisionError in "
+                 "MixedPrecisionOptimizer.step, where the spec skips it (1/0 is inf) and stays "
+                 "at 0.",
+        matters="Only with min_scale=None (MixedPrecisionOptimizer's default floor is 1): "
+                "training stops with an error.",
+        checked=f"{_SOURCE}._backoff_scale floors the scale only `if self._min_scale`. "
+                "backoff_reaches_zero_and_stays (2**-148, interval 1, IIFF): 2**-149, then "
+                "2**-150 rounds to 0 in float32; the F step's gradients are 0 (finite), 0 * 2 "
+                f"= 0, and {_OPTIMIZER}._unscale_and_clip_grads computes `1.0 / div_scale` "
+                "with div_scale = 0.0 (get_grad_div_scale returns scale.item()).",
+        snippet=f"{_SNIPPETS}/raises_zerodivisionerror.py"),
+    Difference(
+        cause="unscales the growth step with the new scale",
+        sentence="The fp16 step updates the scale before it unscales, so the step whose update "
+                 "grows the scale divides gradients scaled by the old scale by the new one: it "
+                 "steps with gradients growth_factor (2) times too small.",
+        matters="Slightly: one step in every growth_interval (1000 by default) is taken with "
+                "half its gradient; Adam's normalisation absorbs most of it.",
+        checked=f"{_OPTIMIZER}.step: self.mixed_precision.should_skip_step() calls "
+                "grad_scaler.update(found_inf) first, then get_grad_div_scale() reads the "
+                "updated scale. Interval 2, FF: step 2 grows 1024 -> 2048 and divides gradients "
+                "scaled by 1024 by 2048 (Adam's first moment 0.1/32 instead of 0.1/16); the "
+                "parameters after step 2 differ from a run at a steady 1024.",
+        snippet=f"{_SNIPPETS}/unscales_the_growth_step_with_the_new_scale.py"),
+    Difference(
+        cause="load does not restore the growth_tracker",
+        sentence="Its state_dict holds the scale, both factors and hysteresis, but neither "
+                 "counter: a scaler that loads it counts its growth interval (and its "
+                 "overflows) from 0 again.",
+        matters="Yes on a resume: the first growth comes up to growth_interval steps (1000 by "
+                "default) later than in the uninterrupted run. MixedPrecisionOptimizer's own "
+                "state_dict is the wrapped optimizer's alone, so a resume through it starts "
+                "again at initial_scale; the legacy fp16 optimizer saves this dict.",
+        checked=f"{_SOURCE}.state_dict / load_state_dict: keys scale, growth_factor, "
+                "backoff_factor, hysteresis; load_state_dict leaves _growth_step and "
+                "_hysteresis_step as built (0). Init 1024, interval 4, FF: growth tracker 2 "
+                "read, 0 after the reload. A loaded growth tracker 7 (interval 5) is dropped: "
+                "the next F leaves 1024 (tracker 1) where the spec grows to 2048. "
+                f"{_OPTIMIZER} inherits state_dict from OptimizerWrapper (the wrapped "
+                "optimizer's).",
+        snippet=f"{_SNIPPETS}/load_does_not_restore_the_growth_tracker.py"),
 )
-
-_STATE_DICT = Difference(
-    sentence=("Its state_dict holds the scale, both factors and hysteresis, but neither "
-              "counter: a scaler that loads it counts its growth interval (and its overflows) "
-              "from 0 again."),
-    matters=("Yes on a resume: the first growth comes up to growth_interval steps (1000 by "
-             "default) later than in the uninterrupted run. MixedPrecisionOptimizer's own "
-             "state_dict is Adam's alone, so a resume through it starts again at "
-             "initial_scale; only the legacy fp16 optimizer saves this dict."),
-    checked=("DynamicGradScaler.state_dict / load_state_dict: keys scale, growth_factor, "
-             "backoff_factor, hysteresis; load_state_dict leaves _growth_step and "
-             "_hysteresis_step as built (0). init 1024, interval 4, FF: growth tracker 2 "
-             "saved, 0 reloaded; a loaded growth tracker 7 with interval 5 is dropped, so the "
-             "next F leaves 1024 (tracker 1) where the spec grows to 2048. "
-             "colossalai/amp/naive_amp/mixed_precision_optimizer.py inherits state_dict from "
-             "OptimizerWrapper (the wrapped optimizer's)."),
-)
-
-_NEW_SCALE_UNSCALE = Difference(
-    sentence=("The fp16 step updates the scale before it unscales, so the step whose update "
-              "grows the scale divides gradients scaled by the old scale by the new one: it "
-              "steps with gradients growth_factor (2) times too small."),
-    matters=("Slightly: one step in every growth_interval (1000 by default) is taken with "
-             "half its gradient; Adam's normalisation absorbs most of it."),
-    checked=("colossalai/amp/naive_amp/mixed_precision_optimizer.py "
-             "MixedPrecisionOptimizer.step: self.mixed_precision.should_skip_step() calls "
-             "grad_scaler.update(found_inf) first, then get_grad_div_scale() reads the "
-             "updated scale. By hand, interval 2, 'FF': step 2 grows 1024 -> 2048 and divides "
-             "gradients scaled by 1024 by 2048 (Adam's first moment 0.1/32 instead of "
-             "0.1/16); the parameters after step 2 differ from a run at a steady 1024."),
-)
-
-DIFFERENCES: dict[str, Difference] = {
-    "test_vector[hysteresis_two]": _HYSTERESIS,
-    "test_vector[hysteresis_rearmed_after_backoff]": _HYSTERESIS,
-    "test_the_growth_step_is_unscaled_with_the_old_scale": _NEW_SCALE_UNSCALE,
-    "test_random_configs_and_steps_match_reference": _HYSTERESIS,
-    "test_vector[growth_overflow_keeps_scale]": _GROWTH_TO_INF,
-    "test_vector[growth_overflow_keeps_scale_with_hysteresis]": _GROWTH_TO_INF,
-    "test_vector[reciprocal_overflow_skips_finite_steps]": Difference(
-        sentence=("A finite step at a scale whose float32 reciprocal is inf is not skipped: the "
-                  "scaled gradients pass the check, and unscaling them (times f32(1 / scale) = "
-                  "inf) writes inf and NaN into Adam's moments and the parameters."),
-        matters=("Only once backoffs take the scale below about 3e-39, which "
-                 "MixedPrecisionOptimizer's default min_scale=1 prevents; a run that has "
-                 "overflowed ~130 times in a row is lost anyway."),
-        checked=("MixedPrecisionOptimizer._unscale_and_clip_grads: `p.grad.data.mul_(1.0 / "
-                 "div_scale)`, the checks before it are on the scaled gradients. init 2**-130, "
-                 "interval 1, F: gradients 2**-134 and 2**-133 are finite, so the scale grows "
-                 "to 2**-129 (the spec backs off to 2**-131 and skips), 2**129 rounds to inf "
-                 "in float32, and the adapter saw NaN parameters after that step."),
-    ),
-    "test_vector[backoff_reaches_zero_and_stays]": Difference(
-        sentence=("Once backoffs take the scale to 0, a finite step raises ZeroDivisionError "
-                  "in MixedPrecisionOptimizer.step."),
-        matters=("Only with min_scale=None (MixedPrecisionOptimizer's default floor is 1): "
-                 "training stops with an error where the spec skips the step."),
-        checked=("init 2**-148, interval 1, IIF: 2**-149, then 2**-150 rounds to 0 in float32; "
-                 "the F step's gradients are 0 (finite), 0 * 2 = 0, and "
-                 "_unscale_and_clip_grads computes `1.0 / div_scale` with div_scale = 0.0 "
-                 "(get_grad_div_scale returns scale.item())."),
-    ),
-    "test_state_dict_round_trip_mid_interval": _STATE_DICT,
-    "test_every_reachable_state_reloads": _STATE_DICT,
-    "test_a_loaded_tracker_past_the_interval_grows_on_the_next_finite_step": _STATE_DICT,
-    "test_state_dict_moves_between_backends": _STATE_DICT,
-}

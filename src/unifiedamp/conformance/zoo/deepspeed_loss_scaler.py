@@ -153,136 +153,140 @@ class DeepSpeedConsecutiveLossScaler(DeepSpeedLossScaler):
     consecutive_hysteresis = True
 
 
-_LATE_GROWTH = Difference(
-    sentence="DeepSpeed grows when (cur_iter - last_overflow_iter - 1) is a positive "
-             "multiple of scale_window, which first happens on the (scale_window + 1)-th "
-             "finite step after the start or after an overflow (then every scale_window "
-             "steps): one step later than the spec's growth_interval-th.",
-    matters="Slightly: the first growth after each overflow comes one iteration late "
-            "(negligible at DeepSpeed's default window of 1000).",
-    checked="deepspeed/runtime/fp16/loss_scaler.py DynamicLossScaler.update_scale: "
-            "stable_interval = (self.cur_iter - self.last_overflow_iter) - 1, grow if "
-            "stable_interval > 0 and stable_interval % self.scale_window == 0, then "
-            "cur_iter += 1 (cur_iter starts at 0, last_overflow_iter at -1 and becomes "
-            "cur_iter at an overflow). By hand, scale_window 3, 'FFFFFF': stable intervals "
-            "0, 1, 2, 3, 4, 5 -> 1024 1024 1024 2048 2048 2048 (spec 1024 1024 2048 2048 "
-            "2048 4096); scale_window 1, 'F': interval 0, no growth (spec 2048); confirmed: "
-            "scale_window 2, 'FFFFFIFFFFF' reads 1024 1024 2048 2048 4096 2048 2048 2048 "
-            "4096 4096 8192.")
+_SOURCE = "deepspeed/runtime/fp16/loss_scaler.py (deepspeed 0.19.8), DynamicLossScaler.update_scale"
+_ZERO = "deepspeed/runtime/zero/stage_1_and_2.py, DeepSpeedZeroOptimizer.step"
+_SNIPPETS = "docs/snippets/zoo/deepspeed"
 
-_HYSTERESIS_SINCE_GROWTH = Difference(
-    sentence="With consecutive_hysteresis=False (DeepSpeed's default) the hysteresis counts "
-             "overflows since the last growth, not consecutive ones: finite steps do not "
-             "refill it, and once it is used up every overflow backs off until the next "
-             "growth.",
-    matters="Yes with hysteresis > 1 (DeepSpeed's default is 2): overflows separated by "
-            "finite steps add up, so the scale backs off more often than under the spec's "
-            "rule. consecutive_hysteresis=True refills it on every finite step.",
-    checked="DynamicLossScaler.update_scale: on an overflow, back off if delayed_shift == 1 "
-            "or cur_hysteresis == 1 (cur_hysteresis stays 1), else cur_hysteresis -= 1; on a "
-            "finite step cur_hysteresis = delayed_shift only if consecutive_hysteresis, or "
-            "at a growth. By hand, delayed_shift 2, scale_window 3, 'IIFIFII': I -> "
-            "hysteresis 1, 1024; I -> back off to 512; F; I -> hysteresis is still 1, back "
-            "off to 256 (spec 512: one overflow since a finite step). Confirmed, 'IIFIII', "
-            "window 100: 1024 512 512 256 128 64 (consecutive: 1024 512 512 512 256 128; "
-            "spec 1024 512 512 512 256 256).")
+_NOT_REARMED = ("A backoff leaves cur_hysteresis at 1, so every further overflow backs off "
+                "again until {refill} sets it back to delayed_shift, where the spec re-arms the "
+                "hysteresis at each backoff and waits for delayed_shift more overflows in a row.")
+_NOT_REARMED_MATTERS = ("Yes with hysteresis > 1 (DeepSpeed's default is 2): at hysteresis "
+                        "h a burst of k overflows in a row backs off k - h + 1 times, the spec "
+                        "k // h times.")
+_NOT_REARMED_CHECKED = (f"{_SOURCE}: back off `if self.delayed_shift == 1 or "
+                        "self.cur_hysteresis == 1`, a branch that leaves cur_hysteresis at 1. "
+                        "hysteresis_rearmed_after_backoff (1024, delayed_shift 2, IIII): "
+                        "cur_hysteresis 2 -> 1 (1024), then three backoffs: 512, 256, 128; the "
+                        "spec gives 1024, 512, 512, 256.")
 
-_RAISES_AT_MIN = Difference(
-    sentence="When the scale already equals min_scale, an overflow raises "
-             "Exception('Current loss scale already at minimum - cannot decrease scale "
-             "anymore. Exiting run.') instead of keeping the scale at the floor and skipping "
-             "the step.",
-    matters="Yes: a run that overflows at the floor (min_loss_scale, default 1) stops with an "
-            "exception.",
-    checked="DynamicLossScaler.update_scale: `if (self.cur_scale == self.min_scale) and "
-            "self.raise_error_at_min_scale: raise Exception(...)`; raise_error_at_min_scale "
-            "defaults to True and CreateLossScaler (runtime/fp16/loss_scaler.py), which ZeRO "
-            "calls, passes only dynamic_loss_args, which do not hold it. By hand, init 4, "
-            "min 1.5, 'IIIF': max(2, 1.5) = 2, max(1, 1.5) = 1.5, then the third overflow "
-            "at 1.5 == min_scale raises.")
-
-_FLOAT64_UP = Difference(
-    sentence="The scale is a Python float (float64) with no float32 bound: it grows past "
-             "float32's maximum (2**127 * 2 = 2**128), where the spec keeps the scale.",
-    matters="Little: with a scale of 2**128 the float32 scaled loss overflows, the step is "
-            "skipped and the scale backs off to 2**127 (one wasted step per growth attempt).",
-    checked="DynamicLossScaler.update_scale: self.cur_scale *= self.scale_factor on a "
-            "Python float. By hand, init 2**127, scale_window 1, 'FFIF': step 1 has stable "
-            "interval 0 (no growth, as the spec, whose growth would overflow); step 2 grows "
-            "to 2**128 = 3.4028236692093846e38, no float32 value (spec keeps 2**127).")
-
-_RECIPROCAL = Difference(
-    sentence="DeepSpeed checks the scaled gradients for inf/NaN and then multiplies them by "
-             "1. / cur_scale, so where that reciprocal is past float32 (a scale below about "
-             "2.9e-39) the finite step is taken with inf gradients, where the spec counts it "
-             "as an overflow, backs off and skips it.",
-    matters="Only after the scale has collapsed below ~2.9e-39, which DeepSpeed's default "
-            "min_loss_scale of 1 prevents.",
-    checked="runtime/zero/stage_1_and_2.py: has_overflow_partitioned_grads_serial tests "
-            "has_inf_or_nan(grad) on the scaled gradients; unscale_and_clip_grads does "
-            "grad.data.mul_(1. / combined_scale). By hand, init 2**-130, 'F': the gradients "
-            "0.5/16 * 2**-130 are finite, no overflow, update_scale(False) keeps 2**-130 "
-            "(stable interval 0; spec backs off to 2**-131 and skips), and 1. / 2**-130 = "
-            "2**130 multiplies the float32 gradients as inf.")
-
-_FLOAT64_DOWN = Difference(
-    sentence="The scale is a Python float (float64), so backoffs go on below float32's "
-             "smallest value: 2**-149 / 2 = 2**-150, no float32 value, where the spec's "
-             "scale is 0.",
-    matters="No: only scales below 2**-126 (after some 140 consecutive overflows) are "
-            "affected, and a float32 loss multiplied by them is 0 either way.",
-    checked="DynamicLossScaler.update_scale: next_scale = max(self.cur_scale / "
-            "self.scale_factor, self.min_scale) on Python floats (min_scale 0: the "
-            "adapter's 'no floor'). By hand, init 2**-148, 'II': 2**-149, then 2**-150 = "
-            "7.006e-46 (spec: f32(2**-149 * 0.5) = 0).")
-
-_NOT_REARMED = Difference(
-    sentence="A backoff leaves the hysteresis used up (cur_hysteresis stays 1), so every "
-             "further consecutive overflow backs off again, where the spec re-arms it at the "
-             "backoff and waits for delayed_shift more overflows.",
-    matters="Yes with delayed_shift > 1 (DeepSpeed's default is 2): a burst of k overflows "
-            "backs off k - 1 times instead of k / 2, in both hysteresis modes.",
-    checked="DynamicLossScaler.update_scale: back off `if self.delayed_shift == 1 or "
-            "self.cur_hysteresis == 1`; that branch leaves cur_hysteresis at 1, which is "
-            "set back to delayed_shift only on a finite step (consecutive_hysteresis=True) "
-            "or at a growth. By hand, delayed_shift 2, 'IIII': cur_hysteresis 2 -> 1 "
-            "(1024); 1: back off (512); still 1: back off (256); 128. The spec gives 1024, "
-            "512, 512, 256.")
-
-_NEW_SCALE_UNSCALE = Difference(
-    sentence="ZeRO's step updates the scale before it unscales, so the step whose update "
-             "grows the scale divides gradients scaled by the old scale by the new one: it "
-             "steps with gradients growth_factor (2) times too small.",
-    matters="Slightly: one step in every scale_window (1000 by default) is taken with half "
-            "its gradient; Adam's normalisation absorbs most of it, SGD takes a half step.",
-    checked="runtime/zero/stage_1_and_2.py DeepSpeedZeroOptimizer.step: "
-            "self._update_scale(self.overflow) runs before unscale_and_clip_grads, which "
-            "multiplies by 1. / self.loss_scale, the updated cur_scale. By hand, "
-            "scale_window 2, 'FFF': step 3 grows 1024 -> 2048 (stable interval 2) and "
-            "unscales gradients scaled by 1024 with 1/2048; the parameters after step 3 "
-            "differ from those of the same run at a steady 1024, those after steps 1 and 2 "
-            "do not.")
-
-#: Test id -> how DeepSpeed's scaler differs there, checked by hand (both adapters:
-#: hysteresis_two fails with consecutive_hysteresis=False only).
-DIFFERENCES: dict[str, Difference] = {
-    "test_vector[growth_on_nth_finite]": _LATE_GROWTH,
-    "test_vector[backoff_resets_growth]": _LATE_GROWTH,
-    "test_vector[nan_backs_off_like_inf]": _LATE_GROWTH,
-    "test_vector[interval_one]": _LATE_GROWTH,
-    "test_vector[hysteresis_two]": _HYSTERESIS_SINCE_GROWTH,
-    "test_vector[hysteresis_rearmed_after_backoff]": _NOT_REARMED,
-    "test_the_growth_step_is_unscaled_with_the_old_scale": _NEW_SCALE_UNSCALE,
-    "test_vector[min_scale_clamp]": _RAISES_AT_MIN,
-    "test_vector[growth_overflow_keeps_scale]": _FLOAT64_UP,
-    "test_vector[growth_overflow_keeps_scale_with_hysteresis]": _FLOAT64_UP,
-    "test_vector[reciprocal_overflow_skips_finite_steps]": _RECIPROCAL,
-    "test_vector[backoff_reaches_zero_and_stays]": _FLOAT64_DOWN,
-    "test_random_configs_and_steps_match_reference": Difference(
-        sentence=_LATE_GROWTH.sentence + " And an overflow at the floor raises (see "
-                 "min_scale_clamp).",
-        matters=_LATE_GROWTH.matters + " The exception at the floor stops the run.",
-        checked="Hypothesis finds both: scale_window 1, 'F' (stable interval 0: no growth, "
-                "the spec grows to 2.0) and init_scale = min_scale = 1.0, 'I' (the overflow "
-                "at cur_scale == min_scale raises). " + _LATE_GROWTH.checked),
-}
+#: Each cause of DeepSpeed's departures from the spec, checked by hand (both columns, unless
+#: an entry names one).
+DIFFERENCES: tuple[Difference, ...] = (
+    Difference(
+        cause="grows one step late",
+        sentence="DeepSpeed grows when stable_interval = cur_iter - last_overflow_iter - 1 is a "
+                 "positive multiple of scale_window, and the first finite step after the start "
+                 "or after an overflow has stable_interval 0: the first growth after either "
+                 "comes on the (scale_window + 1)-th finite step, one step after the spec's; "
+                 "later growths in the same run of finite steps come every scale_window steps, "
+                 "as in the spec.",
+        matters="Barely: the first growth after each overflow comes one step late (1001 finite "
+                "steps instead of 1000 at DeepSpeed's default loss_scale_window); with "
+                "scale_window 1 the first finite step after an overflow never grows.",
+        checked=f"{_SOURCE}: stable_interval = (self.cur_iter - self.last_overflow_iter) - 1, "
+                "grow if stable_interval > 0 and stable_interval % self.scale_window == 0, then "
+                "cur_iter += 1 (cur_iter starts at 0, last_overflow_iter at -1 and becomes "
+                "cur_iter at each overflow). growth_on_nth_finite (1024, window 3, FFFFFF): "
+                "stable intervals 0 to 5, the growth on step 4 (the spec's on step 3). "
+                "interval_one (window 1, FFIF): step 1 has interval 0 and keeps 1024 (the spec "
+                "grows to 2048). Five finite steps at window 2: 1024, 1024, 2048, 2048, 4096 "
+                "(the spec 1024, 2048, 2048, 4096, 4096): the second growth comes 2 steps after "
+                "the first.",
+        snippet=f"{_SNIPPETS}/grows_one_step_late.py"),
+    Difference(
+        cause="hysteresis not refilled by finite steps",
+        sentence="With consecutive_hysteresis=False (DeepSpeed's default) a finite step does "
+                 "not refill the hysteresis: only a growth sets cur_hysteresis back to "
+                 "delayed_shift, so overflows separated by finite steps add up until the next "
+                 "growth, where the spec counts consecutive overflows.",
+        matters="Yes with hysteresis > 1 (DeepSpeed's default is 2): two isolated overflows "
+                "within one growth window back off, where the spec waits for two in a row. "
+                "consecutive_hysteresis=True refills it on every finite step.",
+        checked=f"{_SOURCE}: a finite step sets cur_hysteresis = delayed_shift `if "
+                "self.consecutive_hysteresis`, or in the growth branch. hysteresis_two (1024, "
+                "window 3, delayed_shift 2, IIFIFII): I -> cur_hysteresis 1 (1024); I -> back off "
+                "to 512; F; I -> back off to 256 at step 4, where the spec has seen one overflow "
+                "since a finite step (512). IFI from 1024: 1024, 1024, 512 (the spec 1024 "
+                "throughout).",
+        snippet=f"{_SNIPPETS}/hysteresis_not_refilled_by_finite_steps.py",
+        columns=("deepspeed",)),
+    Difference(
+        cause="hysteresis not re-armed at a backoff",
+        sentence=_NOT_REARMED.format(refill="a growth (consecutive_hysteresis=False, the "
+                                            "default)"),
+        matters=_NOT_REARMED_MATTERS,
+        checked=_NOT_REARMED_CHECKED,
+        snippet=f"{_SNIPPETS}/hysteresis_not_re_armed_at_a_backoff.py",
+        columns=("deepspeed",)),
+    Difference(
+        cause="hysteresis not re-armed at a backoff",
+        sentence=_NOT_REARMED.format(refill="a finite step (consecutive_hysteresis=True)"),
+        matters=_NOT_REARMED_MATTERS + " With consecutive_hysteresis=True the next finite "
+                "step ends such a run of backoffs.",
+        checked=_NOT_REARMED_CHECKED,
+        snippet="docs/snippets/zoo/deepspeed-consecutive/hysteresis_not_re_armed_at_a_backoff.py",
+        columns=("deepspeed-consecutive",)),
+    Difference(
+        cause="raises Exception",
+        sentence="When the scale already equals min_scale, an overflow raises "
+                 "Exception('Current loss scale already at minimum - cannot decrease scale "
+                 "anymore. Exiting run.') instead of keeping the scale at the floor and skipping "
+                 "the step.",
+        matters="Yes: a run that overflows at the floor (min_loss_scale, 1 by default) stops "
+                "with an exception.",
+        checked=f"{_SOURCE}: `if (self.cur_scale == self.min_scale) and "
+                "self.raise_error_at_min_scale: raise Exception(...)`; raise_error_at_min_scale "
+                "defaults to True and CreateLossScaler, which ZeRO calls, passes only the fp16 "
+                "config's dynamic_loss_scale_args, which do not hold it. min_scale_clamp (4, "
+                "min_scale 1.5, IIIF): max(2, 1.5) = 2, max(1, 1.5) = 1.5, then the third "
+                "overflow at 1.5 == min_scale raises (the spec stays at 1.5).",
+        snippet=f"{_SNIPPETS}/raises_exception.py"),
+    Difference(
+        cause="keeps the scale in float64",
+        sentence="Its scale is a Python float (float64) that is never rounded to float32: a "
+                 "growth from 2**127 gives 2**128, and backoffs go on below 2**-149 (2**-150...), "
+                 "values no float32 holds, where the spec keeps 2**127 and reaches 0.",
+        matters="Little: at 2**128 the float32 scaled loss overflows, the step is skipped and "
+                "the scale backs off to 2**127 (one wasted step per growth attempt); below "
+                "2**-149 a float32 loss times the scale is 0 either way. Between those bounds its "
+                "factor of 2 gives the spec's scales exactly.",
+        checked=f"{_SOURCE}: self.cur_scale *= self.scale_factor, and next_scale = "
+                "max(self.cur_scale / self.scale_factor, self.min_scale), on Python floats. "
+                "growth_overflow_keeps_scale (2**127, window 1, FFIF): step 2 grows (one step "
+                "late) to 3.402823669209385e+38, no float32 value (the spec keeps 2**127). "
+                "backoff_reaches_zero_and_stays (2**-148, min_scale 0: no floor, IIFF): "
+                "2**-149, then 2**-150 = 7.006e-46 (the spec 0).",
+        snippet=f"{_SNIPPETS}/keeps_the_scale_in_float64.py"),
+    Difference(
+        cause="takes a finite step whose 1/scale overflows",
+        sentence="ZeRO's step checks the scaled gradients for inf/NaN, then multiplies them by "
+                 "1. / loss_scale: where that reciprocal is past float32 (a scale below about "
+                 "2.9e-39) the finite step is taken with inf gradients, where the spec counts it "
+                 "as an overflow, backs off and skips it.",
+        matters="Not through DeepSpeed's config: its min_loss_scale is an integer >= 1, so "
+                "backoffs never take the scale below 1 (only an initial_scale_power of -128 or "
+                "less starts there).",
+        checked=f"{_ZERO}: has_overflow tests has_inf_or_nan on the scaled gradients, then "
+                "_update_scale, then unscale_and_clip_grads does grad.data.mul_(1. / "
+                "combined_scale). reciprocal_overflow_skips_finite_steps (2**-130, window 1, "
+                "FFF): the gradients 2**-130 * x are finite, update_scale(False) keeps 2**-130 "
+                "(stable interval 0), and 1. / 2**-130 = 2**130 is inf as a float32 multiplier: "
+                "the step writes inf into the parameters (the spec backs off to 2**-131 and "
+                "skips). backoff_reaches_zero_and_stays: at 2**-150 the scaled gradients are 0 "
+                "and 0 * inf = NaN.",
+        snippet=f"{_SNIPPETS}/takes_a_finite_step_whose_reciprocal_overflows.py"),
+    Difference(
+        cause="unscales the growth step with the new scale",
+        sentence="ZeRO's step updates the scale before it unscales, so the step whose update "
+                 "grows the scale divides gradients scaled by the old scale by the new one: it "
+                 "steps with gradients growth_factor (2) times too small.",
+        matters="Slightly: one step in every scale_window (1000 by default) is taken with half "
+                "its gradient; Adam's normalisation absorbs most of it, SGD takes a half step.",
+        checked=f"{_ZERO}: self._update_scale(self.overflow) runs before "
+                "unscale_and_clip_grads, which multiplies by 1. / self.loss_scale, the updated "
+                "cur_scale. scale_window 2, FFF: step 3 grows 1024 -> 2048 (stable interval 2) "
+                "and unscales gradients scaled by 1024 with 1/2048; the parameters after step 3 "
+                "differ from those of the same run at a steady 1024, those after steps 1 and 2 "
+                "do not.",
+        snippet=f"{_SNIPPETS}/unscales_the_growth_step_with_the_new_scale.py"),
+)

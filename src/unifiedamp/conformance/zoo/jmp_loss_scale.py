@@ -124,6 +124,9 @@ class JmpDynamicLossScale(Adapter):
         import jmp
 
         floor = 0.0 if config.min_scale is None else f32(config.min_scale)
+        # A float32 scale, as the class docstring builds it: the README's
+        # jmp.half_dtype()(2 ** 15) makes adjust() raise (lax.select of float16 and the
+        # float32 min_loss_scale; jmp 0.0.4, jax 0.10).
         return jmp.DynamicLossScale(
             loss_scale=jnp.asarray(scale, jnp.float32),
             counter=np.asarray(counter, np.int32),
@@ -191,77 +194,91 @@ class JmpDynamicLossScale(Adapter):
         return jax.tree.map(np.asarray, out), bool(jmp.all_finite(out))
 
 
-_FTZ = Difference(
-    sentence="Its arithmetic runs as XLA ops, which flush subnormal float32 values to zero: "
-             "at a scale below 2**-126, 1 / loss_scale is inf, so every step is skipped, and "
-             "the next backoff (loss_scale / factor) gives 0 instead of half the scale.",
-    matters="No: a scale below 1.2e-38 takes 141 non-finite steps in a row from 2**15, "
-            "after which the spec's scale also reaches 0 within 24 more.",
-    checked="jmp/_src/loss_scale.py, DynamicLossScale.adjust: jnp.maximum(min_loss_scale, "
-            "loss_scale / factor). reciprocal_overflow_skips_finite_steps: scale 2**-130 "
-            "(0x00040000); a finite step unscales by 1 / 2**-130 = inf, all_finite is False, "
-            "2**-130 / 2 gives 0.0 where IEEE float32 gives 2**-131 (0x00020000). "
-            "backoff_reaches_zero_and_stays: 2**-148 / 2 gives 0.0, not 2**-149. Seen directly: "
-            "jnp.asarray(2.0**-130, jnp.float32) / 2 and jnp.asarray(2.0**-126, jnp.float32) / 2 "
-            "are 0.0 on CPU, eager and under jax.jit, and 1 / jnp.asarray(2.0**-127, "
-            "jnp.float32) is inf, not 2**127 (jax 0.10.2).")
+_SOURCE = "jmp/_src/loss_scale.py (jmp 0.0.4)"
+_SNIPPETS = "docs/snippets/zoo/jmp"
 
-_MIN_DROPPED = Difference(
-    sentence="Under jax.jit the floor is always 1.0: DynamicLossScale.tree_flatten keeps "
-             "(loss_scale, counter) and (period, factor) only, so every scaler that crosses a "
-             "jit boundary is rebuilt with the default min_loss_scale=1.0.",
-    matters="Yes, for a model whose scale must go below 1 (large gradients) or a user who set "
-            "min_loss_scale: the jitted train step, jmp's documented use, ignores the floor "
-            "given and never backs off below 1.",
-    checked="jmp/_src/loss_scale.py: tree_flatten returns data=(loss_scale, counter), "
-            "meta=(period, factor); tree_unflatten calls cls(loss_scale, counter, period, "
-            "factor). min_scale_clamp (init 4, min 1.5, IIIF): eager 2, 1.5, 1.5, 1.5; jitted "
-            "max(1.0, 4/2)=2, then max(1.0, 2/2)=1.0 (spec 1.5). backoff_below_one (init 2, no "
-            "floor = min_loss_scale 0): jitted 1, then max(1.0, 0.5)=1.0 (spec 0.5). The two "
-            "subnormal vectors get 1.0 for the same reason.")
-
-DIFFERENCES: dict[str, Difference] = {
-    "test_vector[reciprocal_overflow_skips_finite_steps]": _FTZ,
-    "test_vector[backoff_reaches_zero_and_stays]": _FTZ,
-    "test_random_configs_and_steps_match_reference": Difference(
-        sentence="Random sequences meet the flush of subnormal scales to zero (above): a "
-                 "finite step at a subnormal scale is skipped and backs off to 0.",
-        matters="No, as for reciprocal_overflow_skips_finite_steps: only scales below "
-                "1.2e-38.",
-        checked="The first failing example seen (200 examples): init 2**-127 (0x00400000), growth "
-                "factor 1, steps 'F'. The spec takes the step (1 / 2**-127 = 2**127 is finite) "
-                "and keeps 2**-127; jmp's unscale multiplies by 1 / loss_scale = inf under "
-                "XLA's flush, all_finite is False, and 2**-127 / 1 flushes to 0.0."),
-    "test_vector_compiled[min_scale_clamp]": _MIN_DROPPED,
-    "test_vector_compiled[backoff_below_one]": _MIN_DROPPED,
-    "test_vector_compiled[reciprocal_overflow_skips_finite_steps]": _MIN_DROPPED,
-    "test_vector_compiled[backoff_reaches_zero_and_stays]": _MIN_DROPPED,
-    "test_scale_then_unscale_is_identity_and_keeps_dtype": Difference(
-        sentence="scale() and unscale() multiply each leaf by a float32 array, so float16 "
-                 "leaves come back float32 (JAX promotes float16 * float32 to float32).",
-        matters="Little: jmp's policies compute the loss in float32; the float32 gradients "
-                "unscale() returns for float16 parameters need a cast back "
-                "(jmp.Policy.cast_to_param) or take twice the memory.",
-        checked="jmp/_src/loss_scale.py, DynamicLossScale.scale: tree_map(lambda x: x * "
-                "self.loss_scale, tree), loss_scale a float32 jnp array (not weakly typed). "
-                "The failing example: scale 1.0, tree [array([0.], float16)] -> float32."),
-    "test_large_finite_gradients_are_finite": Difference(
+DIFFERENCES: tuple[Difference, ...] = (
+    Difference(
+        cause="flushes subnormals to zero",
+        sentence="Its arithmetic runs as XLA ops, which on CPU read a subnormal float32 scale "
+                 "as 0: at a scale below 2**-126, 1 / loss_scale is inf, so the finite "
+                 "gradients unscale to inf or NaN, the step is skipped and the backoff "
+                 "(loss_scale / factor) gives 0, where the spec takes the step whenever "
+                 "1 / scale is finite and backs off to half the subnormal scale.",
+        matters="No: jmp's default min_loss_scale=1.0 keeps the scale at 1 or above; only a "
+                "min_loss_scale below 2**-126 lets it get there, after 142 overflows in a row "
+                "from 2**15.",
+        checked=f"{_SOURCE}: DynamicLossScale.unscale multiplies by inv_loss_scale = 1 / "
+                "self.loss_scale (line 135); adjust backs off with jnp.maximum("
+                "self.min_loss_scale, self.loss_scale / self.factor) (line 165). On CPU, eager "
+                "and under jax.jit (jax 0.10.2): 1 / jnp.asarray(2.0**-130) is inf and "
+                "jnp.asarray(2.0**-130) / 2 is 0.0. reciprocal_overflow_skips_finite_steps "
+                "(2**-130, interval 1, FFF): the step is skipped as in the spec, but the scale "
+                "is 0.0 where the spec halves it to 2**-131 (0x00020000). "
+                "backoff_reaches_zero_and_stays (2**-148, IIFF): 0.0 at step 1, the spec "
+                "2**-149. At 2**-127 a finite step is skipped and the scale becomes 0; the "
+                "spec takes it (1 / 2**-127 = 2**127 is finite).",
+        snippet=f"{_SNIPPETS}/flushes_subnormals_to_zero.py"),
+    Difference(
+        cause="floor of 1",
+        sentence="Under jax.jit it never backs off below 1.0, whatever min_loss_scale was "
+                 "given: DynamicLossScale.tree_flatten keeps (loss_scale, counter) and "
+                 "(period, factor) only, so every scaler that crosses a jit boundary is "
+                 "rebuilt with the default min_loss_scale=1.0.",
+        matters="Yes, for a model whose scale must go below 1 (large gradients) or a user who "
+                "set min_loss_scale: a jitted train step, the way JAX training runs, ignores "
+                "the floor given and never backs off below 1; eagerly the floor holds.",
+        checked=f"{_SOURCE}: tree_flatten returns data=(loss_scale, counter), meta=(period, "
+                "factor) (line 138); tree_unflatten calls cls(loss_scale, counter, period, "
+                "factor) (line 144), so min_loss_scale takes its default, np.ones([], "
+                "np.float32). min_scale_clamp (4, min 1.5, IIIF): eager 2, 1.5, 1.5; jitted "
+                "max(1.0, 4 / 2) = 2, then max(1.0, 2 / 2) = 1.0 (the spec 1.5). "
+                "backoff_below_one (2, no floor, i.e. min_loss_scale 0): jitted 1, then "
+                "max(1.0, 0.5) = 1.0 (the spec 0.5). The two subnormal vectors give 1.0 under "
+                "jit for the same reason.",
+        snippet=f"{_SNIPPETS}/floor_of_1.py"),
+    Difference(
+        cause="counts modulo the interval",
+        sentence="It grows when counter == period - 1 and counts modulo period, so a counter "
+                 "at or past the period (restored from a run with a longer period) wraps "
+                 "around and grows up to period steps late.",
+        matters="Rarely: only after restoring a counter into a scaler with a shorter period; "
+                "one growth comes at most period steps late.",
+        checked=f"{_SOURCE}, DynamicLossScale.adjust (lines 149-167): select(self.counter == "
+                "(self.period - 1), ...) and counter = ((self.counter + 1) % self.period) * "
+                "grads_finite. Counter 7, period 5: 7 != 4, no growth, counter (7 + 1) % 5 = 3 "
+                "(seen: 1024.0, counter 3); then 4; the third finite step grows to 2048. The "
+                "spec grows on the first (7 + 1 >= 5).",
+        snippet=f"{_SNIPPETS}/counts_modulo_the_interval.py"),
+    Difference(
+        cause="scale() changes a leaf's dtype",
+        sentence="scale() and unscale() multiply each leaf by the float32 scale, and the scale "
+                 "that adjust() returns is a float32 array that is not weakly typed (it comes "
+                 "out of jnp.maximum with the float32 min_loss_scale), so from the first "
+                 "adjust() on, float16 leaves come back float32.",
+        matters="Little: with jmp's usual policies (float32 parameters and output) the loss "
+                "and gradients are float32 anyway; with float16 parameters, unscale() returns "
+                "float32 gradients, twice their memory, until cast back "
+                "(jmp.Policy.cast_to_param).",
+        checked=f"{_SOURCE}: scale is tree_map(lambda x: x * self.loss_scale, tree) (line "
+                "130), unscale multiplies by 1 / self.loss_scale (line 135). "
+                "DynamicLossScale(jnp.asarray(2.0**15)), as its docstring builds it, is weakly "
+                "typed and keeps float16; after one adjust(), finite or not, weak_type is "
+                "False and a float16 leaf comes back float32. The adapter's scale is a float32 "
+                "array from the start: the failing example is scale 1.0, tree "
+                "[array([0.], float16)] -> float32.",
+        snippet=f"{_SNIPPETS}/scale_changes_a_leafs_dtype.py"),
+    Difference(
+        cause="counts finite gradients that unscaling overflows as inf",
         sentence="jmp's loop checks the gradients after unscaling them (all_finite(unscale("
-                 "grads))), so finite gradients that 1/scale takes past float32's maximum "
+                 "grads))), so finite gradients that 1 / scale takes past float32's maximum "
                  "count as non-finite: the step is skipped and the scale backs off.",
-        matters="Only with a scale below 1 and gradients above 3.4e38 * scale; jmp then skips "
-                "a step whose unscaled gradients are inf anyway.",
+        matters="Rarely: only with a scale below 1 (jmp's default min_loss_scale=1.0 keeps it "
+                "at 1 or above) and gradients above 3.4e38 times the scale, whose unscaled "
+                "values are inf either way.",
         checked="jmp's README and the DynamicLossScale docstring: grads = "
                 "loss_scale.unscale(grads); grads_finite = jmp.all_finite(grads). Scale "
-                "2**-10: 3e38 * 1024 = 3.07e41, inf in float32, all_finite is False."),
-    "test_a_loaded_tracker_past_the_interval_grows_on_the_next_finite_step": Difference(
-        sentence="It grows when counter == period - 1 and counts modulo period, so a counter "
-                 "at or past the period (a state saved under a longer period) wraps around "
-                 "and grows up to period steps late.",
-        matters="Rarely: only after restoring a counter with a shorter period; one growth "
-                "comes at most period steps late.",
-        checked="jmp/_src/loss_scale.py, DynamicLossScale.adjust: select(counter == period - "
-                "1, ...) and counter = ((counter + 1) % period) * grads_finite. Loaded counter "
-                "7, period 5: 7 != 4, no growth, counter (7 + 1) % 5 = 3 (seen: 1024.0, "
-                "tracker 3); then 4; the third finite step grows to 2048."),
-}
+                "2**-10: 3e38 * 1024 = 3.07e41, inf in float32, all_finite is False; the "
+                "spec checks the gradients as computed, 3e38, finite.",
+        snippet=f"{_SNIPPETS}/counts_finite_gradients_that_unscaling_overflows_as_inf.py"),
+)

@@ -173,74 +173,80 @@ class KerasLossScaleOptimizer(Adapter):
                         tree)
 
 
-_NO_INF_GUARD = Difference(
-    sentence="A growth has no inf guard: at 2**127 the scale doubles to inf, and from then on "
-             "every loss and gradient is inf or NaN, so every later step is skipped and the "
-             "scale stays inf (inf * 0.5 = inf).",
-    matters="Yes, in long runs whose gradients never overflow (a zero loss, frozen or unused "
-            "weights): with the default 2000 steps the scale reaches 2**127 after 112 growths "
-            "from 2**15, about 224,000 steps, and training then stops for good.",
-    checked="keras/src/optimizers/loss_scale_optimizer.py, _stateful_handle_finite_grads and "
-            "_stateless_handle_finite_grads: upscale() assigns ops.multiply(dynamic_scale, 2.0) "
-            "with no finiteness check. growth_overflow_keeps_scale (init 2**127, interval 1, "
-            "FFIF): step 1 gives f32(2**128) = inf (seen on tensorflow, jax and torch, eager "
-            "and compiled); the spec keeps 2**127. Then scale_loss gives inf, check_finite is "
-            "False and _stateful_handle_non_finite_grads gives inf * 0.5 = inf; the parameters "
-            "stay as they were.")
+_SOURCE = "keras/src/optimizers/loss_scale_optimizer.py (keras 3.15.1)"
+_SNIPPETS = "docs/snippets/zoo/keras-tensorflow"
 
-_RECIPROCAL = Difference(
-    sentence="It checks the gradients before dividing them by the scale, so a scale whose "
-             "reciprocal overflows float32 still grows on finite steps (the spec backs off); "
-             "on TensorFlow and JAX, whose CPU kernels flush subnormal float32 values to zero, "
-             "a scale below 2**-126 becomes 0 at its next update instead.",
-    matters="No: scales below 1.2e-38 need over 140 non-finite steps in a row.",
-    checked="keras/src/optimizers/loss_scale_optimizer.py: _common_apply checks "
-            "check_finite(grads) on the scaled gradients, then unscales with ops.divide(g, "
-            "scale). reciprocal_overflow_skips_finite_steps (init 2**-130, interval 1, FFF): "
-            "gradients 2**-4 * 2**-130 are finite, the step is taken and the scale doubles: "
-            "torch gives 2**-129 (0x00100000); tensorflow and jax give 0.0, as "
-            "tf.Variable(float32(2**-130)) * 2.0 is 0.0 on CPU (flushed). The spec backs off "
-            "to 2**-131 because 1 / 2**-130 overflows.")
-
-_ZERO = Difference(
-    sentence="At a scale of 0 a finite step is taken with gradients 0 / 0 = NaN, which turns "
-             "every parameter into NaN (the spec skips it: 1/0 overflows); on TensorFlow and "
-             "JAX the scale also reaches 0 one backoff early, as subnormals flush to zero.",
-    matters="Rarely: the scale reaches 0 only after about 165 non-finite steps in a row, but "
-            "the first finite step after that destroys the weights.",
-    checked="keras/src/optimizers/loss_scale_optimizer.py, _stateful_handle_finite_grads: "
-            "unscaled_grads = ops.divide(g, scale). backoff_reaches_zero_and_stays (init "
-            "2**-148, interval 1, IIFF): I gives 2**-149 on torch (0.0 on tensorflow and jax: "
-            "flushed), I gives 0; F: scale_loss gives 0, the gradients are 0, check_finite is "
-            "True, 0 / 0 = NaN goes to Adam: the weights read NaN after step 3 (seen on all "
-            "three backends).")
-
-_LOADED_COUNTER = Difference(
-    sentence="It grows only when step_counter == dynamic_growth_steps - 1 and otherwise adds "
-             "1, so a counter at or past the interval (a state saved under a longer interval) "
-             "never grows again until the counter wraps around.",
-    matters="Only after restoring optimizer variables into an optimizer with a shorter "
-            "dynamic_growth_steps: the scale then never grows in that run.",
-    checked="keras/src/optimizers/loss_scale_optimizer.py, _stateful_handle_finite_grads: "
-            "ops.cond(ops.equal(step_counter, dynamic_growth_steps - 1), upscale, increment). "
-            "Loaded counter 7, interval 5: 7 != 4, counter 8 (seen: scale 1024.0, tracker 8), "
-            "then 9, 10, ... never 4.")
-
-DIFFERENCES: dict[str, Difference] = {
-    "test_vector[growth_overflow_keeps_scale]": _NO_INF_GUARD,
-    "test_vector_compiled[growth_overflow_keeps_scale]": _NO_INF_GUARD,
-    "test_vector[reciprocal_overflow_skips_finite_steps]": _RECIPROCAL,
-    "test_vector_compiled[reciprocal_overflow_skips_finite_steps]": _RECIPROCAL,
-    "test_vector[backoff_reaches_zero_and_stays]": _ZERO,
-    "test_vector_compiled[backoff_reaches_zero_and_stays]": _ZERO,
-    "test_random_configs_and_steps_match_reference": Difference(
-        sentence="Random sequences meet the differences above: a growth from 2**127 gives inf "
-                 "(no inf guard, every backend), and on TensorFlow and JAX a backoff below "
-                 "2**-126 gives 0 (subnormals flushed).",
-        matters="As for growth_overflow_keeps_scale and reciprocal_overflow_skips_finite_steps.",
-        checked="The first failing examples seen (30 and 200 examples): init 2**127, interval "
-                "1, steps 'F': inf where the spec keeps 2**127 (torch; tensorflow with 200); "
-                "init 2**-126 (0x00800000), interval 1, steps 'I': 0x00800000 * 0.5 gives 0.0 "
-                "where the spec gives 2**-127 (0x00400000) (jax; tensorflow with 30)."),
-    "test_a_loaded_tracker_past_the_interval_grows_on_the_next_finite_step": _LOADED_COUNTER,
-}
+DIFFERENCES: tuple[Difference, ...] = (
+    Difference(
+        cause="growth overflows to inf",
+        sentence="A growth has no inf guard: at 2**127 the scale doubles to inf, and from then "
+                 "on every scaled loss and gradient is inf or NaN, so every later step is "
+                 "skipped and the scale stays inf (inf * 0.5 = inf).",
+        matters="Yes, in long runs whose gradients never overflow (a zero loss, frozen or "
+                "unused weights): with the default 2000 steps the scale reaches 2**127 after "
+                "112 growths from 2**15 (224,000 finite steps in a row) and the next growth "
+                "stops training for good.",
+        checked=f"{_SOURCE}: the growth (upscale in _stateful_handle_finite_grads, line 229, "
+                "and in _stateless_handle_finite_grads, line 151) assigns "
+                "ops.multiply(dynamic_scale, 2.0) with no finiteness check. "
+                "growth_overflow_keeps_scale (2**127, interval 1, FFIF): step 1 gives "
+                "f32(2**128) = inf (seen on tensorflow, jax and torch, eager and compiled); "
+                "the spec keeps 2**127. Then scale_loss gives inf, check_finite is False and "
+                "the backoff gives inf * 0.5 = inf; the parameters stay as they were.",
+        snippet=f"{_SNIPPETS}/growth_overflows_to_inf.py"),
+    Difference(
+        cause="flushes subnormals to zero",
+        sentence="On TensorFlow and JAX, whose CPU kernels flush subnormal float32 values to "
+                 "zero, a backoff below 2**-126 gives 0 instead of a subnormal scale, and a "
+                 "subnormal scale reads as 0 (the scaled loss and the scale the gradients are "
+                 "divided by); torch keeps subnormal scales, as the spec does.",
+        matters="No by itself: the scale reaches 2**-126 only after 141 overflows in a row "
+                "from 2**15; it brings the scale of 0, and the NaN weights of the next finite "
+                "step (below), 23 overflows sooner than on torch.",
+        checked=f"{_SOURCE}: the backoff assigns ops.multiply(dynamic_scale, 0.5) (lines 195 "
+                "and 244). From 2**-126, one overflow: 0.0 on tensorflow and jax, 2**-127 "
+                "(0x00400000) on torch and in the spec. backoff_reaches_zero_and_stays "
+                "(2**-148, interval 1, IIFF): 0.0 at step 1 where the spec gives 2**-149. "
+                "reciprocal_overflow_skips_finite_steps (2**-130, FFF): scale_loss gives 0, the "
+                "gradients are 0 and the growth 2**-130 * 2 gives 0.0 (torch 2**-129; the spec "
+                "skips the step and backs off to 2**-131).",
+        snippet=f"{_SNIPPETS}/flushes_subnormals_to_zero.py",
+        columns=("keras-tensorflow", "keras-jax")),
+    Difference(
+        cause="takes a finite step whose 1/scale overflows",
+        sentence="It checks the scaled gradients before dividing them by the scale, so it "
+                 "takes a finite step at a scale whose reciprocal overflows float32, where the "
+                 "spec skips it and backs off: at a subnormal scale on torch the division is "
+                 "exact and the scale grows on; at a scale of 0 (on TensorFlow and JAX, at any "
+                 "subnormal scale, read as 0) the gradients are 0 / 0 = NaN and every weight "
+                 "becomes NaN.",
+        matters="Rarely, but for good: the scale reaches 0 only after 165 overflows in a row "
+                "from 2**15 (142 on TensorFlow and JAX), and the first finite step after that "
+                "turns every weight into NaN.",
+        checked=f"{_SOURCE}: _common_apply and _tf_apply (and stateless_apply on JAX) test "
+                "check_finite(grads) on the scaled gradients; the finite branch unscales with "
+                "ops.divide(g, scale) (lines 174 and 220). reciprocal_overflow_skips_finite_steps "
+                "(2**-130, interval 1, FFF): the gradients 2**-4 * 2**-130 are finite, the step "
+                "is taken and the scale doubles on torch (2**-129, 2**-128, 2**-127, weights "
+                "finite); tensorflow and jax read 2**-130 as 0 and take the step with 0 / 0 = "
+                "NaN. backoff_reaches_zero_and_stays (2**-148, IIFF): the two overflows give 0 "
+                "(2**-149 * 0.5 rounds to 0), the finite step 3 is taken with 0 / 0 = NaN: the "
+                "weights read NaN after step 3 (seen on all three backends). The spec skips "
+                "both (1 / 2**-130 and 1 / 0 overflow).",
+        snippet=f"{_SNIPPETS}/takes_a_finite_step_whose_reciprocal_overflows.py"),
+    Difference(
+        cause="grows only when the tracker equals the interval",
+        sentence="It grows only when step_counter == dynamic_growth_steps - 1 and otherwise "
+                 "adds 1, so a counter at or past the interval (variables saved under a "
+                 "longer dynamic_growth_steps) never grows again until an overflow resets it "
+                 "to 0.",
+        matters="Only after restoring optimizer variables into an optimizer with a smaller "
+                "dynamic_growth_steps: the scale then stops growing until the next overflow, "
+                "which with a well-chosen scale may be thousands of steps away.",
+        checked=f"{_SOURCE}: ops.cond(ops.equal(step_counter, dynamic_growth_steps - 1), "
+                "upscale, increment) (lines 164 and 236). Loaded counter 7, interval 5: 7 != 4, "
+                "counter 8 (seen: scale 1024.0, tracker 8), then 9, 10, ...; the spec grows "
+                "on the first finite step (7 + 1 >= 5). An overflow assigns step_counter 0, "
+                "after which growth comes every 5 finite steps again.",
+        snippet=f"{_SNIPPETS}/grows_only_when_the_tracker_equals_the_interval.py"),
+)

@@ -209,88 +209,102 @@ class MegatronDynamicGradScaler(Adapter):
         return handle
 
 
-_HYSTERESIS_SINCE_GROWTH = Difference(
-    sentence="Megatron's hysteresis counts overflows since the last growth, not consecutive "
-             "ones: _hysteresis_tracker is refilled only by a growth, so finite steps do not "
-             "reset it, and once it runs out every overflow backs off until the next growth.",
-    matters="Yes with hysteresis > 1 (Megatron's default is 2): overflows separated by "
-            "finite steps add up, so the scale backs off more often than under the spec's "
-            "rule.",
-    checked="megatron/core/optimizer/grad_scaler.py DynamicGradScaler.update: on found_inf "
-            "_growth_tracker = 0, _hysteresis_tracker -= 1, back off if it is <= 0 (it is "
-            "not refilled); on a finite step _growth_tracker += 1, and only when it reaches "
-            "growth_interval is _hysteresis_tracker set back to hysteresis. By hand, "
-            "hysteresis 2, interval 3, 'IIFIFII': I -> 1; I -> 0, back off to 512; F; "
-            "I -> -1, back off to 256 (spec 512); 'IIII': 1, 0 (512), -1 (256), -2 (128) "
-            "where the spec re-arms at the backoff (1024 512 512 256). Random, interval 2, "
-            "hysteresis 2, 'IFI': "
-            "I -> 1; F; I -> 0, back off to 0.5 (spec keeps 1.0). The state-dict tests fail "
-            "for this reason after the load (their configs have hysteresis 2): the loaded "
-            "state reads back exactly.")
+_SOURCE = "megatron/core/optimizer/grad_scaler.py (megatron-core 0.16.1), DynamicGradScaler"
+_SNIPPETS = "docs/snippets/zoo/megatron"
 
-_NO_GROWTH_GUARD = Difference(
-    sentence="Megatron grows with self._scale * self.growth_factor without checking that the "
-             "product is finite: from 2**127 the scale becomes inf and stays inf (every "
-             "scaled loss overflows, and inf * backoff_factor = inf), so every later step is "
-             "skipped.",
-    matters="Only if the scale reaches 2**127 (~1.7e38): training then stops for good. "
-            "Megatron starts at 2**32 and fp16 gradients overflow long before, so rare.",
-    checked="DynamicGradScaler.update: self._scale = self._scale * self.growth_factor "
-            "(float32 tensors), backoff torch.max(self._scale * self.backoff_factor, "
-            "self.min_scale). By hand, init 2**127, interval 1, 'F': 2**128 is inf in "
-            "float32 (spec keeps 2**127); confirmed, 'FFFFF' from 2**127 reads inf five "
-            "times.")
-
-_RECIPROCAL = Difference(
-    sentence="Megatron checks the scaled gradients (torch's "
-             "_amp_foreach_non_finite_check_and_unscale_ tests them before multiplying), so "
-             "where 1/scale overflows float32 (a scale below about 2.9e-39) the finite "
-             "gradients pass, are multiplied by inv_scale = inf, and the optimizer steps with "
-             "inf gradients, where the spec backs off and skips.",
-    matters="Only after the scale has collapsed below ~2.9e-39, which Megatron's default "
-            "min_loss_scale of 1 prevents.",
-    checked="megatron/core/optimizer/optimizer.py "
-            "MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan calls "
-            "torch._amp_foreach_non_finite_check_and_unscale_(main_grads, found_inf, "
-            "grad_scaler.inv_scale), inv_scale = scale.double().reciprocal().float() = inf "
-            "for 2**-130. By hand, init 2**-130, interval 1, 'F': found_inf 0, the scale "
-            "grows to 2**-129 (spec backs off to 2**-131) and Adam gets inf gradients.")
-
-_FLOOR = Difference(
-    sentence="Megatron has no 'no floor': it asserts min_scale > 0, so a config without "
-             "min_scale runs with the smallest positive float32, 2**-149, and the scale stops "
-             "there instead of reaching 0.",
-    matters="No: only scales below 2**-126 (after some 150 consecutive overflows) differ.",
-    checked="DynamicGradScaler.__init__: `assert min_scale > 0.0`; update backs off to "
-            "torch.max(scale * backoff_factor, min_scale). By hand, init 2**-148, 'II': "
-            "2**-149, then max(0, 2**-149) = 2**-149 (spec 0).")
-
-_EQUAL_INTERVAL = Difference(
-    sentence="Megatron grows only when _growth_tracker == growth_interval, so a loaded "
-             "tracker already past the interval never equals it and the scale never grows "
-             "again.",
-    matters="When a run resumes with a smaller loss_scale_window than its checkpoint's "
-            "tracker: the scale never grows again.",
-    checked="DynamicGradScaler.update: `if self._growth_tracker == self.growth_interval`. "
-            "By hand, a loaded tracker 7 with interval 5: 'F' -> 8, no growth (spec: "
-            "8 >= 5, grows to 2048).")
-
-#: Test id -> how Megatron-core's scaler differs there, checked by hand.
-DIFFERENCES: dict[str, Difference] = {
-    "test_vector[hysteresis_rearmed_after_backoff]": _HYSTERESIS_SINCE_GROWTH,
-    "test_vector[hysteresis_two]": _HYSTERESIS_SINCE_GROWTH,
-    "test_vector[growth_overflow_keeps_scale]": _NO_GROWTH_GUARD,
-    "test_vector[growth_overflow_keeps_scale_with_hysteresis]": _NO_GROWTH_GUARD,
-    "test_vector[reciprocal_overflow_skips_finite_steps]": _RECIPROCAL,
-    "test_vector[backoff_reaches_zero_and_stays]": _FLOOR,
-    "test_random_configs_and_steps_match_reference": _HYSTERESIS_SINCE_GROWTH,
-    "test_state_dict_round_trip_mid_interval": _HYSTERESIS_SINCE_GROWTH,
-    "test_state_dict_moves_between_backends": _HYSTERESIS_SINCE_GROWTH,
-    "test_a_loaded_tracker_past_the_interval_grows_on_the_next_finite_step": _EQUAL_INTERVAL,
-    "test_every_reachable_state_reloads": _NO_GROWTH_GUARD._replace(
-        sentence=_NO_GROWTH_GUARD.sentence + " An inf scale is no state of the spec: the "
-                 "canonical dict refuses it, so that state cannot be saved.",
-        checked=_NO_GROWTH_GUARD.checked + " Hypothesis: init 8.507059173023462e37 (2**126), "
-                "growth_factor 4, interval 1, 'F': 2**128 = inf, and saving meets "
-                "'scale must be finite'."),
-}
+#: Each cause of Megatron-core's departures from the spec, checked by hand.
+DIFFERENCES: tuple[Difference, ...] = (
+    Difference(
+        cause="hysteresis not refilled by finite steps",
+        sentence="Megatron's hysteresis counts overflows since the last growth, not consecutive "
+                 "ones: _hysteresis_tracker is refilled only by a growth, so finite steps "
+                 "between two overflows do not reset it.",
+        matters="Yes with hysteresis > 1 (Megatron's default is 2): two isolated overflows "
+                "within one growth interval back off, where the spec waits for two in a row.",
+        checked=f"{_SOURCE}.update: on found_inf _growth_tracker = 0 and _hysteresis_tracker "
+                "-= 1, a backoff if it is <= 0; a finite step does _growth_tracker += 1, and "
+                "only when that reaches growth_interval is _hysteresis_tracker set back to "
+                "hysteresis. hysteresis_two (1024, interval 3, hysteresis 2, IIFIFII): I -> 1; "
+                "I -> 0, back off to 512; F; I -> -1, back off to 256 (the spec: one overflow "
+                "since a finite step, 512). Random (1.0, interval 2, hysteresis 2, IFI): I -> 1, "
+                "F, I -> 0, back off to 0.5 (the spec keeps 1.0). The state tests meet it in "
+                "the run after the load, which reads back the saved state exactly: saved after "
+                "FFFFFI (2048, _hysteresis_tracker 1), FF does not refill it, and the next I "
+                "backs off to 1024 where the spec keeps 2048.",
+        snippet=f"{_SNIPPETS}/hysteresis_not_refilled_by_finite_steps.py"),
+    Difference(
+        cause="hysteresis not re-armed at a backoff",
+        sentence="A backoff leaves _hysteresis_tracker at 0 or below, so every further overflow "
+                 "backs off again until a growth sets it back to hysteresis, where the spec "
+                 "re-arms the hysteresis at each backoff and waits for hysteresis more overflows "
+                 "in a row.",
+        matters="Yes with hysteresis > 1 (Megatron's default is 2): at hysteresis h a burst of k "
+                "overflows in a row backs off k - h + 1 times, the spec k // h times.",
+        checked=f"{_SOURCE}.update: `self._hysteresis_tracker -= 1` at every overflow and a "
+                "backoff `if self._hysteresis_tracker <= 0`, with no reset there. "
+                "hysteresis_rearmed_after_backoff (1024, hysteresis 2, IIII): trackers 1, 0, "
+                "-1, -2, scales 1024, 512, 256, 128 (the spec 1024, 512, 512, 256). Loaded from "
+                "a numpy scaler's state (hysteresis 2, backoff 0.25, FIIFFFIIIF): the third I "
+                "of the last three backs off again, 144 where the spec has 576.",
+        snippet=f"{_SNIPPETS}/hysteresis_not_re_armed_at_a_backoff.py"),
+    Difference(
+        cause="growth overflows to inf",
+        sentence="Megatron grows with self._scale * self.growth_factor without checking that "
+                 "the product is finite: from 2**127 the scale becomes inf and stays inf "
+                 "(every scaled loss overflows, and torch.max(inf * backoff_factor, min_scale) "
+                 "is inf), so every later step is skipped. An inf scale is no state of the "
+                 "spec: the canonical state dict refuses it, so such a run cannot be saved.",
+        matters="Only if the scale reaches 2**127 (~1.7e38): training then stops for good. "
+                "Megatron starts at 2**32 and fp16 gradients overflow long before, so rare.",
+        checked=f"{_SOURCE}.update: self._scale = self._scale * self.growth_factor on float32 "
+                "tensors, and a backoff torch.max(self._scale * self.backoff_factor, "
+                "self.min_scale). growth_overflow_keeps_scale (2**127, interval 1, FFIF): step 1 "
+                "gives 2**128 = inf in float32 (the spec keeps 2**127), then every step is "
+                "skipped at inf. test_every_reachable_state_reloads draws such runs (init "
+                "2**126, growth_factor 4, interval 1, F: inf), whose state no canonical dict "
+                "holds: saving it meets 'scale must be finite'.",
+        snippet=f"{_SNIPPETS}/growth_overflows_to_inf.py"),
+    Difference(
+        cause="takes a finite step whose 1/scale overflows",
+        sentence="Megatron unscales with torch's _amp_foreach_non_finite_check_and_unscale_, "
+                 "which tests the scaled gradients before it multiplies them, so where 1/scale "
+                 "overflows float32 (a scale below about 2.9e-39) the finite gradients pass, are "
+                 "multiplied by inv_scale = inf, and the optimizer steps with inf gradients, "
+                 "where the spec backs off and skips.",
+        matters="Only after the scale has collapsed below ~2.9e-39, which Megatron's default "
+                "--min-loss-scale of 1 prevents.",
+        checked="megatron/core/optimizer/optimizer.py, "
+                "MixedPrecisionOptimizer._unscale_main_grads_and_check_for_nan: "
+                "torch._amp_foreach_non_finite_check_and_unscale_(main_grads, found_inf, "
+                "grad_scaler.inv_scale), inv_scale = scale.double().reciprocal().float(), inf "
+                "for 2**-130. reciprocal_overflow_skips_finite_steps (2**-130, interval 1, "
+                "FFF): found_inf 0, the scale grows to 2**-129 (the spec backs off to 2**-131) "
+                "and the step writes inf into the parameters. backoff_reaches_zero_and_stays: "
+                "at the floor 2**-149, the same.",
+        snippet=f"{_SNIPPETS}/takes_a_finite_step_whose_reciprocal_overflows.py"),
+    Difference(
+        cause="floor at the smallest float32",
+        sentence="Megatron asserts min_scale > 0.0, so it has no 'no floor': a config without "
+                 "min_scale runs with the smallest floor its float32 min_scale tensor holds, "
+                 "2**-149, and the scale stops there instead of reaching 0. (A Python min_scale "
+                 "below 2**-150 passes the assertion and rounds to 0 in that tensor, which is no "
+                 "floor.)",
+        matters="No: only scales below 2**-126, after some 150 overflows in a row, differ.",
+        checked=f"{_SOURCE}.__init__: `assert min_scale > 0.0`, self.min_scale = "
+                "torch.tensor([min_scale], dtype=torch.float, ...); update backs off to "
+                "torch.max(scale * backoff_factor, min_scale). backoff_reaches_zero_and_stays "
+                "(2**-148, IIFF): 2**-149, then max(0, 2**-149) = 2**-149 (the spec 0).",
+        snippet=f"{_SNIPPETS}/floor_at_the_smallest_float32.py"),
+    Difference(
+        cause="grows only when the tracker equals the interval",
+        sentence="Megatron grows only when _growth_tracker == growth_interval, so a tracker "
+                 "already past the interval (a checkpoint's growth_tracker loaded into a run "
+                 "with a smaller --loss-scale-window) never equals it: the scale never grows "
+                 "again until an overflow resets the tracker.",
+        matters="When a run resumes with a smaller loss_scale_window than its checkpoint's "
+                "tracker: the scale stops growing until the next overflow.",
+        checked=f"{_SOURCE}.update: `if self._growth_tracker == self.growth_interval`; "
+                "load_state_dict sets _growth_tracker from the dict. A loaded tracker 7 with "
+                "interval 5: F -> 8, no growth (the spec: 8 >= 5, grows to 2048).",
+        snippet=f"{_SNIPPETS}/grows_only_when_the_tracker_equals_the_interval.py"),
+)

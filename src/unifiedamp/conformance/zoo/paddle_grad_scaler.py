@@ -204,18 +204,36 @@ class PaddleGradScaler(Adapter):
         return tree_map(scale, tree)
 
 
-DIFFERENCES: dict[str, Difference] = {
-    "test_disabled_scaler_is_a_pass_through": Difference(
+_SOURCE = "python/paddle/amp/grad_scaler.py (paddle 3.3.1)"
+
+DIFFERENCES: tuple[Difference, ...] = (
+    Difference(
+        cause="a disabled scaler reports a scale of 1.0",
         sentence="A disabled GradScaler keeps no scale: get_init_loss_scaling() reports 1.0 "
-                 "instead of init_loss_scaling, and state_dict() is {} (the steps themselves "
-                 "pass through: scale() returns the loss, step() is optimizer.step()).",
-        matters="No for training (a disabled scaler scales nothing); a script that logs or "
-                "checkpoints the scale of a disabled scaler sees 1.0 and an empty dict, and "
-                "on a CPU place every GradScaler is disabled this way.",
-        checked="python/paddle/amp/grad_scaler.py (paddle 3.3.1), AmpScaler.__init__: "
-                "self._init_loss_scaling = 1.0 first, set to init_loss_scaling only `if "
-                "self._enable`; state_dict() returns {} unless enabled; step() returns "
-                "optimizer.step() when disabled; update() returns. GradScaler(enable=False, "
-                "init_loss_scaling=1024): after an I step the weights took the inf (NaN after "
-                "Adam), get_init_loss_scaling() is 1.0, state_dict() is {}."),
-}
+                 "instead of init_loss_scaling and state_dict() is {} (its steps pass through: "
+                 "scale() returns the loss, step() is optimizer.step()). On Paddle's CPU build "
+                 "every GradScaler is disabled this way, enable=True or not: AmpScaler.__init__ "
+                 "disables itself unless the place is a CUDAPlace, XPUPlace or CustomPlace. "
+                 "That is true of the CPU build (a CPU place) only: on a GPU or XPU place a "
+                 "GradScaler built enabled scales.",
+        matters="On CPU a script gets no loss scaling at all (float16 auto_cast does nothing "
+                "there either) and a checkpoint of the scaler is {}. Paddle's scaler works on a "
+                "GPU or XPU place under auto_cast(dtype='float16'): it scales the loss, skips "
+                "non-finite steps, backs off after decr_every_n_nan_or_inf consecutive ones and "
+                "grows every incr_every_n_steps finite steps; this column could not compare "
+                "that rule (read in the source, not run: no GPU build here). Under NumPy 2.4 "
+                "its first backoff may raise TypeError: AmpScaler._update prints "
+                "float(self._scale), and Tensor.__float__ is float(np.array(t)) of a shape-[1] "
+                "array.",
+        checked=f"{_SOURCE}, AmpScaler.__init__: `if enable and not (place.is_gpu_place() or "
+                "place.is_xpu_place() or place.is_custom_place())`: warns and sets enable = "
+                "False; self._init_loss_scaling = 1.0, set to init_loss_scaling only `if "
+                "self._enable`; state_dict() returns {} unless enabled; GradScaler.step returns "
+                "optimizer.step() and update() returns when disabled. "
+                "test_disabled_scaler_is_a_pass_through (enable=False, init_loss_scaling=1024, "
+                "'I'): the weights took the inf (NaN after Adam), get_init_loss_scaling() is "
+                "1.0, the spec's state is (1024.0, 0, 0). "
+                "float(paddle.to_tensor(np.array([2.0], np.float32))) raises TypeError with "
+                "NumPy 2.4.",
+        snippet="docs/snippets/zoo/paddle/a_disabled_scaler_reports_a_scale_of_1.py"),
+)

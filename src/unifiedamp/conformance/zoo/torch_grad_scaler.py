@@ -278,103 +278,6 @@ class ShardedGradScaler(TorchAmpGradScaler):
                        process_group=dist.group.WORLD)
 
 
-_FLOAT64_FACTOR = Difference(
-    sentence="torch.amp.GradScaler's kernel multiplies the float32 scale by the factor held "
-             "as a float64 and rounds once, so a factor that is no float32 value (1.1, 0.7) "
-             "can give a scale one float32 step from the spec's f32(scale * f32(factor)); "
-             "ShardedGradScaler on CPU multiplies by a Python scalar, rounded to float32 "
-             "first, and matches the spec.",
-    matters="Not for training: one unit in the last place, and only with factors that are "
-            "not float32 values (2 and 0.5 are exact). It matters where scales are compared "
-            "bit for bit across frameworks (replays, checkpoint diffs).",
-    checked="torch/amp/grad_scaler.py GradScaler.update passes the Python floats "
-            "_growth_factor/_backoff_factor to torch._amp_update_scale_, whose CPU kernel "
-            "(aten/src/ATen/native/cpu/AmpGradScalerKernels.cpp) computes "
-            "current_scale * growth_factor in double, then casts to float. By hand, init 77, "
-            "growth 1.1, 'F': 77 * 1.1 = 84.70000000000000284 in float64 rounds to "
-            "84.69999694824219 (0x42a96666); the spec's 77 * f32(1.1) = 84.7000018358... "
-            "rounds to 84.70000457763672 (0x42a96667). Random example: 1.5 * "
-            "0.7533314547664258 gives 1.1299971342086792 (spec 1.1299972534179688). Both "
-            "confirmed with torch._amp_update_scale_ on CPU, torch 2.13.0.")
-
-_RECIPROCAL = Difference(
-    sentence="Torch checks the scaled gradients for inf/NaN before unscaling them, so where "
-             "1/scale overflows float32 (a scale below about 2.9e-39, or 0) the finite "
-             "gradients pass the check, are multiplied by inv_scale = inf and the optimizer "
-             "steps with inf or NaN gradients, where the spec skips the step and backs off.",
-    matters="Only after the scale has collapsed below ~2.9e-39, some 150 consecutive "
-            "backoffs from 65536 (a run whose every step overflows): torch then writes inf or "
-            "NaN into the parameters instead of skipping.",
-    checked="GradScaler.unscale_ (and ShardedGradScaler.unscale_) computes inv_scale = "
-            "self._scale.double().reciprocal().float(), inf for 2**-130, and "
-            "torch._amp_foreach_non_finite_check_and_unscale_ sets found_inf from the "
-            "incoming values, then multiplies. By hand, init 2**-130, interval 1, 'F': the "
-            "gradients 0.5/16 * 2**-130 are finite, found_inf stays 0, the scale grows to "
-            "2**-129 (spec: backs off to 2**-131 and skips) and Adam gets inf gradients; "
-            "confirmed: _amp_foreach_non_finite_check_and_unscale_([1e-3], found_inf, inf) "
-            "leaves found_inf 0 and the gradient inf. backoff_reaches_zero_and_stays: from "
-            "2**-148, 'II' gives 2**-149 then 0; at scale 0 the scaled gradients are 0, "
-            "0 * inf = NaN, and the finite step writes NaN into the parameters.")
-
-_EQUAL_INTERVAL = Difference(
-    sentence="Torch grows only when growth_tracker + 1 == growth_interval, so a tracker "
-             "already at or past a lowered interval (set_growth_interval mid-run, or a state "
-             "loaded with a smaller interval) never equals it again and the scale stops "
-             "growing (until the int32 tracker wraps around).",
-    matters="Yes, whenever growth_interval is lowered below the current tracker (a schedule, "
-            "or a run resumed with a new interval): the scale never grows again, so "
-            "gradients that underflow at the current scale stay underflowed.",
-    checked="AmpGradScalerKernels.cpp _amp_update_scale_cpu_kernel: successful = "
-            "growth_tracker + 1; grow if successful == growth_interval; "
-            "ShardedGradScaler._amp_update_scale_cpu_ tests `successful == "
-            "self._growth_interval` too. By hand, interval 5, 'FFF' -> tracker 3; interval "
-            "set to 2; 'F' -> successful 4 != 2, tracker 4, scale 1024 (spec: 4 >= 2, grows "
-            "to 2048). A loaded tracker 7 with interval 5: 'F' -> 8, no growth.")
-
-_UNROUNDED_INIT = Difference(
-    sentence="Before its first scale() call a torch scaler has no scale tensor: get_scale() "
-             "and state_dict() report init_scale as the Python float given (16777217.0), "
-             "not the float32 it will run with (16777216.0).",
-    matters="No: the first scale() creates the float32 tensor. Only a checkpoint written "
-            "before the first step holds a scale that is no float32 value, and loading it "
-            "gives the same float32 scale.",
-    checked="GradScaler.get_scale returns self._init_scale while self._scale is None; "
-            "_lazy_init_scale_growth_tracker makes torch.full((), self._init_scale, "
-            "dtype=torch.float32). By hand: 16777217 = 2**24 + 1 needs 25 significant bits; "
-            "its float32 is 16777216. The suite reads 16777217.0 after no step and "
-            "16777216.0 after save and load.")
-
-_DISABLED_STATE = Difference(
-    sentence="A disabled torch scaler keeps no state: state_dict() is {}, load_state_dict() "
-             "does nothing and get_scale() is 1.0, so there is no canonical dict to save and "
-             "its scale reads 1.0 rather than the config's init_scale.",
-    matters="For checkpoints only: a run with enabled=False writes {}, which an enabled "
-            "scaler refuses to load (RuntimeError on an empty dict); its steps pass through "
-            "as the spec says.",
-    checked="GradScaler.state_dict: `if self._enabled: return {...}`, else `return {}`; "
-            "load_state_dict returns at once when disabled; get_scale returns 1.0 when "
-            "disabled; step calls optimizer.step() directly (the suite saw every disabled "
-            "step change the parameters). test_disabled_scaler_is_a_pass_through expects "
-            "(1024.0, 0, 0) after 'I' and reads 1.0; "
-            "test_loading_keeps_enabled_as_the_scaler_was_built builds a disabled scaler, "
-            "loads a canonical dict (a no-op) and saving meets {}.")
-
-_SHARDED_GROWTH = Difference(
-    sentence="On CPU ShardedGradScaler grows with its own `self._scale *= "
-             "self._growth_factor`, with no check that the product is finite: from 2**127 the "
-             "scale becomes inf and stays there (inf * backoff_factor = inf), where "
-             "torch.amp.GradScaler's kernel keeps the old scale.",
-    matters="Only if the scale reaches 2**127 (~1.7e38) and grows, on CPU: every later "
-            "scaled loss is inf, so every step is skipped for good. Rare with fp16, whose "
-            "gradients overflow long before.",
-    checked="torch/distributed/fsdp/sharded_grad_scaler.py "
-            "ShardedGradScaler._amp_update_scale_cpu_ (used by update() when the scale is on "
-            "CPU): `if successful == self._growth_interval: self._scale *= "
-            "self._growth_factor`, no isfinite test (the CUDA path calls "
-            "torch._amp_update_scale_, whose kernel has one). By hand, init 2**127, interval "
-            "1, 'F': 2**128 is inf in float32 (spec keeps 2**127); 'FFFF' reads inf, inf, "
-            "inf, inf.")
-
 def _sharded_rank(rank: int, world: int, port: int, config: dict[str, Any], kinds: list[str],
                   dev: str) -> list[Any]:
     from unifiedamp.conformance.adapters.torch import init_gloo_rank
@@ -405,22 +308,131 @@ def rank_state(adapter: Any, config: dict[str, Any], kinds: list[str], rank: int
         adapter.new(ScalerConfig(**config)), kinds[rank]))))
 
 
-#: Test id -> how torch's scalers differ there, checked by hand. Where the two adapters
-#: of this module fail a test for different reasons, the entry names which does what.
-DIFFERENCES: dict[str, Difference] = {
-    **{f"{test}[{vector}]": difference
-       for test in ("test_vector", "test_vector_compiled")
-       for vector, difference in (
-           ("factors_rounded_to_float32_before_multiplying", _FLOAT64_FACTOR),
-           ("reciprocal_overflow_skips_finite_steps", _RECIPROCAL),
-           ("backoff_reaches_zero_and_stays", _RECIPROCAL),
-           ("lowered_interval_grows_next_finite", _EQUAL_INTERVAL),
-           ("growth_overflow_keeps_scale", _SHARDED_GROWTH))},
-    "test_random_configs_and_steps_match_reference": _FLOAT64_FACTOR._replace(
-        sentence=_FLOAT64_FACTOR.sentence + " (ShardedGradScaler fails it only where a "
-                 "random run grows past 2**127: see growth_overflow_keeps_scale.)"),
-    "test_every_reachable_state_reloads": _UNROUNDED_INIT,
-    "test_a_loaded_tracker_past_the_interval_grows_on_the_next_finite_step": _EQUAL_INTERVAL,
-    "test_loading_keeps_enabled_as_the_scaler_was_built": _DISABLED_STATE,
-    "test_disabled_scaler_is_a_pass_through": _DISABLED_STATE,
-}
+_AMP = "torch/amp/grad_scaler.py (torch 2.13.0)"
+_SHARDED = "torch/distributed/fsdp/sharded_grad_scaler.py (torch 2.13.0)"
+_SNIPPETS = "docs/snippets/zoo/torch"
+
+#: Each cause of the two scalers' departures from the spec, checked by hand; an entry that
+#: only one of them shows names its column.
+DIFFERENCES: tuple[Difference, ...] = (
+    Difference(
+        cause="multiplies by a float64 factor",
+        sentence="On CPU, torch.amp.GradScaler's update kernel multiplies the float32 scale by "
+                 "the factor held as a float64 (the Python float given) and rounds the product "
+                 "to float32 once, at every update, so a factor that is no float32 value (1.1, "
+                 "0.7) can give a scale one float32 step from the spec's "
+                 "f32(scale * f32(factor)). ShardedGradScaler on CPU multiplies by a Python "
+                 "scalar that torch rounds to float32 first, and matches the spec.",
+        matters="Not for training: one unit in the last place, and only with factors that are "
+                "not float32 values (2 and 0.5 are exact). It matters where scales are compared "
+                "bit for bit across frameworks (replays, checkpoint diffs).",
+        checked=f"{_AMP}, GradScaler.update passes the Python floats _growth_factor and "
+                "_backoff_factor to torch._amp_update_scale_, which takes them as C++ "
+                "doubles. factors_rounded_to_float32_before_multiplying (77, growth 1.1, "
+                "interval 1, FI): 77 * 1.1 = 84.700000000000003 in float64 rounds to "
+                "84.69999694824219 (0x42a96666); the spec's 77 * f32(1.1) = 84.7000018358... "
+                "rounds to 84.70000457763672 (0x42a96667). Not the first update only: the random "
+                "test's init 1.0, growth 2.7828966194494416, FF diverges on the second growth "
+                "(7.744513511657715, the spec 7.744513034820557). torch._amp_update_scale_ on "
+                "CPU gives the same products.",
+        snippet=f"{_SNIPPETS}/multiplies_by_a_float64_factor.py",
+        columns=("torch",)),
+    Difference(
+        cause="takes a finite step whose 1/scale overflows",
+        sentence="Torch's scalers check the scaled gradients for inf/NaN before unscaling them, "
+                 "so where 1/scale overflows float32 (a scale of 2**-128, about 2.9e-39, or less) "
+                 "the finite gradients pass the check, are multiplied by inv_scale = inf and the "
+                 "optimizer steps with inf or NaN gradients, and the update counts the step as "
+                 "finite (the scale grows; 0 stays 0), where the spec skips the step and backs "
+                 "off.",
+        matters="Only after the scale has collapsed to 2**-128 (~2.9e-39) or below, 144 "
+                "consecutive backoffs by 0.5 from 65536 (a run whose every step overflows): "
+                "torch then writes inf or NaN into the parameters instead of skipping.",
+        checked=f"{_AMP}, GradScaler.unscale_ (and ShardedGradScaler.unscale_) computes "
+                "inv_scale = self._scale.double().reciprocal().float(), inf for 2**-130, and "
+                "torch._amp_foreach_non_finite_check_and_unscale_ sets found_inf from the "
+                "incoming values, then multiplies. reciprocal_overflow_skips_finite_steps "
+                "(2**-130, interval 1, FFF): the scaled gradients are finite, found_inf stays 0, "
+                "SGD or Adam gets inf gradients and the scale grows to 2**-129 (the spec skips "
+                "and backs off to 2**-131). backoff_reaches_zero_and_stays (2**-148, IIFF): "
+                "2**-149, then 0; at scale 0 the scaled gradients are 0, 0 * inf = NaN, and the "
+                "finite step writes NaN into the parameters.",
+        snippet=f"{_SNIPPETS}/takes_a_finite_step_whose_reciprocal_overflows.py"),
+    Difference(
+        cause="grows only when the tracker equals the interval",
+        sentence="Torch's scalers grow only when growth_tracker + 1 == growth_interval, so a "
+                 "tracker already at or past a lowered interval (set_growth_interval mid-run, or "
+                 "a state loaded with a smaller interval) never equals it again and the scale "
+                 "stops growing until the next overflow resets the tracker.",
+        matters="Yes, whenever growth_interval is lowered below the current tracker (a schedule, "
+                "or a run resumed with a new interval): the scale does not grow again until an "
+                "overflow, so gradients that underflow at the current scale stay underflowed.",
+        checked=f"torch._amp_update_scale_'s CPU kernel: successful = growth_tracker + 1; grow "
+                f"if successful == growth_interval; {_SHARDED}, "
+                "ShardedGradScaler._amp_update_scale_cpu_ tests `successful == "
+                "self._growth_interval` too. lowered_interval_grows_next_finite (1024, interval "
+                "5 lowered to 2 before step 4, FFFFF): tracker 3 at the change, then 4, 5: no "
+                "growth (the spec grows to 2048 on step 4). A loaded tracker 7 with interval 5: "
+                "'F' gives 8 and 1024 (the spec: 2048).",
+        snippet=f"{_SNIPPETS}/grows_only_when_the_tracker_equals_the_interval.py"),
+    Difference(
+        cause="reports a scale that is no float32 value",
+        sentence="Before its first scale() call a torch scaler has no scale tensor: get_scale() "
+                 "and state_dict() report init_scale as the Python float given (16777217.0), "
+                 "not the float32 it will run with (16777216.0).",
+        matters="No: the first scale() creates the float32 tensor. Only a checkpoint written "
+                "before the first step holds a scale that is no float32 value, and loading it "
+                "gives the same float32 scale.",
+        checked=f"{_AMP}: GradScaler.get_scale returns self._init_scale while self._scale is "
+                "None, state_dict saves get_scale(), and _lazy_init_scale_growth_tracker makes "
+                "torch.full((), self._init_scale, dtype=torch.float32); ShardedGradScaler "
+                "inherits them. 16777217 = 2**24 + 1 needs 25 significant bits; its float32 is "
+                "16777216. test_every_reachable_state_reloads reads 16777217.0 after no step "
+                "and 16777216.0 after save and load.",
+        snippet=f"{_SNIPPETS}/reports_a_scale_that_is_no_float32_value.py"),
+    Difference(
+        cause="a disabled scaler saves no state",
+        sentence="A disabled torch scaler's state_dict() is {} and its load_state_dict() does "
+                 "nothing: a checkpoint of it holds neither its scale nor enabled=False, so "
+                 "there is no canonical dict to save.",
+        matters="For checkpoints only: a run with enabled=False writes {}, which a scaler built "
+                "enabled refuses to load (RuntimeError: the source state dict is empty); its "
+                "steps pass through as the spec says.",
+        checked=f"{_AMP}: GradScaler.state_dict is `if self._enabled: return {{...}}` else "
+                "`return {}`; load_state_dict returns at once when disabled and raises "
+                "RuntimeError on {} when enabled; ShardedGradScaler inherits both. "
+                "test_loading_keeps_enabled_as_the_scaler_was_built builds a disabled scaler, "
+                "loads a canonical dict (a no-op) and saving meets {}.",
+        snippet=f"{_SNIPPETS}/a_disabled_scaler_saves_no_state.py"),
+    Difference(
+        cause="a disabled scaler reports a scale of 1.0",
+        sentence="A disabled torch scaler keeps no scale: get_scale() is 1.0 rather than the "
+                 "init_scale it was built with; its steps pass through (scale() returns the "
+                 "loss, step() is optimizer.step(), update() returns).",
+        matters="No for training (a disabled scaler scales nothing); a script that logs the "
+                "scale of a disabled scaler sees 1.0.",
+        checked=f"{_AMP}: GradScaler.__init__ stores init_scale only `if self._enabled`; "
+                "get_scale returns 1.0 when disabled; step calls optimizer.step() directly (the "
+                "suite saw every disabled step change the parameters); ShardedGradScaler "
+                "inherits get_scale. test_disabled_scaler_is_a_pass_through builds "
+                "init_scale=1024, enabled=False, expects (1024.0, 0, 0) after 'I' and reads 1.0.",
+        snippet=f"{_SNIPPETS}/a_disabled_scaler_reports_a_scale_of_1.py"),
+    Difference(
+        cause="growth overflows to inf",
+        sentence="On CPU ShardedGradScaler grows with its own `self._scale *= "
+                 "self._growth_factor`, with no check that the product is finite: from 2**127 "
+                 "the scale becomes inf and stays there (every later scaled loss is inf, so every "
+                 "step is skipped, and inf * backoff_factor = inf), where torch.amp.GradScaler's "
+                 "kernel keeps the old scale, as the spec does.",
+        matters="Only if the scale reaches 2**127 (~1.7e38) and grows, on CPU: from then on "
+                "every step is skipped for good. Rare with fp16, whose gradients overflow long "
+                "before.",
+        checked=f"{_SHARDED}, ShardedGradScaler._amp_update_scale_cpu_ (what update() runs when "
+                "the scale is on CPU): `if successful == self._growth_interval: self._scale *= "
+                "self._growth_factor`, no isfinite test; on other devices update() calls "
+                "torch._amp_update_scale_. growth_overflow_keeps_scale (2**127, interval 1, "
+                "FFIF): 2**128 is inf in float32 (the spec keeps 2**127), then inf, inf, inf, "
+                "every step after the first skipped.",
+        snippet="docs/snippets/zoo/torch-sharded/growth_overflows_to_inf.py",
+        columns=("torch-sharded",)),
+)
