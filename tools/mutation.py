@@ -178,8 +178,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "xp.where(inf, 0, self.growth_tracker + 1)",
            "xp.where(inf, self.growth_tracker, self.growth_tracker + 1)", _T_FUNCTIONAL),
     Mutant("functional-restore-takes-enabled", f"{BACKENDS}/_functional.py",
-           "self._make(config.replace(enabled=self._config.enabled), *self._arrays(state)",
-           "self._make(config, *self._arrays(state)", _T_FUNCTIONAL),
+           "self._make(config.replace(enabled=self._config.enabled),",
+           "self._make(config,", _T_FUNCTIONAL),
     # ---------------------------------------------------------------- float32 on bits (JAX, Keras)
     Mutant("float32-mul-bits-no-zero-case", f"{BACKENDS}/_float32_bits.py",
            "return xp.where(xp.equal(bits, 0), self.int32(0), out)", "return out", _T_FLOAT32),
@@ -521,8 +521,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "tests/mlx/test_mlx_backend.py tests/jax/test_jax_backend.py "
            "tests/jax/test_jax_devices.py tests/cross/test_agnostic_step.py"),
     Mutant("functional-setter-drops-the-state", f"{BACKENDS}/_functional.py",
-           "        return self._make(config, *self._leaves())",
-           "        return type(self)(**config.to_dict())",
+           "self._replaced(self._make(config, *self._leaves()), ",
+           "self._replaced(type(self)(**config.to_dict()), ",
            "tests/cross/test_interface.py tests/keras/test_interface.py "
            "tests/jax/test_jax_backend.py tests/jax/test_jax_devices.py "
            "tests/mlx/test_mlx_backend.py"),

@@ -185,16 +185,20 @@ class _FacadeMeta(abc.ABCMeta):
     # paddle.amp.GradScaler, keras's LossScaleOptimizer) all have the metaclass
     # `type`, so no backend meets a metaclass conflict
     # (test_framework_assumptions.py in each framework's test folder).
-    def __call__(cls, *args: Any, backend: Any = None, **kwargs: Any) -> Any:
-        if cls is not GradScaler:
-            if backend is not None:
-                raise TypeError(
-                    f"{cls.__name__} is the {getattr(cls, 'backend', '?')!r} backend already; "
-                    "backend= goes to unifiedamp.GradScaler"
-                )
-            return super().__call__(*args, **kwargs)
-        name = backend if isinstance(backend, str) else _registry.detect(backend)
-        return _registry.load(name)(*args, **kwargs)
+    # Hidden from type checkers: a metaclass __call__ returning Any makes pyright type every
+    # GradScaler(...) as Any; without it, mypy and pyright both read the overloads of
+    # GradScaler.__new__ below (tests/core/test_types.py).
+    if not TYPE_CHECKING:
+        def __call__(cls, *args, backend=None, **kwargs):
+            if cls is not GradScaler:
+                if backend is not None:
+                    raise TypeError(
+                        f"{cls.__name__} is the {getattr(cls, 'backend', '?')!r} backend "
+                        "already; backend= goes to unifiedamp.GradScaler"
+                    )
+                return super().__call__(*args, **kwargs)
+            name = backend if isinstance(backend, str) else _registry.detect(backend)
+            return _registry.load(name)(*args, **kwargs)
 
     # A data descriptor of the metaclass wins over the class's own attributes, so
     # inspect.signature(cls) and help(cls) read this, not __call__'s (*args, **kwargs).
@@ -325,7 +329,7 @@ class GradScaler(metaclass=_FacadeMeta):
                     enabled: bool = ..., *, hysteresis: int = ...,
                     min_scale: float | None = ..., max_scale: float | None = ...,
                     dynamic: bool = ...,
-                    backend: Any = None, **options: Any) -> GradScaler: ...
+                    backend: Any = None, **options: Any) -> Self: ...
         def __new__(cls, *args: Any, **kwargs: Any) -> Any: ...
 
     #: The backend's name: what ``backend=`` takes and ``state_dict()["backend"]`` holds.

@@ -328,3 +328,140 @@ def test_the_api_reference_documents_every_public_name():
         assert names, module
         missing += [f"{module}.{n} (docs/api/{page})" for n in names if n not in documented]
     assert not missing, "public names the API reference leaves out: " + ", ".join(missing)
+
+
+# The scaler classes the backend pages of the API reference open with.
+SCALER_CLASSES = {
+    "numpy.md": "unifiedamp.backends.numpy.NumpyGradScaler",
+    "torch.md": "unifiedamp.backends.torch._scaler.TorchGradScaler",
+    "paddle.md": "unifiedamp.backends.paddle._scaler.PaddleGradScaler",
+    "keras.md": "unifiedamp.backends.keras._scaler.KerasGradScaler",
+    "jax.md": "unifiedamp.backends.jax._scaler.JaxGradScaler",
+    "mlx.md": "unifiedamp.backends.mlx.MlxGradScaler",
+}
+
+
+def _reference_package():
+    """``unifiedamp`` as the API reference reads it: griffe with mkdocs.yml's extensions."""
+    import importlib.util
+
+    import griffe
+
+    extensions = []
+    for path, name in re.findall(r"^\s+- (tools/\w+\.py):(\w+)$", MKDOCS.read_text(), re.M):
+        spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, ROOT / path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        extensions.append(getattr(module, name)())
+    return griffe.load("unifiedamp", search_paths=[ROOT / "src"],
+                       extensions=griffe.Extensions(*extensions))
+
+
+MKDOCS = ROOT / "mkdocs.yml"
+_NO_GRIFFE = pytest.mark.skipif(__import__("importlib").util.find_spec("griffe") is None,
+                                reason="the docs extra (griffe) is not installed")
+
+
+@_NO_GRIFFE
+def test_the_reference_shows_each_scalers_constructor_and_inherited_members():
+    """Static analysis reads ``__init__(self, *args, **kwargs)``; the reference shows what
+    ``inspect.signature`` shows, and the members a scaler inherits (``update``...)."""
+    import inspect
+
+    from unifiedamp.backends.numpy import NumpyGradScaler
+    from unifiedamp.spec._config import POSITIONAL
+
+    assert re.search(r"^\s+inherited_members: true$", MKDOCS.read_text(), re.M)
+    package = _reference_package()
+    for path in SCALER_CLASSES.values():
+        cls = package[path.removeprefix("unifiedamp.")]
+        params = list(cls.all_members["__init__"].parameters)[1:]  # self
+        assert [p.name for p in params[:5]] == list(POSITIONAL), path
+        assert params[-1].name == "aliases" and params[-1].kind.name == "var_keyword", path
+        assert "var_positional" not in {p.kind.name for p in params}, path
+        assert "*args:" not in cls.docstring.value, path  # its text is a sentence now
+        assert {"update", "unscale", "scale", "where_finite", "get_scale", "state_dict",
+                "set_growth_factor", "num_skipped_steps"} <= set(cls.all_members), path
+    # the numpy class's, against the signature it has at run time
+    griffe_cls = package["backends.numpy.NumpyGradScaler"]
+    shown = [(p.name, p.kind.name, p.default)
+             for p in list(griffe_cls.all_members["__init__"].parameters)[1:]]
+    real = [(p.name, p.kind.name.lower(),
+             "{}" if p.kind is p.VAR_KEYWORD else repr(p.default))
+            for p in inspect.signature(NumpyGradScaler).parameters.values()]
+    assert shown == real
+
+
+def _is_attribute(package, path: str) -> bool:
+    import griffe
+
+    try:
+        return package[path].is_attribute
+    except (KeyError, griffe.AliasResolutionError):  # made at import time: not on the page
+        return False
+
+
+# Public members the reference shows without a description: the pytree protocol JAX calls,
+# and Paddle's own getters, which PaddleGradScaler overrides with no docstring.
+UNDESCRIBED = {"tree_flatten_with_keys", "tree_unflatten", "is_use_dynamic_loss_scaling",
+               "get_init_loss_scaling", "get_incr_ratio", "get_decr_ratio",
+               "get_incr_every_n_steps", "get_decr_every_n_nan_or_inf"}
+
+
+@_NO_GRIFFE
+def test_every_public_member_of_a_scaler_has_a_description_in_the_reference():
+    """mkdocstrings leaves out a member with no docstring: an override without one (torch's
+    ``config``), or a class attribute described by a ``#:`` comment or an ``Attributes:``
+    entry (``backend``, JAX's ``updates``), takes the description it has in the source."""
+    import griffe
+
+    package = _reference_package()
+    undescribed = []
+    for path in SCALER_CLASSES.values():
+        cls = package[path.removeprefix("unifiedamp.")]
+        for name, member in cls.all_members.items():
+            if name.startswith("_") or name in UNDESCRIBED:
+                continue
+            try:
+                described = member.docstring is not None
+            except griffe.AliasResolutionError:  # a framework's base: not on the page
+                continue
+            if not described:
+                undescribed.append(f"{cls.name}.{name}")
+    assert not undescribed, undescribed
+
+
+@_NO_GRIFFE
+def test_backend_api_pages_open_with_the_scaler_class():
+    """mkdocstrings lists a block's attributes before its classes: an attribute of the first
+    block would open the page (torch's COMPILED_RULE_DEVICES did)."""
+    package = _reference_package()
+    for page, path in SCALER_CLASSES.items():
+        text = (DOCS / "api" / page).read_text()
+        module, listed = re.search(r"^::: unifiedamp\.(\S+)\n((?:    .*\n)*)", text, re.M).groups()
+        members = re.findall(r"^\s+- (\w+)$", listed, re.M)
+        assert members[0] == path.rsplit(".", 1)[1], page
+        attributes = [m for m in members if _is_attribute(package, f"{module}.{m}")]
+        assert not attributes, f"docs/api/{page} would open with {attributes}"
+
+
+def test_the_signature_page_has_a_tab_and_a_row_for_every_framework():
+    text = (DOCS / "signature.md").read_text()
+    first_steps = text.index("## The same training step")
+    constructors = re.findall(r'^=== "([^"]+)"$', text[:first_steps], re.M)
+    steps = re.findall(r'^=== "([^"]+)"$', text[first_steps:], re.M)
+    assert set(steps) <= set(constructors) and "Paddle" in steps, (constructors, steps)
+    rows = re.findall(r"^\| (\w[\w ]*?) \|", text, re.M)
+    assert "Paddle" in rows, rows
+
+
+def test_the_agnostic_example_is_on_the_site():
+    """docs/agnostic.md includes examples/agnostic_step.py as it is (pymdownx.snippets, which
+    fails the build on a missing file) and is found by searching "agnostic"."""
+    page = (DOCS / "agnostic.md").read_text()
+    included = re.findall(r'^--8<-- "([^"]+)"$', page, re.M)
+    assert included == ["examples/agnostic_step.py"] and (ROOT / included[0]).is_file()
+    assert "agnostic" in page.splitlines()[0].lower()  # the title: search finds it
+    config = MKDOCS.read_text()
+    assert re.search(r"pymdownx\.snippets:\n(?:\s{6}.*\n)*\s+check_paths: true", config)
+    assert "agnostic.md" in nav_pages(config)

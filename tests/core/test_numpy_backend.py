@@ -221,12 +221,12 @@ def test_update_with_new_scale_sets_it_and_keeps_trackers():
     scaler.update()
     scaler.update(8.0)
     assert scaler.state == ScalerState(8.0, 1, 0)
-    scaler.update(np.array([0.1]))
+    scaler.update(new_scale=np.array([0.1]))
     assert scaler.get_scale() == float(np.float32(0.1))
     for bad, exc in [(0.0, ValueError), (-1.0, ValueError), (float("inf"), ValueError),
                      (np.ones(2), TypeError), ("8", TypeError)]:
         with pytest.raises(exc, match="new_scale must be"):
-            scaler.update(bad)
+            scaler.update(new_scale=bad)
     assert scaler.get_scale() == float(np.float32(0.1))
 
 

@@ -500,7 +500,7 @@ def test_update_refuses_bad_flags_under_jit_and_accepts_the_good_ones():
     with pytest.raises(TypeError, match="dtype int32"):
         jax.jit(lambda s, f: s.update(f))(scaler, jnp.int32(1))
     for flag in (True, np.bool_(True), np.array(True), jnp.array(True)):
-        assert scaler.update(flag).get_scale() == 16.0
+        assert JaxGradScaler(8.0, growth_interval=1).update(flag).get_scale() == 16.0
     assert jax.jit(lambda s, f: s.update(f))(scaler, jnp.array(False)).get_scale() == 4.0
     leaves = jax.tree.leaves(jax.jit(lambda s: s.update(jnp.array(True)))(scaler))
     assert [leaf.shape for leaf in leaves] == [()] * 6

@@ -107,7 +107,7 @@ def test_update_refuses_anything_but_one_flag_like_the_jax_backend():
                        (mx.array([True, False]), ValueError), (mx.array(1.0), TypeError)):
         with pytest.raises(error, match="update\\(finite\\) got"):
             scaler.update(bad)
-    assert scaler.update(mx.array(False)).get_scale() == 4.0
+    assert MlxGradScaler(8.0).update(mx.array(False)).get_scale() == 4.0
     assert scaler.update(np.bool_(True)).state == scaler.state._replace(growth_tracker=1)
 
 

@@ -102,14 +102,17 @@ class FunctionalHistoryContract:
 def check_update_new_scale_types(scaler):
     """``update(new_scale)`` takes a float or a 1-element array/tensor, refuses anything else
     with one message, and counts no step (``scaler``: a fresh one at 1024)."""
-    for good in (8, 8.0, np.float32(8.0), np.array([8.0]), np.array(8.0)):
+    for good in (8, 8.0, np.float32(8.0)):
         scaler.update(good)
+        assert scaler.get_scale() == 8.0
+    for good in (np.array([8.0]), np.array(8.0)):
+        scaler.update(new_scale=good)
         assert scaler.get_scale() == 8.0
     for bad in (True, [8.0], "8", np.ones(2)):
         with pytest.raises(TypeError, match="new_scale must be a float or a 1-element "
                                             "array/tensor, got"):
             scaler.update(new_scale=bad)
         if bad is not True:  # positional, a bool is update(finite)'s flag
-            with pytest.raises(TypeError, match="new_scale must be a float"):
+            with pytest.raises(TypeError, match=r"as its flag.*new_scale="):
                 scaler.update(bad)
     assert scaler.get_scale() == 8.0 and scaler.num_steps == 0

@@ -232,7 +232,7 @@ def test_update_new_scale_takes_numpy_values_like_the_numpy_backend():
     for value, expected in ((np.float32(8.0), 8.0), (np.array(4.0), 4.0),
                             (np.array([2.0], np.float16), 2.0), (np.int64(16), 16.0), (32, 32.0),
                             (np.array([[0.1]]), spec.f32(0.1))):
-        scaler.update(value)
+        scaler.update(new_scale=value)
         assert scaler.get_scale() == expected, value
     for bad in (np.ones(2), np.array(["8"]), np.array(1 + 1j), True, np.bool_(True),
                 [8.0], "8"):
@@ -241,7 +241,7 @@ def test_update_new_scale_takes_numpy_values_like_the_numpy_backend():
             scaler.update(new_scale=bad)
     for bad in (np.float32("nan"), np.array([0.0]), np.float64(1e39)):
         with pytest.raises(ValueError, match="new_scale must be finite and > 0 in float32"):
-            scaler.update(bad)
+            scaler.update(new_scale=bad)
     assert scaler.get_scale() == spec.f32(0.1)
 
 

@@ -222,13 +222,13 @@ def test_update_with_new_scale_float_or_tensor():
     scaler.update()
     scaler.update(8.0)
     assert scaler.state == spec.ScalerState(8.0, 1, 0)
-    scaler.update(torch.tensor([0.1], dtype=torch.float64))
+    scaler.update(new_scale=torch.tensor([0.1], dtype=torch.float64))
     assert scaler.get_scale() == spec.f32(0.1)
     for bad, exc in [(0.0, ValueError), (float("nan"), ValueError), ("8", TypeError),
                      (torch.ones(2), TypeError), (torch.ones(1, requires_grad=True), TypeError),
                      (torch.ones(1, dtype=torch.int32), TypeError)]:
         with pytest.raises(exc, match="new_scale must be"):
-            scaler.update(bad)
+            scaler.update(new_scale=bad)
     assert scaler.get_scale() == spec.f32(0.1)
 
 

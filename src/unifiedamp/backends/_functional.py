@@ -2,11 +2,13 @@
 
 A scaler is a value: six 0-d arrays (:data:`LEAVES`: the float32 ``loss_scale``,
 the int32 trackers and skip counters) and a static :class:`ScalerConfig`. Every verb
-returns a new value; nothing waits for the device. The rule, validation, state
-handling and the tree of arrays are written here once. A backend names its array
-namespace (``xp``) and how its arrays are made, and may change how the scale is
-multiplied: JAX keeps exact float32 products under XLA's flush-to-zero by working
-on bit patterns (:meth:`FunctionalGradScaler._encode` and friends).
+returns a new value; nothing waits for the device, and a scaler an eager verb replaced
+refuses the verbs (:meth:`FunctionalGradScaler._check_current`): torch's habit,
+``scaler.update(finite)`` with the result dropped, would never change the scale. The
+rule, validation, state handling and the tree of arrays are written here once. A
+backend names its array namespace (``xp``) and how its arrays are made, and may change
+how the scale is multiplied: JAX keeps exact float32 products under XLA's flush-to-zero
+by working on bit patterns (:meth:`FunctionalGradScaler._encode` and friends).
 
 The diagnostics these scalers share (overflow counts, the history ring, the collapse
 message) are in :mod:`unifiedamp.backends._functional_diagnostics`.
@@ -45,6 +47,9 @@ class FunctionalGradScaler(GradScaler):
 
     #: The array namespace: ``jax.numpy`` or ``mlx.core``.
     xp: ClassVar[Any]
+    #: The verb that replaced this scaler eagerly ('' while current): :meth:`_check_current`.
+    #: A class default, so a scaler pickled before it existed loads as current.
+    _superseded_by: str = ""
     # Set by _set_arrays (through object.__setattr__: the scaler is immutable).
     _config: ScalerConfig
     loss_scale: Any
@@ -95,6 +100,28 @@ class FunctionalGradScaler(GradScaler):
 
     def _leaves(self) -> tuple[Any, ...]:
         return tuple(getattr(self, name) for name in LEAVES)
+
+    def _replaced(self, new: Any, by: str) -> Any:
+        """``new``, marking ``self`` as replaced by ``by`` (a verb's name) where ``new``
+        holds values (an eager call): a traced result is a placeholder, and ``lax.cond``
+        branches may each update the same scaler, so traced calls mark nothing."""
+        if new is not self and not any(self._traced(a) for a in new._leaves()):
+            object.__setattr__(self, "_superseded_by", by)
+        return new
+
+    def _check_current(self, verb: str) -> None:
+        """Refuses ``verb`` on a scaler that an eager ``update``, ``restore`` or setter
+        replaced: its state is from before, so a result left unassigned would silently
+        change nothing (the scale never backs off, no skip is counted). ``restore``
+        itself is not refused: it keeps none of the replaced scale or trackers."""
+        if self._superseded_by:
+            raise RuntimeError(
+                f"{verb}() refused: {self._superseded_by} already replaced this "
+                f"{type(self).__name__}. A functional scaler is a value: "
+                f"{self._superseded_by} returned a new scaler and left this one as it was, "
+                "so a result not kept changes nothing (the scale never backs off, no skip is "
+                "counted). Keep the result: scaler = scaler.update(finite) (likewise "
+                "scaler = scaler.restore(d), scaler = scaler.set_growth_factor(x))")
 
     def _traced(self, array: Any) -> bool:
         """Whether ``array`` is a placeholder of a traced function, with no value to read."""
@@ -208,7 +235,8 @@ class FunctionalGradScaler(GradScaler):
         return self._host(self.updates, int)
 
     def _reconfigure(self, config: ScalerConfig) -> Any:
-        return self._make(config, *self._leaves())
+        self._check_current("with_config/set_*")
+        return self._replaced(self._make(config, *self._leaves()), "with_config()/set_*()")
 
     def with_config(self, **changes: Any) -> Any:
         """A scaler with the same state and some parameters changed (validated).
@@ -240,8 +268,8 @@ class FunctionalGradScaler(GradScaler):
         """
         config, state = spec.parse_state_dict(state_dict, base=self._config)
         # The skip counters are this run's, not the checkpoint's (as in torch).
-        return self._make(config.replace(enabled=self._config.enabled), *self._arrays(state),
-                          *self._leaves()[3:])
+        return self._replaced(self._make(config.replace(enabled=self._config.enabled),
+                                         *self._arrays(state), *self._leaves()[3:]), "restore()")
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Refused: torch's in-place habit would silently keep the old state here.
@@ -298,11 +326,19 @@ class FunctionalGradScaler(GradScaler):
                 and > 0 in float32), trackers and counters kept, as torch's
                 ``update(new_scale)``; not counted as an update.
 
+        Raises:
+            RuntimeError: This scaler was already replaced by an eager ``update``,
+                ``restore`` or setter (``scaler.update(finite)`` without ``scaler =``).
+
         Example:
             >>> import unifiedamp as ua
             >>> ua.GradScaler(8.0, backend="jax").update(False).get_scale()
             4.0
         """
+        self._check_current("update")
+        return self._replaced(self._updated(finite, new_scale), "update()")
+
+    def _updated(self, finite: Any, new_scale: Any) -> Any:
         config, xp = self._config, self.xp
         if new_scale is not None:
             if finite is not None:

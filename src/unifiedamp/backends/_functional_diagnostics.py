@@ -10,6 +10,9 @@ backends' monitor gives, read from a scaler's skip counters (:func:`collapse_mes
 the host, names the leaves of a tree and writes one slot of an array. It returns the six
 public functions each backend module exports, with their docstrings and runnable examples
 written here once in the backend's words (:class:`Words`).
+
+Length: one module, because the six functions, their docstrings and the words they are
+written in are bound to each backend together.
 """
 
 from __future__ import annotations
@@ -191,7 +194,8 @@ def history_record(backend: type[FunctionalGradScaler], set_slot: Any, history: 
     used = scale = backend._array(1.0, xp.float32)  # disabled: no scaling
     if scaler.config.enabled:  # the rule once more, on 3 scalars, as the caller's update()
         used = backend._array(scaler.loss_scale, xp.float32)
-        scale = backend._array(scaler.update(finite).loss_scale, xp.float32)
+        # _updated: the caller updates this scaler next, which update() would then refuse.
+        scale = backend._array(scaler._updated(finite, None).loss_scale, xp.float32)
     skipped = xp.logical_not(backend._array(finite, xp.bool_))
     return {"iteration": set_slot(history["iteration"], slot, new_count),
             "scale": set_slot(history["scale"], slot, scale),

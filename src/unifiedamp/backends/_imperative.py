@@ -74,13 +74,21 @@ def scale_before_skip(config: ScalerConfig, after: float, hysteresis_after: int
 
 
 def update_arguments(finite: Any, new_scale: Any) -> tuple[Any, Any]:
-    """``(finite, new_scale)`` of an imperative ``update(finite=None, *, new_scale=None)``:
-    a first argument that is not a flag (:func:`~unifiedamp._scaler.is_flag`) is torch's
-    positional ``new_scale``; a flag is checked (:func:`~unifiedamp._scaler.check_flag`).
+    """``(finite, new_scale)`` of an imperative ``update(finite=None, *, new_scale=None)``.
+
+    A flag (a bool, or a 0-d bool array/tensor: what ``unscale`` returns) is checked
+    (:func:`~unifiedamp._scaler.check_flag`). A plain number as the first argument is
+    torch's positional ``update(new_scale)``, as torch documents it. Anything else first (a
+    float or int tensor/array, a list) is refused: taken as a scale, ``update(f.float())``
+    would set the scale to 1.0 and count no step; a tensor scale goes by keyword.
 
     Example:
         >>> update_arguments(True, None), update_arguments(1024.0, None)
         ((True, None), (None, 1024.0))
+        >>> update_arguments([True, False], None)
+        Traceback (most recent call last):
+        ...
+        TypeError: update() got list [True, False] as its flag: ... pass new_scale=... by ...
         >>> update_arguments(1024.0, 8.0)
         Traceback (most recent call last):
         ...
@@ -91,6 +99,12 @@ def update_arguments(finite: Any, new_scale: Any) -> tuple[Any, Any]:
     if is_flag(finite):
         check_flag(finite)
         return finite, new_scale
+    if not isinstance(finite, numbers.Real):
+        raise TypeError(
+            f"update() got {type(finite).__name__} {finite!r:.80} as its flag: the flag is a "
+            "bool or the 0-d bool array/tensor unscale() returns (all_finite(grads) too); to "
+            "set the scale, pass new_scale=... by keyword (or a plain number first, as in "
+            "torch)")
     if new_scale is not None:
         raise TypeError(f"update() got new_scale twice ({finite!r} and {new_scale!r}): pass "
                         "it once")

@@ -157,6 +157,7 @@ class MlxGradScaler(FunctionalGradScaler):
 
     def scale(self, outputs: Any) -> Any:
         """Multiplies every leaf by the scale; each keeps its dtype."""
+        self._check_current("scale")
         if not self._config.enabled:
             return outputs
         try:
@@ -170,6 +171,7 @@ class MlxGradScaler(FunctionalGradScaler):
     def unscale(self, grads: Any) -> tuple[Any, mx.array]:
         """``(grads / scale, all finite)``; finiteness is decided on the scaled gradients,
         and is false at a scale whose reciprocal overflows (``spec.unscale_overflows``)."""
+        self._check_current("unscale")
         if not self._config.enabled:
             return grads, mx.array(True)
         inv = mx.array(1.0, dtype=mx.float32) / self.loss_scale

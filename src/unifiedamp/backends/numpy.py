@@ -20,6 +20,7 @@ checked in that iteration, ``k`` counting them in the order they were unscaled).
 from __future__ import annotations
 
 import enum
+import numbers
 from typing import Any
 
 import numpy as np
@@ -88,6 +89,13 @@ class _Stage(enum.Enum):
 
 
 def _as_float_array(x: Any, what: str) -> np.ndarray:
+    # np.asarray would quietly copy another framework's tensor (a torch tensor, a JAX
+    # array) to the host: refused, as the torch backend refuses JAX arrays.
+    if not isinstance(x, (np.ndarray, np.generic, numbers.Number)):
+        raise TypeError(
+            f"{what} must be a NumPy array or a float, or a list/tuple/dict of them, got a "
+            f"{type(x).__name__} leaf ({x!r:.80}); convert it with np.asarray (a torch tensor: "
+            "t.detach().cpu().numpy()), or use the backend of its framework")
     a = np.asarray(x)
     if not np.issubdtype(a.dtype, np.floating):
         raise TypeError(f"{what} must hold floating-point values, got dtype {a.dtype}")
@@ -369,14 +377,23 @@ class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
             (True, 4.0, 2.0)
         """
         finite, new_scale = update_arguments(finite, new_scale)
+        if finite is not None and not isinstance(finite, (bool, np.bool_, np.ndarray)):
+            raise TypeError(
+                f"update() got a {type(finite).__name__} flag ({finite!r:.80}): the numpy "
+                "backend takes the flag its unscale() returns (a bool or a NumPy bool); "
+                "convert it with np.asarray, or use the backend of its framework")
         if not self._config.enabled:
             return self
         if new_scale is not None:
             self._state = self._state._replace(scale=new_scale_value(new_scale))
             self._remember_update(None)
         else:
-            checks = [*self._found_inf.values(), *self._functional_found_inf]
-            if finite is not None:
+            # A flag stands for the functional unscale() checks it was made from, as on
+            # the functional backends, which record none: the optimizers' checks stay.
+            checks = list(self._found_inf.values())
+            if finite is None:
+                checks += self._functional_found_inf
+            else:
                 checks.append(not bool(finite))
             if not checks:
                 raise NoInfChecksError.prior_to_update()

@@ -48,8 +48,10 @@ def add_parser(sub: Any) -> None:
                      "with skipped steps marked",
         description="Draws a scale history file (ScaleHistory.to_json, or unifiedamp demo "
                     "--history DIR) as a step line on a log axis, the skipped steps marked: "
-                    "at step n (the n-th update, from 1) the scale after that update, from "
-                    "the initial scale at step 0 to the last scale. Needs matplotlib "
+                    "at step n (the n-th update, from 1) the scale after that update. The "
+                    "line starts at the oldest update the file holds (step 1 when the "
+                    "history kept every update; the initial scale, before any update, is "
+                    "not drawn) and ends at the last. Needs matplotlib "
                     "(pip install 'unifiedamp[demo]').",
         epilog="exit status: 0 when the plot was written; 2 when the file cannot be read, is "
                "not a history, holds no update, or the image cannot be written.")

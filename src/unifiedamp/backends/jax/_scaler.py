@@ -235,6 +235,7 @@ class JaxGradScaler(FunctionalGradScaler):
             >>> JaxGradScaler(2.0**-149).scale(jnp.float32(2.0**100))
             Array(1.7763568e-15, dtype=float32)
         """
+        self._check_current("scale")
         if not self._config.enabled:
             return outputs
         # F32.bits reads the leaf with jnp.asarray: in a flax nnx optimizer state it is a
@@ -275,6 +276,7 @@ class JaxGradScaler(FunctionalGradScaler):
         return self._unscale(grads, axis_name, "unscale")
 
     def _unscale(self, grads: Any, axis_name: Any, caller: str) -> tuple[Any, jax.Array]:
+        self._check_current(caller)
         if not self._config.enabled:
             return grads, jnp.array(True)
         inverse = _reciprocal_split(F32.bits(self.loss_scale))
@@ -295,6 +297,8 @@ class JaxGradScaler(FunctionalGradScaler):
                 ``update(new_scale)``; not counted as an update.
 
         Raises:
+            RuntimeError: An eager ``update``, ``restore`` or setter already replaced this
+                scaler (``scaler.update(finite)`` without ``scaler =``): keep the result.
             ValueError: Inside a default ``jax.shard_map``, ``finite`` varies over a mesh
                 axis over which the scale does not: it was decided on each device's own
                 gradients, and the scale would differ across devices. The message names

@@ -6,6 +6,9 @@ What differs per Keras backend is in ``_tensorflow.py``, ``_jax.py`` and ``_torc
 wrapper picks its backend's paths once, when it is made (:func:`paths_for`). Keras's private
 API is reached through ``_compat.py`` only; the diagnostics' variables and reports are
 ``_diagnostics.py``'s.
+
+Length: one class, Keras's ``LossScaleOptimizer`` API (its constructor arguments, config,
+``apply``/``stateless_apply``, scaling) over the spec's state, kept whole as Keras keeps it.
 """
 
 from __future__ import annotations
@@ -69,6 +72,31 @@ def _wrapper_of(inner: Any) -> Any:
     return _WRAPPERS.get(id(inner))
 
 
+#: Keras's LossScaleOptimizer arguments and the ScalerConfig fields they set.
+KERAS_ARGUMENTS = {"initial_scale": "init_scale", "dynamic_growth_steps": "growth_interval"}
+
+
+def _merged_config(scaler_config: dict[str, Any] | None, kwargs: dict[str, Any]) -> ScalerConfig:
+    """The config of ``scaler_config`` with Keras's arguments taken out of ``kwargs``
+    (``initial_scale``, ``dynamic_growth_steps``); one that disagrees with ``scaler_config``
+    is an error (a config Keras's own class saved has no ``scaler_config``)."""
+    fields = dict(scaler_config or {})
+    for argument, field in KERAS_ARGUMENTS.items():
+        if argument not in kwargs:
+            continue
+        # Each value checked and rounded as the config does, then compared.
+        try:
+            value = getattr(ScalerConfig(**{field: kwargs.pop(argument)}), field)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{argument}: {error}") from None
+        if field in fields and getattr(ScalerConfig(**{field: fields[field]}), field) != value:
+            raise ValueError(
+                f"{argument}={value!r} disagrees with scaler_config's {field}="
+                f"{fields[field]!r}: give one of them (or the same value to both)")
+        fields[field] = value
+    return ScalerConfig(**fields)
+
+
 @keras.saving.register_keras_serializable(package="unifiedamp")
 class SpecLossScaleOptimizer(OptimizerDiagnostics):
     """``keras.optimizers.LossScaleOptimizer`` with the unifiedamp spec.
@@ -111,6 +139,9 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
             (:meth:`overflow_report`).
         history: Keep the last ``history`` updates' scale and skip flag on the
             device (:meth:`history`); 0 keeps none.
+        **kwargs: Keras's ``LossScaleOptimizer`` arguments: ``initial_scale`` and
+            ``dynamic_growth_steps`` set ``init_scale`` and ``growth_interval`` (a
+            ``ValueError`` if ``scaler_config`` says otherwise); the others as in Keras.
     """
 
     # Made by build: the growth tracker and the scale (Keras's names), the hysteresis
@@ -129,7 +160,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
                  name: str | None = None, diagnose: bool = False, history: int = 0,
                  **kwargs: Any):
         history = diagnostics_options(diagnose, history)
-        config = ScalerConfig(**(scaler_config or {}))
+        config = _merged_config(scaler_config, kwargs)
         if _wrapper_of(inner_optimizer) is not None:
             # Each wrapper would step it with its own scale and skips: one optimizer's
             # moments and iterations, two rules.
@@ -139,9 +170,6 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
                 "with the optimizer that scaler's wrap() returned (KerasGradScaler.of(it) "
                 "gives that scaler back), or give this scaler an optimizer of its own, e.g. "
                 "type(opt).from_config(opt.get_config())")
-        # Keras's own arguments, for code that reads them; the rule uses the config.
-        kwargs.pop("initial_scale", None)
-        kwargs.pop("dynamic_growth_steps", None)
         super().__init__(inner_optimizer, initial_scale=f32(config.init_scale),
                          dynamic_growth_steps=config.growth_interval, name=name, **kwargs)
         _WRAPPERS[id(inner_optimizer)] = self
@@ -278,7 +306,13 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         return self.unscale_gradients(grads)
 
     def scale_loss(self, loss: Any) -> Any:
-        """The loss times the scale, in the loss's dtype (what ``model.fit`` calls)."""
+        """The loss times the scale, in the loss's dtype (what ``model.fit`` calls). A Python
+        number or a NumPy array is made a tensor first, as Keras's class does (an integer
+        one a float32 tensor)."""
+        if not ops.is_tensor(loss):
+            loss = ops.convert_to_tensor(loss)
+            if "float" not in keras.backend.standardize_dtype(loss.dtype):
+                loss = ops.cast(loss, "float32")
         self._note_loss(loss)
         if not self.built:
             return multiply(loss, *F32.split(F32.int32(f32_bits(self._config.init_scale))))
@@ -333,7 +367,8 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         mapping = list(zip(self.variables, optimizer_variables, strict=True))
         with keras.StatelessScope(state_mapping=mapping):
             finite = self.check_finite(grads)
-        if not self._diagnose and all(len(v.shape) == 0 for v in self.inner_optimizer.variables):
+        if (not self._diagnose and self._backend_paths.selects_outcomes
+                and all(len(v.shape) == 0 for v in self.inner_optimizer.variables)):
             # An inner optimizer without per-variable state (plain SGD: iterations and
             # learning rate): both outcomes computed and selected, which XLA fuses into
             # the update's own pass; a cond's branches write fresh buffers, which glibc's

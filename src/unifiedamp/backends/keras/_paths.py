@@ -81,6 +81,11 @@ class BackendPaths:
     #: compiled step's skipped branch (where the gradients are).
     counts_on_device = True
 
+    #: Whether ``stateless_apply`` may compute both outcomes and select one: not where the
+    #: inner optimizer's stateless step writes into the tensors it is given (Keras's torch
+    #: backend), which would leave the skipped outcome the finite one's values.
+    selects_outcomes = True
+
     @staticmethod
     def compile(fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn``, a function of tensors alone, as this backend runs it best from the steps

@@ -31,6 +31,9 @@ class TorchPaths(BackendPaths):
     """The paths of the torch Keras backend, for one wrapper, and what its reports need."""
 
     counts_on_device = False
+    # Keras's torch optimizers update the tensors stateless_apply is given in place; its
+    # cond is a host `if`, which runs only the outcome taken.
+    selects_outcomes = False
 
     def __init__(self) -> None:
         #: Updates ``apply`` made: the step of a skipped update's report.

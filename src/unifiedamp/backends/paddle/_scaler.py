@@ -643,14 +643,23 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         the scaler itself.
 
         ``finite`` (the flag :meth:`unscale` returned, or a bool) counts as one more
-        check; ``update()`` uses the checks alone. ``new_scale`` (a float, a 1-element
-        array or tensor; finite and > 0; a number as the first argument, as in torch)
-        sets the scale instead, leaving the trackers, as torch does; such a manual set
-        is not counted as an update: it is not recorded in :meth:`history`, and
+        check; ``update()`` uses the checks alone; any other tensor or array first is
+        refused (TypeError), as ``update(finite.astype("float32"))`` would otherwise set
+        the scale to 1.0. ``new_scale`` (a float, a 1-element array or tensor; finite and
+        > 0; a plain number may come first, as in torch, an array or a tensor goes by
+        keyword) sets the scale instead, leaving the trackers, as torch does; such a
+        manual set is not counted as an update: it is not recorded in :meth:`history`, and
         :meth:`overflow_report` is None after it (as on torch).
         """
         if finite is not None or new_scale is not None:
             finite, new_scale = update_arguments(finite, new_scale)
+            if finite is not None and not isinstance(finite, (paddle.Tensor, bool, np.bool_,
+                                                              np.ndarray)):
+                raise TypeError(
+                    f"update() got a {type(finite).__name__} flag ({finite!r:.80}): the paddle "
+                    "backend takes the flag its unscale() returns (a 0-d bool tensor) or a "
+                    "bool; convert it with paddle.to_tensor, or use the backend of its "
+                    "framework")
         if not self._config.enabled:
             return self
         if self._iteration_thread != threading.get_ident():
@@ -682,7 +691,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
 
     def _iteration_found_inf(self, finite: Any) -> tuple[bool, bool]:
         """The spec's found_inf: the OR of every check since the last update (each
-        optimizer's, each functional ``unscale()``'s, and ``finite``); and the OR of the
+        optimizer's, and ``finite``, else each functional ``unscale()``'s); and the OR of the
         optimizers' checks alone (for the overflow report)."""
         # Loops, not comprehensions or any(): each of those is a call per update. step()
         # has left a bool in its optimizer's check, unscale_() alone a tensor.
@@ -693,7 +702,9 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
                 if _is_set(s["found_inf"]):
                     optimizer_found = True
         found_inf = optimizer_found
-        for flag in self._functional_found_inf:
+        # A flag stands for the functional unscale() checks it was made from, as on the
+        # functional backends, which record none: the optimizers' checks stay.
+        for flag in self._functional_found_inf if finite is None else ():
             checked = True
             if _is_set(flag):
                 found_inf = True

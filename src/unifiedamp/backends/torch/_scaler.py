@@ -705,13 +705,17 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         sync. Returns the scaler itself.
 
         ``finite`` (the flag :meth:`unscale` returned: a 0-d bool tensor, or a bool)
-        counts as one more check; ``update()`` uses the checks alone.
+        counts as one more check, after ``step()`` too; ``update()`` uses the checks
+        alone. Any other tensor first is refused (TypeError): ``update(finite.float())``
+        would otherwise set the scale to 1.0.
 
-        ``new_scale`` sets the scale instead, leaving the trackers, as torch does (a
-        number as the first argument is ``new_scale``, as in torch):
+        ``new_scale`` sets the scale instead, leaving the trackers, as torch does:
         a Python or NumPy number, or a 1-element NumPy array (checked: finite
         and > 0 in float32), or a 1-element floating-point tensor (not checked: that
-        would wait for the device). Such a manual update is not counted as an update:
+        would wait for the device). A plain number may come first (``update(512.0)``, as
+        torch's docs use it); an array or a tensor goes by keyword
+        (``update(new_scale=torch.tensor(512.0))``). Such a manual update is not counted
+        as an update:
         it is not recorded in :meth:`history`, and :meth:`overflow_report` returns
         None after it (it did not skip).
 
@@ -727,6 +731,13 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         """
         if finite is not None:  # update() alone needs no sorting out of its arguments
             finite, new_scale = update_arguments(finite, new_scale)
+            if finite is not None and not isinstance(finite, (torch.Tensor, bool, np.bool_,
+                                                              np.ndarray)):
+                raise TypeError(
+                    f"update() got a {type(finite).__name__} flag ({finite!r:.80}): the torch "
+                    "backend takes the flag its unscale() returns (a 0-d bool tensor) or a "
+                    "bool; convert it with torch.as_tensor, or use the backend of its "
+                    "framework")
         if not self._enabled:
             return self
         # torch's _check_scale_growth_tracker, which torch.compile does not trace.
@@ -763,7 +774,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
     def _iteration_found_inf(self, scale: torch.Tensor, finite: Any
                              ) -> tuple[torch.Tensor, bool | None]:
         """The spec's found_inf: the OR of every check since the last update (each
-        optimizer's on each device, each functional ``unscale()``'s, and ``finite``), as a
+        optimizer's on each device, and ``finite``, else each functional ``unscale()``'s), as a
         float32 0.0/1.0 on the scale's device. Also the same as a bool when a plain
         ``step()`` has read every check (one read per optimizer that checked, no other
         check), else None: then only the device knows."""
@@ -775,7 +786,9 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
                 checked += 1
                 for found in founds.values():  # a loop: a comprehension is a frame
                     found_infs.append(found.to(scale.device, non_blocking=True))
-        functional = self._functional_found_inf
+        # A flag stands for the functional unscale() checks it was made from, as on the
+        # functional backends, which record none: the optimizers' checks stay.
+        functional = self._functional_found_inf if finite is None else None
         if functional:
             found_infs += functional
         if finite is not None:

@@ -1,0 +1,93 @@
+"""What the paddle scaler's ``update()`` takes as a flag, and the checks a flag joins.
+
+A flag is what ``unscale`` returns (a 0-d bool tensor) or a bool; it counts as one more
+check, after ``step()`` too. A plain number first is torch's positional ``new_scale``; a
+float tensor or a list first is refused before anything changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from unifiedamp.backends.paddle import PaddleGradScaler
+
+
+@pytest.mark.parametrize("flag", [lambda f: f.astype("float32"), lambda f: f.astype("int32"),
+                                  lambda f: f.reshape([1]).astype("float32"),
+                                  lambda f: [True, False]],
+                         ids=["float", "int", "1-element-float", "list"])
+def test_a_non_bool_flag_is_refused_and_changes_nothing(flag):
+    scaler = PaddleGradScaler(1024.0)
+    _, finite = scaler.unscale([paddle.to_tensor([1.0, float("inf")])])
+    with pytest.raises(TypeError, match=r"as its flag.*new_scale="):
+        scaler.update(flag(finite))
+    assert (scaler.get_scale(), scaler.num_steps) == (1024.0, 0)
+    scaler.update(finite)
+    assert (scaler.get_scale(), scaler.num_skipped_steps) == (512.0, 1)
+
+
+def test_new_scale_stays_torchs_positional_number_or_a_keyword_tensor():
+    scaler = PaddleGradScaler(1024.0)
+    assert scaler.update(256.0).get_scale() == 256.0
+    assert scaler.update(new_scale=paddle.to_tensor(64.0)).get_scale() == 64.0
+    assert scaler.num_steps == 0
+
+
+def test_a_flag_of_another_framework_is_refused():
+    class OtherBool:  # a 0-d bool array that is neither Paddle's nor NumPy's
+        dtype, shape = np.dtype(bool), ()
+
+        def __bool__(self):
+            return True
+
+    scaler = PaddleGradScaler(1024.0)
+    scaler.unscale([paddle.ones([1])])
+    with pytest.raises(TypeError, match=r"OtherBool flag.*paddle\.to_tensor"):
+        scaler.update(OtherBool())
+    assert scaler.num_steps == 0
+
+
+@pytest.mark.parametrize("x, loss_finite, skipped", [([1.0, 2.0], False, True),
+                                                      ([1.0, float("inf")], True, True),
+                                                      ([1.0, 2.0], True, False)])
+def test_a_flag_after_step_counts_as_one_more_check(x, loss_finite, skipped):
+    scaler = PaddleGradScaler(1024.0)
+    param = paddle.create_parameter([2], "float32",
+                                    default_initializer=paddle.nn.initializer.Constant(1.0))
+    opt = paddle.optimizer.SGD(learning_rate=0.5, parameters=[param])
+    loss = (param * paddle.to_tensor(x)).sum()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    observed = loss.detach() if loss_finite else paddle.to_tensor(float("nan"))
+    scaler.update(paddle.isfinite(observed))
+    assert scaler.last_step_skipped is skipped
+    assert (scaler.get_scale(), scaler.num_skipped_steps) == ((512.0, 1) if skipped else
+                                                              (1024.0, 0))
+
+
+@pytest.mark.parametrize("flag", [np.bool_(True), np.bool_(False), False])
+def test_where_finite_takes_numpy_and_python_bools(flag):
+    scaler = PaddleGradScaler()
+    new, old = [paddle.ones([2])], [paddle.zeros([2])]
+    out = scaler.where_finite(flag, new, old)
+    assert out[0] is (new[0] if bool(flag) else old[0])
+
+
+def test_a_flag_stands_for_the_unscale_checks_it_was_made_from():
+    # As on jax and mlx, which record no unscale(): update(flag) decides from the flag.
+    inf, one = [paddle.to_tensor([float("inf")])], [paddle.ones([1])]
+    scaler = PaddleGradScaler(1024.0, growth_interval=1)
+    _, first = scaler.unscale(inf)
+    _, second = scaler.unscale(one)
+    scaler.update(second)
+    assert (scaler.get_scale(), scaler.last_step_skipped) == (2048.0, False)
+    _, first = scaler.unscale(inf)
+    _, second = scaler.unscale(one)
+    scaler.update(paddle.logical_and(first, second))
+    assert (scaler.get_scale(), scaler.last_step_skipped) == (1024.0, True)
+    scaler.unscale(inf)
+    scaler.unscale(one)
+    scaler.update()  # no flag: the checks unscale() recorded
+    assert (scaler.get_scale(), scaler.last_step_skipped) == (512.0, True)
