@@ -530,16 +530,21 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
 def collective_timed_out(exc: BaseException) -> bool:
     """Whether ``exc`` is gloo's error for a collective that waited past the group's
     timeout (``[...gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 15000ms for
-    recv operation to complete``).
+    recv operation to complete``), or the peer's side of it: gloo closes the pair of a
+    timed-out collective, and a rank waiting on that pair may see the closure first
+    (``Application timeout caused pair closure``).
 
     Example:
         >>> collective_timed_out(RuntimeError("[unbound_buffer.cc:78] Timed out waiting "
         ...                                   "15000ms for recv operation to complete"))
         True
+        >>> collective_timed_out(RuntimeError("Application timeout caused pair closure"))
+        True
         >>> collective_timed_out(RuntimeError("Connection closed by peer [127.0.0.1]:4242"))
         False
     """
-    return isinstance(exc, RuntimeError) and "Timed out waiting" in str(exc)
+    return isinstance(exc, RuntimeError) and any(
+        text in str(exc) for text in ("Timed out waiting", "Application timeout caused pair"))
 
 
 def _steps(setting: dict[str, Any], rank: int, world: int) -> list[dict[str, Any]]:
