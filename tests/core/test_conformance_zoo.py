@@ -130,3 +130,29 @@ def test_every_zoo_entry_is_a_plain_adapter_class_that_imports_no_framework(run_
         "'colossalai', 'jmp', 'tensorflow', 'flax', 'optax', 'mindspore') "
         "if m in sys.modules))")
     assert proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_the_zoo_page_does_not_hang_a_cause_on_a_hypothesis_example():
+    # Which of a column's causes a drawn example meets first may change with unrelated code:
+    # the page stays the same whichever it is.
+    from unifiedamp.conformance.zoo._doc import zoo_markdown
+
+    fixed = ("AssertionError: [multiplies by a float64 factor] factors_rounded_to_float32_"
+             "before_multiplying: diverged at step 1 of 'FI'")
+    pages = []
+    for drawn in ("multiplies by a float64 factor", "takes a finite step whose 1/scale "
+                                                    "overflows"):
+        tests = {"test_vector[factors_rounded_to_float32_before_multiplying]": {
+            "outcome": "failed", "detail": fixed, "rule": "float32 multiply"},
+            "test_vector[reciprocal_overflow_skips_finite_steps]": {
+            "outcome": "failed", "rule": "reciprocal overflow", "detail": (
+                "AssertionError: [takes a finite step whose 1/scale overflows] reciprocal_"
+                "overflow_skips_finite_steps: diverged at step 1 of 'FFF'")},
+            "test_random_configs_and_steps_match_reference": {
+            "outcome": "failed", "rule": "all rules",
+            "detail": f"AssertionError: [{drawn}] random: diverged at step 1 of 'F'"}}
+        pages.append(zoo_markdown({"backends": {"torch": {"status": "ok", "header": {},
+                                                          "tests": tests}}}))
+    assert pages[0] == pages[1]
+    assert ("- Hypothesis tests that fail on the causes above: "
+            "`test_random_configs_and_steps_match_reference`") in pages[0]
