@@ -10,6 +10,11 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
+from imperative_misuse_checks import (
+    check_a_flag_of_another_framework_is_refused,
+    check_a_non_bool_flag_is_refused,
+    check_new_scale_positional_number_or_keyword_tensor,
+)
 
 from unifiedamp.backends.paddle import PaddleGradScaler
 
@@ -19,34 +24,18 @@ from unifiedamp.backends.paddle import PaddleGradScaler
                                   lambda f: [True, False]],
                          ids=["float", "int", "1-element-float", "list"])
 def test_a_non_bool_flag_is_refused_and_changes_nothing(flag):
-    scaler = PaddleGradScaler(1024.0)
-    _, finite = scaler.unscale([paddle.to_tensor([1.0, float("inf")])])
-    with pytest.raises(TypeError, match=r"as its flag.*new_scale="):
-        scaler.update(flag(finite))
-    assert (scaler.get_scale(), scaler.num_steps) == (1024.0, 0)
-    scaler.update(finite)
-    assert (scaler.get_scale(), scaler.num_skipped_steps) == (512.0, 1)
+    check_a_non_bool_flag_is_refused(PaddleGradScaler(1024.0),
+                                     [paddle.to_tensor([1.0, float("inf")])], flag)
 
 
 def test_new_scale_stays_torchs_positional_number_or_a_keyword_tensor():
-    scaler = PaddleGradScaler(1024.0)
-    assert scaler.update(256.0).get_scale() == 256.0
-    assert scaler.update(new_scale=paddle.to_tensor(64.0)).get_scale() == 64.0
-    assert scaler.num_steps == 0
+    check_new_scale_positional_number_or_keyword_tensor(PaddleGradScaler(1024.0),
+                                                        paddle.to_tensor(64.0))
 
 
 def test_a_flag_of_another_framework_is_refused():
-    class OtherBool:  # a 0-d bool array that is neither Paddle's nor NumPy's
-        dtype, shape = np.dtype(bool), ()
-
-        def __bool__(self):
-            return True
-
-    scaler = PaddleGradScaler(1024.0)
-    scaler.unscale([paddle.ones([1])])
-    with pytest.raises(TypeError, match=r"OtherBool flag.*paddle\.to_tensor"):
-        scaler.update(OtherBool())
-    assert scaler.num_steps == 0
+    check_a_flag_of_another_framework_is_refused(PaddleGradScaler(1024.0),
+                                                 [paddle.ones([1])], r"paddle\.to_tensor")
 
 
 @pytest.mark.parametrize("x, loss_finite, skipped", [([1.0, 2.0], False, True),

@@ -116,3 +116,35 @@ def check_update_new_scale_types(scaler):
             with pytest.raises(TypeError, match=r"as its flag.*new_scale="):
                 scaler.update(bad)
     assert scaler.get_scale() == 8.0 and scaler.num_steps == 0
+
+
+def check_a_non_bool_flag_is_refused(scaler, inf_grads, flag):
+    """``update(flag(finite))`` with a non-bool flag made from ``unscale``'s is a TypeError
+    that changes nothing; the flag itself then backs off (``scaler``: a fresh one at 1024)."""
+    _, finite = scaler.unscale(inf_grads)
+    with pytest.raises(TypeError, match=r"as its flag.*new_scale="):
+        scaler.update(flag(finite))
+    assert (scaler.get_scale(), scaler.num_steps) == (1024.0, 0)
+    scaler.update(finite)
+    assert (scaler.get_scale(), scaler.num_skipped_steps) == (512.0, 1)
+
+
+def check_new_scale_positional_number_or_keyword_tensor(scaler, tensor):
+    """torch's ``update(new_scale)``: a plain number first, a tensor by keyword; no step."""
+    assert scaler.update(256.0).get_scale() == 256.0
+    assert scaler.update(new_scale=tensor).get_scale() == 64.0
+    assert scaler.num_steps == 0
+
+
+def check_a_flag_of_another_framework_is_refused(scaler, grads, fix):
+    """A 0-d bool array of no known framework is refused, naming ``fix`` (a regex)."""
+    class OtherBool:
+        dtype, shape = np.dtype(bool), ()
+
+        def __bool__(self):
+            return True
+
+    scaler.unscale(grads)
+    with pytest.raises(TypeError, match=rf"OtherBool flag.*{fix}"):
+        scaler.update(OtherBool())
+    assert scaler.num_steps == 0

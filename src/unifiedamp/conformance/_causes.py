@@ -72,12 +72,10 @@ _GROWTH_TIMING = ("grows one step late", "grows one step early", "first growth o
                   "grows only when the tracker equals the interval", "counts modulo the interval")
 _ARITHMETIC = ("multiplies by a float64 factor", "keeps the scale in float64")
 _OVERFLOW = ("growth overflows to inf", "clamps growth at float32's maximum")
-_FLOORS = ("floor of 1", "floor at the smallest normal float32", "floor at the smallest float32")
-#: Departures that exclude each other: a set holds at most one of each group.
-_EXCLUSIVE = (_GROWTH_TIMING, _ARITHMETIC, _OVERFLOW, _FLOORS)
-
 _FLOOR = {"floor of 1": 1.0, "floor at the smallest normal float32": spec.FLOAT32_MIN_NORMAL,
           "floor at the smallest float32": 2.0**-149}
+#: Departures that exclude each other: a set holds at most one of each group.
+_EXCLUSIVE = (_GROWTH_TIMING, _ARITHMETIC, _OVERFLOW, tuple(_FLOOR))
 
 
 class Observed(NamedTuple):
@@ -132,7 +130,7 @@ def _update(config: ScalerConfig, state: ScalerState, found_inf: bool, d: frozen
         growth, hyst = -1 if "first growth one step late" in d else 0, hyst + 1
         if hyst >= config.hysteresis:
             scale = _mul(scale, config.backoff_factor, d, first)
-            floor = next((_FLOOR[f] for f in _FLOORS if f in d and (
+            floor = next((_FLOOR[f] for f in _FLOOR if f in d and (
                 f == "floor of 1" or config.min_scale is None)), config.min_scale)
             if floor is not None:
                 scale = max(scale, spec.f32(floor))
