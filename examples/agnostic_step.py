@@ -150,6 +150,7 @@ def train(framework: str, steps: int = STEPS, device: str | None = None) -> list
 
 
 if __name__ == "__main__":
+    assert __doc__ is not None  # the docstring above
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("frameworks", nargs="*", default=["numpy"], choices=list(FRAMEWORKS))
     parser.add_argument("--device", help="torch's device (e.g. cuda)")

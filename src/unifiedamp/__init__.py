@@ -13,6 +13,8 @@ Example:
 from unifiedamp._scaler import GradScaler
 from unifiedamp.errors import (
     AmbiguousBackendError,
+    EmptyStateDictError,
+    ForeignArrayError,
     FrameworkConflictError,
     MissingBackendError,
     NoInfChecksError,
@@ -27,6 +29,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AmbiguousBackendError",
+    "EmptyStateDictError",
+    "ForeignArrayError",
     "FrameworkConflictError",
     "GradScaler",
     "MissingBackendError",

@@ -11,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["leaves", "tree_map"]
+from unifiedamp.errors import ForeignArrayError
+
+__all__ = ["leaves", "refuse_foreign", "tree_map"]
 
 #: The containers walked; anything else is a leaf.
 _CONTAINERS = (dict, list, tuple)
@@ -73,3 +75,36 @@ def leaves(tree: Any) -> list[Any]:
     out: list[Any] = []
     tree_map(out.append, tree)
     return out
+
+
+#: The module that defines a leaf's type -> the backend of its framework.
+_BACKEND_OF_MODULE = {"numpy": "numpy", "torch": "torch", "paddle": "paddle", "jax": "jax",
+                      "jaxlib": "jax", "mlx": "mlx", "tensorflow": "keras", "keras": "keras"}
+
+
+def refuse_foreign(tree: Any, *, what: str, own: tuple[str, ...], expected: str,
+                   convert: str) -> None:
+    """Raises :class:`~unifiedamp.errors.ForeignArrayError` for the first leaf that is an
+    array of a framework other than ``own`` (top-level module names): converting it quietly
+    would copy it, to the host or across devices, behind the user's back.
+
+    Example:
+        >>> import numpy as np
+        >>> refuse_foreign([np.ones(1)], what="scale()", own=("torch",),
+        ...                expected="torch tensors", convert="torch.as_tensor")
+        ... # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        unifiedamp.errors.ForeignArrayError: scale() takes torch tensors or a list/tuple/dict \
+of them, got a numpy.ndarray leaf of shape (1,) and dtype float64; convert it with \
+torch.as_tensor, or use backend='numpy' for its arrays
+    """
+    for leaf in leaves(tree):
+        root = type(leaf).__module__.partition(".")[0]
+        if root in _BACKEND_OF_MODULE and root not in own:
+            shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+            kind = f" of shape {tuple(shape)} and dtype {dtype}" if shape is not None else ""
+            raise ForeignArrayError(
+                f"{what} takes {expected} or a list/tuple/dict of them, got a "
+                f"{root}.{type(leaf).__name__} leaf{kind}; convert it with {convert}, "
+                f"or use backend={_BACKEND_OF_MODULE[root]!r} for its arrays")

@@ -108,3 +108,33 @@ class ScaleNotCalledError(RuntimeError, AssertionError):
         >>> issubclass(ScaleNotCalledError, AssertionError)
         True
     """
+
+
+class ForeignArrayError(TypeError, ValueError):
+    """An array of another framework given to a backend (a torch tensor to the numpy
+    backend, a NumPy array to the torch backend): every backend refuses it in the same
+    words, naming the conversion and the backend of its framework.
+
+    A TypeError; also a ValueError, which torch's and Paddle's ``scale()`` raise for a
+    value that is not a tensor, so either except clause catches it.
+
+    Example:
+        >>> issubclass(ForeignArrayError, TypeError), issubclass(ForeignArrayError, ValueError)
+        (True, True)
+    """
+
+
+class EmptyStateDictError(ValueError, RuntimeError):
+    """``load_state_dict({})``: a dict saved by a disabled scaler holds nothing to load.
+
+    A ValueError, like every invalid state dict; also a RuntimeError, which
+    ``torch.amp.GradScaler`` and ``paddle.amp.GradScaler`` raise here, so code written
+    for them (``except RuntimeError`` around a resume) still catches it.
+
+    Example:
+        >>> import unifiedamp as ua
+        >>> ua.GradScaler(backend="numpy").load_state_dict({})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        unifiedamp.errors.EmptyStateDictError: Invalid scaler state_dict: it is empty, ...
+    """

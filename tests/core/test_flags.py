@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from imperative_misuse_checks import check_a_flag_stands_for_the_unscale_checks_it_was_made_from
 
 import unifiedamp as ua
 from unifiedamp.backends.numpy import SGD, NumpyGradScaler
@@ -115,18 +116,6 @@ def test_backend_name_suggestions_ignore_case(name, target):
 
 
 def test_a_flag_stands_for_the_unscale_checks_it_was_made_from():
-    # As on jax and mlx, which record no unscale(): update(flag) decides from the flag.
-    inf, one = [np.array([np.inf], np.float32)], [np.ones(1, np.float32)]
-    scaler = NumpyGradScaler(1024.0, growth_interval=1)
-    _, first = scaler.unscale(inf)
-    _, second = scaler.unscale(one)
-    scaler.update(second)
-    assert (scaler.get_scale(), scaler.last_step_skipped) == (2048.0, False)
-    _, first = scaler.unscale(inf)
-    _, second = scaler.unscale(one)
-    scaler.update(first and second)
-    assert (scaler.get_scale(), scaler.last_step_skipped) == (1024.0, True)
-    scaler.unscale(inf)
-    scaler.unscale(one)
-    scaler.update()  # no flag: the checks unscale() recorded
-    assert (scaler.get_scale(), scaler.last_step_skipped) == (512.0, True)
+    check_a_flag_stands_for_the_unscale_checks_it_was_made_from(
+        NumpyGradScaler(1024.0, growth_interval=1), [np.array([np.inf], np.float32)],
+        [np.ones(1, np.float32)], lambda a, b: a and b)

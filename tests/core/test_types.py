@@ -74,3 +74,26 @@ def test_pyright_reads_the_backend_class_of_each_constructor_call(tmp_path):
     errors = [d for d in report["generalDiagnostics"] if d["severity"] == "error"]
     assert not errors, errors
     assert revealed == EXPECTED, messages
+
+
+def test_typecheck_fails_on_the_librarys_pyright_errors_only():
+    """tools/typecheck.py lists the frameworks' packaging and annotation errors apart: an
+    error in the package, or in a doc block about a unifiedamp type, fails the check."""
+    spec = importlib.util.spec_from_file_location("typecheck", ROOT / "tools" / "typecheck.py")
+    typecheck = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(typecheck)
+    library = typecheck.is_library_error
+
+    def error(message, rule="reportAttributeAccessIssue"):
+        return {"message": message, "rule": rule}
+
+    assert library(error('Cannot access attribute "x" for class "object"'), in_block=False)
+    assert not library(error('"Group" is not exported', "reportPrivateImportUsage"),
+                       in_block=False)
+    assert library(error('Cannot access attribute "foo" for class "TorchGradScaler"'),
+                   in_block=True)
+    assert library(error('Type "ScalerState" is not assignable to "int"'), in_block=True)
+    assert not library(error('"Literal[0]" is not assignable to "str" (Keras fit verbose)'),
+                       in_block=True)
+    assert not library(error('Import "praxis" could not be resolved', "reportMissingImports"),
+                       in_block=True)

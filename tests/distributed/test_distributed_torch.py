@@ -225,9 +225,10 @@ def test_native_torch_amp_under_zero_deadlocks_in_zeros_broadcast():
     run = engines.run("zero", "torch.amp", timeout=DEADLOCK_TIMEOUT,
                       collective_timeout=DEADLOCK_COLLECTIVE_TIMEOUT)
     assert run.outcome.status == "deadlock", _explain(run)
-    assert "Timed out waiting 15000ms" in run.outcome.detail, _explain(run)
-    # Each rank's traceback of gloo's timeout says where it waited.
+    # The first rank to give up names gloo's timeout; its peer may record the closed
+    # connection first, so the timeout is looked for in the ranks' tracebacks.
     logs = run.outcome.logs
+    assert any("Timed out waiting 15000ms" in log for log in logs), _explain(run)
     assert any("in _sync_params" in log for log in logs), _explain(run)
     assert any("in backward" in log for log in logs), _explain(run)
 

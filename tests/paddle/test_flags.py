@@ -12,6 +12,7 @@ import paddle
 import pytest
 from imperative_misuse_checks import (
     check_a_flag_of_another_framework_is_refused,
+    check_a_flag_stands_for_the_unscale_checks_it_was_made_from,
     check_a_non_bool_flag_is_refused,
     check_new_scale_positional_number_or_keyword_tensor,
 )
@@ -65,18 +66,6 @@ def test_where_finite_takes_numpy_and_python_bools(flag):
 
 
 def test_a_flag_stands_for_the_unscale_checks_it_was_made_from():
-    # As on jax and mlx, which record no unscale(): update(flag) decides from the flag.
-    inf, one = [paddle.to_tensor([float("inf")])], [paddle.ones([1])]
-    scaler = PaddleGradScaler(1024.0, growth_interval=1)
-    _, first = scaler.unscale(inf)
-    _, second = scaler.unscale(one)
-    scaler.update(second)
-    assert (scaler.get_scale(), scaler.last_step_skipped) == (2048.0, False)
-    _, first = scaler.unscale(inf)
-    _, second = scaler.unscale(one)
-    scaler.update(paddle.logical_and(first, second))
-    assert (scaler.get_scale(), scaler.last_step_skipped) == (1024.0, True)
-    scaler.unscale(inf)
-    scaler.unscale(one)
-    scaler.update()  # no flag: the checks unscale() recorded
-    assert (scaler.get_scale(), scaler.last_step_skipped) == (512.0, True)
+    check_a_flag_stands_for_the_unscale_checks_it_was_made_from(
+        PaddleGradScaler(1024.0, growth_interval=1), [paddle.to_tensor([float("inf")])],
+        [paddle.ones([1])], paddle.logical_and)

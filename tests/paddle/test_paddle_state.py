@@ -229,6 +229,10 @@ def test_empty_dict_from_a_disabled_paddle_scaler_is_refused():
     assert empty == {}
     scaler = trained(scaler_of(1024.0))
     assert_unchanged_by(scaler, empty, "it is empty")
+    # Paddle's own enabled scaler raises RuntimeError here (grad_scaler.py, "The input state
+    # dict is empty"): `except RuntimeError` around a resume catches ours too.
+    with pytest.raises(RuntimeError, match="it is empty"):
+        scaler.load_state_dict(empty)
 
 
 def test_loading_keeps_the_loading_scalers_enabled():

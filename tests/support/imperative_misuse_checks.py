@@ -148,3 +148,26 @@ def check_a_flag_of_another_framework_is_refused(scaler, grads, fix):
     with pytest.raises(TypeError, match=rf"OtherBool flag.*{fix}"):
         scaler.update(OtherBool())
     assert scaler.num_steps == 0
+
+
+def check_a_flag_stands_for_the_unscale_checks_it_was_made_from(scaler, inf, one, both,
+                                                                  recorded=True):
+    """As on jax and mlx, which record no unscale(): ``update(flag)`` decides from the flag.
+
+    ``scaler`` starts at 1024 with ``growth_interval=1``; ``inf`` and ``one`` are gradients
+    (with and without an inf), ``both(f1, f2)`` the framework's logical and. ``recorded``:
+    the backend records ``unscale``'s checks for a flag-less ``update()`` (Keras does not).
+    """
+    _, first = scaler.unscale(inf)
+    _, second = scaler.unscale(one)
+    scaler.update(second)
+    assert (scaler.get_scale(), scaler.last_step_skipped) == (2048.0, False)
+    _, first = scaler.unscale(inf)
+    _, second = scaler.unscale(one)
+    scaler.update(both(first, second))
+    assert (scaler.get_scale(), scaler.last_step_skipped) == (1024.0, True)
+    if recorded:
+        scaler.unscale(inf)
+        scaler.unscale(one)
+        scaler.update()  # no flag: the checks unscale() recorded
+        assert (scaler.get_scale(), scaler.last_step_skipped) == (512.0, True)

@@ -216,11 +216,13 @@ def test_a_disabled_scaler_steps_without_scale():
 
 def test_functional_unscale_names_a_leaf_that_is_not_a_tensor():
     scaler = TorchGradScaler(8.0, device="cpu")
-    for grads, name in (([1.0], "float"), ({"w": np.ones(2)}, "ndarray"),
-                        ((torch.ones(1), None), "NoneType")):
+    for grads, name in (([1.0], "float"), ((torch.ones(1), None), "NoneType")):
         with pytest.raises(TypeError, match=rf"grads must be a Tensor or a list/tuple/dict of "
                                             rf"Tensors, got a {name} leaf"):
             scaler.unscale(grads)
+    with pytest.raises(TypeError, match=r"unscale\(\) takes torch tensors .* got a "
+                                        r"numpy\.ndarray leaf .* torch\.as_tensor"):
+        scaler.unscale({"w": np.ones(2)})
     with pytest.raises(NoInfChecksError):  # nothing was recorded by the refused calls
         scaler.update()
 

@@ -69,6 +69,17 @@ def test_failed_load_changes_nothing():
     assert scaler.state_dict() == before
 
 
+def test_an_empty_dict_raises_the_runtime_error_torchs_scaler_raises():
+    # torch.amp.GradScaler raises RuntimeError ("The source state dict is empty"): a resume
+    # written for it (`except RuntimeError`) still catches ours.
+    with pytest.raises(RuntimeError, match="empty"):
+        torch.amp.GradScaler("cpu").load_state_dict({})
+    scaler = ua.GradScaler(1024.0, backend="torch")
+    with pytest.raises(RuntimeError, match="it is empty, possibly saved from a disabled"):
+        scaler.load_state_dict({})
+    assert scaler.get_scale() == 1024.0
+
+
 def test_pickle_and_deepcopy_keep_config_and_state():
     scaler = ua.GradScaler(1024.0, hysteresis=3, backend="torch")
     model = mlp()

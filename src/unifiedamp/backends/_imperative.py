@@ -135,7 +135,7 @@ def diagnostics_options(diagnose: Any, history: Any) -> int:
         raise TypeError(f"diagnose must be True or False, got {diagnose!r}: pass diagnose=True "
                         "to keep the overflow report of each skipped step (computed only then)")
     is_int = isinstance(history, numbers.Integral) and not isinstance(history, bool)
-    if not is_int or not 0 <= history <= MAX_HISTORY:
+    if not is_int or not 0 <= int(history) <= MAX_HISTORY:
         raise (ValueError if is_int else TypeError)(
             f"history must be an int >= 0 (the number of updates the ring keeps; 0 keeps "
             f"none) and at most {MAX_HISTORY} (MAX_HISTORY), got {history!r}: pass e.g. "

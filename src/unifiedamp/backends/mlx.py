@@ -15,12 +15,13 @@ The diagnostics' report, history ring and collapse check are the shared ones
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
+from unifiedamp._tree import refuse_foreign
 from unifiedamp.backends._functional import FunctionalGradScaler
 from unifiedamp.backends._functional_diagnostics import (
     LeafCounts,
@@ -44,7 +45,7 @@ def all_finite(tree: Any) -> mx.array:
         False
     """
     finite = mx.array(True)
-    for _, leaf in tree_flatten(tree):
+    for _, leaf in cast("list[tuple[str, Any]]", tree_flatten(tree)):  # no destination=
         finite = finite & mx.isfinite(mx.sum(leaf * 0))  # NaN as soon as one is inf/NaN
     return finite
 
@@ -60,6 +61,13 @@ def _not_arrays(tree: Any, verb: str) -> TypeError | None:
                              f"is a {type(leaf).__name__} {leaf!r:.40}: pass "
                              f"mx.array({leaf!r:.20})")
     return None
+
+
+def _refuse_foreign(tree: Any, what: str) -> None:
+    # A NumPy array or another framework's tensor would be converted behind the step's back
+    # (NumPy's own operators take an mx.array and return NumPy).
+    refuse_foreign(tree, what=what, own=("mlx",), expected="mx.array values",
+                   convert="mx.array")
 
 
 def where_finite(finite: mx.array, new: Any, old: Any) -> Any:
@@ -158,6 +166,7 @@ class MlxGradScaler(FunctionalGradScaler):
     def scale(self, outputs: Any) -> Any:
         """Multiplies every leaf by the scale; each keeps its dtype."""
         self._check_current("scale")
+        _refuse_foreign(outputs, "scale()")
         if not self._config.enabled:
             return outputs
         try:
@@ -172,6 +181,7 @@ class MlxGradScaler(FunctionalGradScaler):
         """``(grads / scale, all finite)``; finiteness is decided on the scaled gradients,
         and is false at a scale whose reciprocal overflows (``spec.unscale_overflows``)."""
         self._check_current("unscale")
+        _refuse_foreign(grads, "unscale()")
         if not self._config.enabled:
             return grads, mx.array(True)
         inv = mx.array(1.0, dtype=mx.float32) / self.loss_scale
@@ -195,6 +205,7 @@ class MlxGradScaler(FunctionalGradScaler):
             >>> s.where_finite(mx.array(False), [mx.ones(2)], [mx.zeros(2)])[0].tolist()
             [0.0, 0.0]
         """
+        _refuse_foreign((new, old), "where_finite()")
         return where_finite(finite, new, old)
 
     def apply(self, optimizer: Any, model: Any, grads: Any, finite: mx.array) -> None:

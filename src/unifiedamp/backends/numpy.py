@@ -20,6 +20,7 @@ checked in that iteration, ``k`` counting them in the order they were unscaled).
 from __future__ import annotations
 
 import enum
+import functools
 import numbers
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import GradScaler, new_scale_value
-from unifiedamp._tree import tree_map
+from unifiedamp._tree import refuse_foreign, tree_map
 from unifiedamp.backends._imperative import (
     HostState,
     ImperativeDiagnostics,
@@ -88,14 +89,15 @@ class _Stage(enum.Enum):
     STEPPED = 2
 
 
+
 def _as_float_array(x: Any, what: str) -> np.ndarray:
     # np.asarray would quietly copy another framework's tensor (a torch tensor, a JAX
-    # array) to the host: refused, as the torch backend refuses JAX arrays.
+    # array) to the host: refused, as every backend refuses another framework's arrays.
+    _refuse_foreign(x, what=what)
     if not isinstance(x, (np.ndarray, np.generic, numbers.Number)):
         raise TypeError(
-            f"{what} must be a NumPy array or a float, or a list/tuple/dict of them, got a "
-            f"{type(x).__name__} leaf ({x!r:.80}); convert it with np.asarray (a torch tensor: "
-            "t.detach().cpu().numpy()), or use the backend of its framework")
+            f"{what} takes NumPy arrays or numbers or a list/tuple/dict of them, got a "
+            f"{type(x).__name__} leaf ({x!r:.80}); convert it with np.asarray")
     a = np.asarray(x)
     if not np.issubdtype(a.dtype, np.floating):
         raise TypeError(f"{what} must hold floating-point values, got dtype {a.dtype}")
@@ -104,6 +106,12 @@ def _as_float_array(x: Any, what: str) -> np.ndarray:
 
 #: Names in pickles of the previous release -> their names now.
 _PICKLED_NAMES = {"_last_output": "_scale_input"}
+
+
+#: The error for another framework's arrays, in the words every backend uses.
+_refuse_foreign = functools.partial(
+    refuse_foreign, own=("numpy",), expected="NumPy arrays or numbers",
+    convert="np.asarray (a torch tensor: t.detach().cpu().numpy())")
 
 
 class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
@@ -224,7 +232,7 @@ class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
         def scale_one(x: Any) -> Any:
             if isinstance(x, float):
                 return x * float(factor)
-            a = _as_float_array(x, "scale() input")
+            a = _as_float_array(x, "scale()")
             # Overflow to inf is what loss scaling detects, not an error.
             with np.errstate(over="ignore"):
                 out = (a * factor).astype(a.dtype, copy=False)
@@ -261,7 +269,7 @@ class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
 
         def unscale_one(g: Any) -> Any:
             nonlocal finite
-            a = _as_float_array(g, "unscale() input")
+            a = _as_float_array(g, "unscale()")
             finite = finite and bool(np.isfinite(a).all())
             with np.errstate(over="ignore", invalid="ignore"):
                 out = (a * inv).astype(a.dtype, copy=False)
@@ -279,6 +287,7 @@ class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
             >>> s.where_finite(False, [1.0, 2.0], [0.0, 0.0])
             [0.0, 0.0]
         """
+        _refuse_foreign((finite, new, old), what="where_finite()")
         keep = bool(finite)
         return tree_map(lambda n, o: n if keep else o, new, old)
 
@@ -384,6 +393,7 @@ class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
                 "convert it with np.asarray, or use the backend of its framework")
         if not self._config.enabled:
             return self
+        found_inf: bool | None = None  # set (a bool) exactly when new_scale is None
         if new_scale is not None:
             self._state = self._state._replace(scale=new_scale_value(new_scale))
             self._remember_update(None)
@@ -409,7 +419,7 @@ class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
         self._found_inf.clear()
         self._functional_found_inf.clear()
         self._forget_iteration()
-        if new_scale is None:
+        if found_inf is not None:
             self._monitor.observe(self._updates, self._state.scale, found_inf,
                                   detail=self._collapse_detail if found_inf else None)
         return self
@@ -425,7 +435,7 @@ class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
             iterations, scales, skipped = saved.pop("_ring")
             saved.update(_ring_iterations=iterations, _ring_scales=scales,
                          _ring_skipped=skipped)
-        self.__dict__.update(saved)
+        vars(self).update(saved)
 
     # ------------------------------------------------------------ diagnostics
 

@@ -138,4 +138,5 @@ def _unscale_gradients(self: Accelerator, optimizer: Any = None) -> None:
     for opt in optimizer:
         while isinstance(opt, AcceleratedOptimizer):
             opt = opt.optimizer
+        assert self.scaler is not None  # use_scaler set it before installing this method
         self.scaler.unscale_(opt)

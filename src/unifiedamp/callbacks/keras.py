@@ -14,6 +14,7 @@ from typing import Any
 import keras
 
 from unifiedamp.backends.keras import SpecLossScaleOptimizer
+from unifiedamp.backends.keras._paths import read_float, read_int
 
 __all__ = ["ScaleLogger"]
 
@@ -138,13 +139,13 @@ class ScaleLogger(keras.callbacks.Callback):
         # The inner optimizer's own count of applied steps (iterations divides it by
         # gradient_accumulation_steps, where set).
         inner = opt.inner_optimizer
-        return int(keras.ops.convert_to_numpy(getattr(inner, "_iterations", inner.iterations)))
+        return read_int(getattr(inner, "_iterations", inner.iterations))
 
     def _write(self, logs: dict[str, Any] | None) -> None:
         opt = self._optimizer()
         steps = self._steps + self._epoch_steps - self._steps_at_begin
         applied = self._iterations(opt) - self._iterations_at_begin
-        self.loss_scale = float(keras.ops.convert_to_numpy(opt.dynamic_scale))
+        self.loss_scale = read_float(opt.dynamic_scale)
         self.skipped_steps = self._skipped_before + steps - applied
         if logs is not None:
             logs["loss_scale"] = _Scale(self.loss_scale)

@@ -20,14 +20,18 @@ Lightning's ``log_every_n_steps`` does not apply. This module imports Lightning
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-try:
+if TYPE_CHECKING:  # one base class for type checkers (either package has the same API)
     import lightning.pytorch as pl
     from lightning.pytorch.utilities import rank_zero_warn
-except ImportError:  # the standalone package; its Trainer takes only its own Callbacks
-    import pytorch_lightning as pl  # type: ignore[no-redef]  # the same API, another name
-    from pytorch_lightning.utilities import rank_zero_warn
+else:
+    try:
+        import lightning.pytorch as pl
+        from lightning.pytorch.utilities import rank_zero_warn
+    except ImportError:  # the standalone package; its Trainer takes only its own Callbacks
+        import pytorch_lightning as pl  # the same API, another name
+        from pytorch_lightning.utilities import rank_zero_warn
 
 import torch
 

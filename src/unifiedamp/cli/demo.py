@@ -295,8 +295,8 @@ def _figure(report: dict[str, Any]) -> Any:
 
 
 def _print_summary(report: dict[str, Any]) -> None:
-    rows = [("backend", "device", "dtype", "steps", "skips", "final scale", "time", "matches spec",
-             "history")]
+    rows: list[tuple[str, ...]] = [("backend", "device", "dtype", "steps", "skips",
+                                    "final scale", "time", "matches spec", "history")]
     for name, r in report["backends"].items():
         if r["status"] == "not installed":
             rows.append((name, *["-"] * 6, f"not run (not installed: {r['detail']})", "-"))

@@ -209,6 +209,7 @@ class ScalerContract:
                                                                        adapter: Any) -> None:
         handle = adapter.new(_fitted(adapter, ScalerConfig(1024.0)))
         handle = adapter.iterate(adapter.iterate(handle, "F"), "F")
+        before: Any = None  # bound by the loop, for the check after it
         for kind in "IN":
             before = adapter.snapshot(handle)
             handle = adapter.iterate(handle, kind)

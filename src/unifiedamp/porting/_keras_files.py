@@ -24,7 +24,7 @@ import subprocess
 import sys
 import warnings
 import zipfile
-from typing import Any
+from typing import Any, cast
 
 from unifiedamp._atomic_write import atomic_path
 from unifiedamp.porting._limits import Exceeded, ReadLimits, check_zip
@@ -58,7 +58,7 @@ def _keras_io(mode: str, path: str, trusted: bool, *args: str) -> dict[str, Any]
     import unifiedamp.backends.keras as uak  # registers SpecLossScaleOptimizer
 
     # safe_mode (Keras's default) refuses Lambda layers' bytecode and unsafe deserialisation.
-    model = keras.models.load_model(path, safe_mode=not trusted)
+    model = cast("keras.Model", keras.models.load_model(path, safe_mode=not trusted))
     opt = getattr(model, "optimizer", None)
     if not isinstance(opt, keras.optimizers.LossScaleOptimizer):
         return {"error": f"{path}: the model's optimizer is {type(opt).__name__}, not a "
@@ -76,10 +76,10 @@ def _keras_io(mode: str, path: str, trusted: bool, *args: str) -> dict[str, Any]
         opt.build(model.trainable_variables)
     cls = type(opt).__name__
     if mode == "read":
-        state = {"dynamic_scale": float(keras.ops.convert_to_numpy(opt.dynamic_scale)),
-                 "step_counter": int(keras.ops.convert_to_numpy(opt.step_counter))}
+        state = {"dynamic_scale": float(keras.ops.convert_to_numpy(opt.dynamic_scale)),  # pyright: ignore[reportArgumentType]
+                 "step_counter": int(keras.ops.convert_to_numpy(opt.step_counter))}  # pyright: ignore[reportArgumentType]
         if ours:
-            state["hysteresis_counter"] = int(keras.ops.convert_to_numpy(opt.hysteresis_counter))
+            state["hysteresis_counter"] = int(keras.ops.convert_to_numpy(opt.hysteresis_counter))  # pyright: ignore[reportArgumentType]
         return {"state": state, "scaler_config": config, "optimizer": cls}
     state, source, tmp = json.loads(args[0]), json.loads(args[1]), args[2]
     differ = [f"{k}={source[k]!r} (the optimizer's: {config[k]!r})" for k in _RULE

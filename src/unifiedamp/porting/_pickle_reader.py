@@ -117,20 +117,21 @@ def _build(target: Any, state: Any, pos: int) -> None:
 
     if isinstance(target, DtypeRecord) and not target.built:
         canonical = np.dtype(target.code).__reduce__()[2]
-        expect(type(state) is tuple and len(state) == len(canonical)
-               and state[1] in "<>|=" and len(state[1]) == 1
-               and state[:1] + state[2:] == canonical[:1] + canonical[2:],
-               f"a numpy dtype state {state!r:.80} that is not a plain numeric dtype's "
+        # (A local: pyright mis-narrows `type(state) is tuple` inside the call's argument.)
+        plain = (type(state) is tuple and len(state) == len(canonical)
+                 and state[1] in "<>|=" and len(state[1]) == 1
+                 and state[:1] + state[2:] == canonical[:1] + canonical[2:])
+        expect(plain, f"a numpy dtype state {state!r:.80} that is not a plain numeric dtype's "
                f"(at byte {pos})")
         target.order, target.built = state[1], True
         return
     if isinstance(target, ArrayRecord) and target.array is None:
-        expect(type(state) is tuple and len(state) == 5 and state[0] == 1
-               and type(state[1]) is tuple and len(state[1]) <= 32
-               and all(type(n) is int and n >= 0 for n in state[1])
-               and isinstance(state[2], DtypeRecord) and type(state[3]) is bool
-               and type(state[4]) in (bytes, bytearray),
-               f"an ndarray state that is not (1, shape, numeric dtype, fortran, bytes) "
+        plain = (type(state) is tuple and len(state) == 5 and state[0] == 1
+                 and type(state[1]) is tuple and len(state[1]) <= 32
+                 and all(type(n) is int and n >= 0 for n in state[1])
+                 and isinstance(state[2], DtypeRecord) and type(state[3]) is bool
+                 and type(state[4]) in (bytes, bytearray))
+        expect(plain, f"an ndarray state that is not (1, shape, numeric dtype, fortran, bytes) "
                f"(at byte {pos})")
         shape, dtype, fortran, raw = state[1], state[2].dtype(), state[3], state[4]
         need = math.prod(shape) * dtype.itemsize
@@ -225,7 +226,7 @@ def read_plain_pickle(f: BinaryIO, size: int, lookup: Callable[[str], Builder | 
             if not (lenient and isinstance(stack[-1], Opaque)):
                 expect(type(stack[-1]) is list, f"an APPEND to a "
                                                 f"{type(stack[-1]).__name__} (at byte {pos})")
-                stack[-1].extend(items)
+                cast("list[Any]", stack[-1]).extend(items)
         elif code in ("SETITEM", "SETITEMS"):
             items = stack[-2:] if code == "SETITEM" else since_mark()
             if code == "SETITEM":
@@ -238,7 +239,7 @@ def read_plain_pickle(f: BinaryIO, size: int, lookup: Callable[[str], Builder | 
             for key, value in zip(items[::2], items[1::2], strict=True):
                 expect(not isinstance(key, (ArrayRecord, DtypeRecord, Global)),
                        f"an array, dtype or global as a dict key (at byte {pos})")
-                target[key] = value
+                cast("dict[Any, Any]", target)[key] = value
         elif code in ("ADDITEMS", "FROZENSET"):
             items = since_mark()
             expect(not any(isinstance(x, (ArrayRecord, DtypeRecord, Global)) for x in items),
@@ -248,7 +249,7 @@ def read_plain_pickle(f: BinaryIO, size: int, lookup: Callable[[str], Builder | 
             else:
                 expect(type(stack[-1]) is set, f"an ADDITEMS to a "
                                                f"{type(stack[-1]).__name__} (at byte {pos})")
-                stack[-1].update(items)
+                cast("set[Any]", stack[-1]).update(items)
         elif code in ("GET", "BINGET", "LONG_BINGET"):
             intact(arg in memo, f"a memo entry {arg} that was never stored (at byte {pos})")
             stack.append(memo[arg])
@@ -270,7 +271,7 @@ def read_plain_pickle(f: BinaryIO, size: int, lookup: Callable[[str], Builder | 
                    f"(at byte {pos})")
             expect(type(args) is tuple, f"a call of {func.name} with arguments that are "
                                         f"not a tuple (at byte {pos})")
-            stack.append(func.build(args, pos))
+            stack.append(cast(Builder, func.build)(args, pos))
         elif code == "BUILD":
             state = stack.pop()
             if not (lenient and isinstance(stack[-1], (Opaque, OrderedDict))):

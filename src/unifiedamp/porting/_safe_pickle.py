@@ -22,7 +22,7 @@ import math
 import os
 import re
 from collections import OrderedDict
-from typing import Any
+from typing import Any, cast
 
 from unifiedamp.porting._limits import ReadLimits, check_tree
 from unifiedamp.porting._pickle_reader import (
@@ -108,7 +108,7 @@ def _dense_tensor_data(args: tuple, pos: int) -> ArrayRecord:
     expect(len(args) == 2 and args[0] == "data" and type(args[1]) is dict
            and list(args[1]) == ["data"] and isinstance(args[1]["data"], ArrayRecord),
            f"an eval() call that is not paddle's DenseTensor record (at byte {pos})")
-    return args[1]["data"]
+    return cast(ArrayRecord, args[1]["data"])
 
 
 def _builtin(kind: type) -> Builder:

@@ -219,7 +219,7 @@ class ScalerConfig:
     def __eq__(self, other: object) -> bool:
         if other is self:  # the usual case for a pytree's aux data or a cache key
             return True
-        if other.__class__ is self.__class__:
+        if other.__class__ is self.__class__ and isinstance(other, ScalerConfig):
             return self._values() == other._values()
         return NotImplemented
 

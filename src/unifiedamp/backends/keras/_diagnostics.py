@@ -20,7 +20,7 @@ from unifiedamp.diagnostics import GradientOverflow, OverflowReport, ScaleHistor
 from unifiedamp.spec import ScalerConfig
 
 from ._compat import LossScaleOptimizerHooks
-from ._paths import F32
+from ._paths import F32, read_int
 
 _NO_DIAGNOSE = ("The gradients stay inside the compiled train step on the TensorFlow and JAX "
                 "Keras backends: build the scaler with diagnose=True "
@@ -82,7 +82,7 @@ class OptimizerDiagnostics(LossScaleOptimizerHooks):
 
         def add(shape: tuple[int, ...], dtype: str, name: str) -> Any:
             made.append(self.add_variable(shape=shape, dtype=dtype, name=name,
-                                          initializer=keras.initializers.Zeros(),
+                                          initializer=keras.initializers.Zeros(),  # pyright: ignore[reportArgumentType]
                                           aggregation="none"))
             return made[-1]
 
@@ -106,7 +106,7 @@ class OptimizerDiagnostics(LossScaleOptimizerHooks):
         writes its history record (device ops, no host read): iteration = updates so far,
         ``scale``, the scale the update left, skipped. ``skipped`` is a Python bool in
         each branch of the compiled step (and on torch's host path), else a tensor."""
-        count = ops.convert_to_tensor(self.update_count)
+        count: Any = ops.convert_to_tensor(self.update_count)
         flag = F32.int32(int(skipped)) if isinstance(skipped, bool) else ops.cast(skipped, "int32")
         if self._history_size:
             hot = ops.equal(ops.arange(self._history_size, dtype="int32"),
@@ -120,14 +120,15 @@ class OptimizerDiagnostics(LossScaleOptimizerHooks):
         self.update_count.assign(count + 1)
         self.last_skipped.assign(flag)
         if skipped is not False:  # a finite branch leaves the count as it is
-            self.skipped_count.assign(ops.convert_to_tensor(self.skipped_count) + flag)
+            skipped_count: Any = ops.convert_to_tensor(self.skipped_count)
+            self.skipped_count.assign(skipped_count + flag)
 
     def _record_overflow(self, replicas: list[list[Any]] | None, indices: list[int]) -> None:
         """The skipped branch's record (TensorFlow, JAX): the step and the scale, and for
         each trainable variable its gradient's inf count, NaN count and largest finite
         magnitude (summed, and the largest, over ``replicas``, lists of gradients in the
         order of ``indices``). ``replicas=None``: no counts (``overflow_checked`` -1)."""
-        count = ops.convert_to_tensor(self.update_count)
+        count: Any = ops.convert_to_tensor(self.update_count)
         self.overflow_step.assign(count + 1)
         self.overflow_scale.assign(ops.convert_to_tensor(self.dynamic_scale))
         if replicas is None:
@@ -237,7 +238,6 @@ class OptimizerDiagnostics(LossScaleOptimizerHooks):
                              "updates")
         if not self.built:
             return ScaleHistory([], [], [])
-        iterations, scales, skipped = (ops.convert_to_numpy(v).tolist() for v in (
+        iterations, scales, skipped = (np.asarray(ops.convert_to_numpy(v)).tolist() for v in (
             self.history_iteration, self.history_scale, self.history_skipped))
-        return ScaleHistory.from_ring(iterations, scales, skipped,
-                                      int(ops.convert_to_numpy(self.update_count)))
+        return ScaleHistory.from_ring(iterations, scales, skipped, read_int(self.update_count))

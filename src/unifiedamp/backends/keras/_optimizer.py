@@ -17,7 +17,7 @@ import gc
 import warnings
 import weakref
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import keras
 import numpy as np
@@ -31,7 +31,7 @@ from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32, f32_
 from ._compat import no_automatic_dependency_tracking
 from ._diagnostics import OptimizerDiagnostics
 from ._jax import JaxPaths
-from ._paths import F32, BackendPaths, multiply, select
+from ._paths import F32, BackendPaths, multiply, read_float, read_int, select
 from ._rule import next_state, rule_values
 from ._tensorflow import TensorFlowPaths
 from ._torch import TorchPaths
@@ -239,9 +239,8 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         """Scale and trackers as Python numbers (reads the variables)."""
         if not self.built:
             return self._pending_state or ScalerState.initial(self._config)
-        return ScalerState(float(ops.convert_to_numpy(self.dynamic_scale)),
-                           int(ops.convert_to_numpy(self.step_counter)),
-                           int(ops.convert_to_numpy(self.hysteresis_counter)))
+        return ScalerState(read_float(self.dynamic_scale), read_int(self.step_counter),
+                           read_int(self.hysteresis_counter))
 
     def write_state(self, config: ScalerConfig, state: ScalerState) -> None:
         """Sets the config and the state (on the variables once they exist)."""
@@ -298,7 +297,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
 
     def unscale_gradients(self, grads: list[Any]) -> list[Any]:
         """The gradients of the scaled loss times ``f32(1 / scale)`` (each keeps its dtype)."""
-        hi, lo = ops.unstack(ops.convert_to_tensor(self.unscale_factors))
+        hi, lo = cast("list[Any]", ops.unstack(ops.convert_to_tensor(self.unscale_factors)))
         return self._backend_paths.unscale(grads, hi, lo)
 
     def get_unscaled_gradients(self, grads: list[Any]) -> list[Any]:
@@ -382,10 +381,10 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
             pick = partial(select, finite)
             tvs, ovs = list(map(pick, new_tvs, old_tvs)), list(map(pick, new_ovs, old_ovs))
         else:
-            tvs, ovs = ops.cond(
+            tvs, ovs = cast("tuple[Any, Any]", ops.cond(
                 finite,
                 lambda: self._stateless_finite(optimizer_variables, grads, trainable_variables),
-                lambda: self._stateless_skipped(optimizer_variables, trainable_variables, grads))
+                lambda: self._stateless_skipped(optimizer_variables, trainable_variables, grads)))
         return tvs, self._stateless_next(ovs, finite)
 
     def _stateless_next(self, optimizer_variables: Any, finite: Any) -> list[Any]:
@@ -460,6 +459,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
         """As Keras's, into the variables :meth:`save_own_variables` writes: a file saved
         with or without diagnostics loads into an optimizer with or without them."""
         variables = self._saved_variables()
+        scale: float | None = None
         if len(store.keys()) != len(variables):
             # What Keras's own does: a warning, and nothing loaded.
             warnings.warn(f"Skipping variable loading for optimizer '{self.name}', because it "
@@ -474,6 +474,7 @@ class SpecLossScaleOptimizer(OptimizerDiagnostics):
                 # variable's own conversion warns under NumPy 2 (no copy argument), which
                 # loading turns into an error.
                 scale = float(value[()])
+        assert scale is not None  # dynamic_scale is one of the saved variables
         self.unscale_factors.assign(np.array(reciprocal_factors(scale), np.float32))
 
     def get_config(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import keras
+import numpy as np
 from keras import ops
 
 from unifiedamp.backends._float32_bits import Float32Bits
@@ -34,7 +35,7 @@ def multiply(x: Any, hi: Any, lo: Any | None) -> Any:
     :meth:`Float32Bits.split`), in ``x``'s dtype; a float16 or bfloat16 ``x`` is multiplied
     in float32."""
     dtype = keras.backend.standardize_dtype(x.dtype)
-    wide = ops.cast(x, "float32") if dtype in ("float16", "bfloat16") else x
+    wide: Any = ops.cast(x, "float32") if dtype in ("float16", "bfloat16") else x
     product = wide * ops.cast(hi, wide.dtype)
     if lo is not None:
         product = product * ops.cast(lo, wide.dtype)
@@ -64,6 +65,16 @@ def select(finite: Any, new: Any, old: Any) -> Any:
     """``new`` where ``finite``, else ``old``, bit for bit (old may be a variable)."""
     old = ops.convert_to_tensor(old)
     return ops.where(finite, ops.cast(new, old.dtype), old)
+
+
+def read_float(x: Any) -> float:
+    """A scalar tensor or variable as a Python float (a host read)."""
+    return float(np.asarray(ops.convert_to_numpy(x)))
+
+
+def read_int(x: Any) -> int:
+    """A scalar tensor or variable as a Python int (a host read)."""
+    return int(np.asarray(ops.convert_to_numpy(x)))
 
 
 #: What :meth:`BackendPaths.compiled` made, by backend and function.

@@ -5,7 +5,7 @@ the rule from that data, so one trace serves every config."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 from keras import ops
 
@@ -37,7 +37,7 @@ def next_state(scale: Any, growth: Any, hyst: Any, rule: Any, finite: Any, facto
     its unscale factors and both trackers. A function of tensors alone, so that a backend
     that traces can trace it once (:meth:`BackendPaths.compiled`)."""
     grow_n, grow_e, back_n, back_e, interval, hysteresis, min_bits, max_bits, dynamic = (
-        ops.unstack(rule))
+        cast("list[Any]", ops.unstack(rule)))
     # dynamic=False: the scale stays, the trackers are reset.
     dynamic = ops.not_equal(dynamic, 0)
     counting_g = ops.logical_and(dynamic, finite)
@@ -62,6 +62,6 @@ def next_state(scale: Any, growth: Any, hyst: Any, rule: Any, finite: Any, facto
 
     # In a cond, run only when the scale moves; the step that keeps it first (what
     # tests/keras/test_graph_ops_keras.py counts).
-    new_bits, factors = ops.cond(ops.logical_not(ops.logical_or(grow, back_off)),
-                                 lambda: (bits, factors), moved)
+    new_bits, factors = cast("tuple[Any, Any]", ops.cond(
+        ops.logical_not(ops.logical_or(grow, back_off)), lambda: (bits, factors), moved))
     return new_bits, factors, growth, hyst

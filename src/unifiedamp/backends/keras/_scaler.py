@@ -6,7 +6,7 @@ custom loop drives the scaler itself with the protocol every backend shares.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 import keras
 import numpy as np
@@ -14,7 +14,7 @@ from keras import ops
 
 from unifiedamp import spec
 from unifiedamp._scaler import GradScaler, is_flag, new_scale_value
-from unifiedamp._tree import leaves, tree_map
+from unifiedamp._tree import leaves, refuse_foreign, tree_map
 from unifiedamp.backends._imperative import (
     HostCounters,
     diagnostics_options,
@@ -26,9 +26,21 @@ from unifiedamp.errors import NoInfChecksError
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, ScalerState, f32_bits
 
 from ._optimizer import SpecLossScaleOptimizer, paths_for
-from ._paths import F32, multiply, select, unscale_factors
+from ._paths import F32, multiply, read_int, select, unscale_factors
 
 # ------------------------------------------------------------ the protocol's flag
+
+
+#: Keras's backend -> the modules of the tensors ``keras.ops`` takes as they are.
+_BACKEND_MODULES = {"tensorflow": ("tensorflow",), "jax": ("jax", "jaxlib"), "torch": ("torch",)}
+
+
+def _refuse_foreign(tree: Any, what: str) -> None:
+    backend = keras.backend.backend()
+    refuse_foreign(tree, what=what, own=("keras", "numpy", *_BACKEND_MODULES.get(backend, ())),
+                   expected=f"Keras tensors ({backend}), NumPy arrays or numbers",
+                   convert="keras.ops.convert_to_tensor (another framework's tensor: "
+                           "through NumPy)")
 
 
 def _traced(value: Any) -> bool:
@@ -226,7 +238,7 @@ class KerasGradScaler(HostCounters, GradScaler):
         opt = self._optimizer
         if opt is None or not opt.built:
             return 0
-        return int(ops.convert_to_numpy(getattr(opt, name)))
+        return read_int(getattr(opt, name))
 
     @property
     def num_steps(self) -> int:
@@ -275,6 +287,7 @@ class KerasGradScaler(HostCounters, GradScaler):
 
     def scale(self, outputs: Any) -> Any:
         """Multiplies a tensor (or a list/tuple/dict of them) by the scale, dtypes kept."""
+        _refuse_foreign(outputs, "scale()")
         if not self._config.enabled:
             return outputs
         if self._optimizer is not None:
@@ -285,13 +298,14 @@ class KerasGradScaler(HostCounters, GradScaler):
     def unscale(self, grads: Any) -> tuple[Any, Any]:
         """``(grads times f32(1 / scale), all finite)``; the check decides nothing by itself:
         the wrapped optimizer's ``apply`` checks and updates."""
+        _refuse_foreign(grads, "unscale()")
         if not self._config.enabled:
             return grads, ops.convert_to_tensor(True)
         bits = self._scale_bits()
         tensors = tree_map(ops.convert_to_tensor, grads)
         finite = ops.logical_and(self._backend_paths.all_finite(leaves(tensors)),
                                  bits >= f32_bits(MIN_UNSCALABLE))
-        hi, lo = ops.unstack(self._backend_paths.compiled(unscale_factors)(bits))
+        hi, lo = cast("list[Any]", ops.unstack(self._backend_paths.compiled(unscale_factors)(bits)))
         return tree_map(lambda g: multiply(g, hi, lo), tensors), finite
 
     def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
@@ -315,6 +329,7 @@ class KerasGradScaler(HostCounters, GradScaler):
         if not is_flag(finite) or tuple(getattr(finite, "shape", ())) != ():
             raise TypeError(f"where_finite(finite, new, old) takes the one flag unscale() "
                             f"returns (a bool or a 0-d bool tensor), got {finite!r:.80}")
+        _refuse_foreign((new, old), "where_finite()")
 
         def leaf(n: Any, o: Any) -> Any:
             if n is None and o is None:

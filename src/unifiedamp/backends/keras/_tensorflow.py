@@ -9,7 +9,7 @@ pass of its own over its tensors; the forms here read each gradient as few times
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import keras
 from keras import ops
@@ -72,9 +72,10 @@ class TensorFlowPaths(BackendPaths):
         present = [g for g in grads if g is not None]
         if not present:
             return list(grads)
-        unscaled = iter(ops.cond(ops.equal(lo, 1.0),
-                                 lambda: [multiply(g, hi, None) for g in present],
-                                 lambda: [multiply(g, hi, lo) for g in present]))
+        unscaled = iter(cast("list[Any]", ops.cond(
+            ops.equal(lo, 1.0),
+            lambda: [multiply(g, hi, None) for g in present],
+            lambda: [multiply(g, hi, lo) for g in present])))
         return [None if g is None else next(unscaled) for g in grads]
 
     def apply_across_replicas(self, opt: SpecLossScaleOptimizer, grads: list[Any],

@@ -74,7 +74,7 @@ def check_finite_and_unscale_(grads: list[Any], scale: Any) -> Any:
     # tensor serves every call (a new one is a dozen Python calls). Paddle's stub leaves
     # out the found_inf argument the kernel takes.
     _, flag = _C_ops.check_finite_and_unscale_(  # type: ignore[call-arg]
-        grads, scale, _unwritten_flag(scale.place))
+        grads, scale, _unwritten_flag(scale.place))  # pyright: ignore[reportCallIssue]
     return flag
 
 

@@ -22,7 +22,7 @@ import paddle.distributed as dist
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import GradScaler, new_scale_value
-from unifiedamp._tree import leaves, tree_map
+from unifiedamp._tree import leaves, refuse_foreign, tree_map
 from unifiedamp.backends._imperative import (
     HostState,
     LastUpdate,
@@ -111,6 +111,13 @@ def _method(optimizer: Any, verb: str) -> Any:
                         f"{optimizer!r:.60}: pass the optimizer itself, e.g. "
                         f"scaler.{verb}(opt)")
     return method
+
+
+
+#: The error for another framework's arrays, in the words every backend uses.
+_refuse_foreign = functools.partial(
+    refuse_foreign, own=("paddle",), expected="paddle tensors",
+    convert="paddle.to_tensor")
 
 
 @_compat.overrides_private_methods
@@ -289,9 +296,11 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         return self._config.enabled
 
     def is_use_dynamic_loss_scaling(self) -> bool:
+        """Whether the scale adapts (Paddle's name for the config's ``dynamic``)."""
         return self._config.dynamic
 
     def get_init_loss_scaling(self) -> float:
+        """The scale the scaler started from (Paddle's name for ``init_scale``)."""
         return self._config.init_scale
 
     def set_init_loss_scaling(  # type: ignore[override]
@@ -309,10 +318,26 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
 
     # paddle.amp.GradScaler's names for the interface's accessors, with its keywords.
     # Paddle's setters return None, the interface's the scaler: hence the [override]s.
-    get_incr_ratio = GradScaler.get_growth_factor
-    get_decr_ratio = GradScaler.get_backoff_factor
-    get_incr_every_n_steps = GradScaler.get_growth_interval
-    get_decr_every_n_nan_or_inf = GradScaler.get_hysteresis
+    def get_incr_ratio(self) -> float:
+        """Paddle's name for :meth:`get_growth_factor`.
+
+        Example:
+            >>> PaddleGradScaler(growth_factor=4.0).get_incr_ratio()
+            4.0
+        """
+        return self.config.growth_factor
+
+    def get_decr_ratio(self) -> float:
+        """Paddle's name for :meth:`get_backoff_factor`."""
+        return self.config.backoff_factor
+
+    def get_incr_every_n_steps(self) -> int:
+        """Paddle's name for :meth:`get_growth_interval`."""
+        return self.config.growth_interval
+
+    def get_decr_every_n_nan_or_inf(self) -> int:
+        """Paddle's name for :meth:`get_hysteresis`."""
+        return self.config.hysteresis
 
     def set_incr_ratio(self, new_incr_ratio: float) -> PaddleGradScaler:  # type: ignore[override]
         """Paddle's name and keyword for :meth:`set_growth_factor`."""
@@ -397,7 +422,8 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         return (tensor.astype(paddle.float32) * self._factor(tensor.dtype, reciprocal)
                 ).astype(tensor.dtype)
 
-    def scale(self, outputs: Any) -> Any:
+    # torch's parameter name (the interface's), where Paddle's is ``var``.
+    def scale(self, outputs: Any) -> Any:  # pyright: ignore[reportIncompatibleMethodOverride]
         """Multiplies a tensor, or a list/tuple/dict of them, by the scale (shape and dtype
         kept), on every place and whatever ``auto_cast`` is set to."""
         if not self._config.enabled:
@@ -429,6 +455,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
 
     def _scale_one(self, tensor: Any) -> Any:
         if not isinstance(tensor, paddle.Tensor):
+            _refuse_foreign(tensor, what="scale()")
             raise TypeError(f"scale() takes a paddle.Tensor or a list/tuple/dict of them, got "
                             f"{type(tensor).__name__}")
         if tensor.dtype not in _FLOATING:
@@ -588,6 +615,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         """
         for leaf in leaves(grads):
             if not isinstance(leaf, paddle.Tensor):
+                _refuse_foreign(leaf, what="unscale()")
                 raise TypeError(
                     f"grads must be a paddle.Tensor or a list/tuple/dict of them, got a "
                     f"{type(leaf).__name__} leaf ({leaf!r}); convert it with paddle.to_tensor")
@@ -630,6 +658,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             ...                [paddle.zeros([2])])[0].tolist()
             [0.0, 0.0]
         """
+        _refuse_foreign((new, old), what="where_finite()")
         if isinstance(finite, paddle.Tensor):
             return tree_map(lambda n, o: paddle.where(finite, n, o), new, old)
         keep = bool(finite)

@@ -14,6 +14,7 @@ devices and ranks (``_devices``), and torch's private API (``_compat``).
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 import weakref
@@ -26,7 +27,7 @@ import torch
 from unifiedamp import spec
 from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import GradScaler, new_scale_value
-from unifiedamp._tree import leaves, tree_map
+from unifiedamp._tree import leaves, refuse_foreign, tree_map
 from unifiedamp.backends._imperative import (
     diagnostics_options,
     mid_iteration_load_error,
@@ -87,7 +88,14 @@ _UPDATE_BEFORE_SCALE = (
     "scaler.scale(loss or outputs) earlier in the iteration. Fix: call "
     "scaler.scale(loss).backward() and scaler.step(optimizer) before scaler.update()")
 
-class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
+#: The error for another framework's arrays, in the words every backend uses.
+_refuse_foreign = functools.partial(
+    refuse_foreign, own=("torch",), expected="torch tensors",
+    convert="torch.as_tensor")
+
+
+# TorchDiagnostics declares torch's _scale (Optional[Tensor]) for its methods' sake.
+class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):  # pyright: ignore[reportIncompatibleVariableOverride]
     """``torch.amp.GradScaler`` with the unifiedamp spec, config, state and reporting.
 
     It is a real ``torch.amp.GradScaler``: code and tools that take one take it.
@@ -292,12 +300,38 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
     # torch.amp.GradScaler's own accessors come first in the MRO; these are the
     # interface's, over _reconfigure (validated, one config). Its setters return the
     # scaler (for chaining) where torch's return None.
-    get_growth_factor = GradScaler.get_growth_factor
-    set_growth_factor = GradScaler.set_growth_factor  # type: ignore[assignment]
-    get_backoff_factor = GradScaler.get_backoff_factor
-    set_backoff_factor = GradScaler.set_backoff_factor  # type: ignore[assignment]
-    get_growth_interval = GradScaler.get_growth_interval
-    set_growth_interval = GradScaler.set_growth_interval  # type: ignore[assignment]
+    def get_growth_factor(self) -> float:
+        """The factor the scale grows by.
+
+        Example:
+            >>> TorchGradScaler(device="cpu").set_growth_factor(4.0).get_growth_factor()
+            4.0
+        """
+        return GradScaler.get_growth_factor(self)
+
+    def set_growth_factor(self, new_factor: float) -> TorchGradScaler:  # type: ignore[override]
+        """Sets ``growth_factor`` (validated); returns the scaler, where torch's returns None."""
+        GradScaler.set_growth_factor(self, new_factor)
+        return self
+
+    def get_backoff_factor(self) -> float:
+        """The factor the scale backs off by."""
+        return GradScaler.get_backoff_factor(self)
+
+    def set_backoff_factor(self, new_factor: float) -> TorchGradScaler:  # type: ignore[override]
+        """Sets ``backoff_factor`` (validated); returns the scaler, where torch's returns None."""
+        GradScaler.set_backoff_factor(self, new_factor)
+        return self
+
+    def get_growth_interval(self) -> int:
+        """Consecutive finite updates before the scale grows."""
+        return GradScaler.get_growth_interval(self)
+
+    def set_growth_interval(self, new_interval: int) -> TorchGradScaler:  # type: ignore[override]
+        """Sets ``growth_interval``; a tracker already past it grows at the next finite
+        update. Returns the scaler, where torch's returns None."""
+        GradScaler.set_growth_interval(self, new_interval)
+        return self
 
     def _get_hysteresis_tracker(self) -> int:
         if self._hysteresis_tracker is None:
@@ -463,6 +497,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         # The multiply is written here rather than through torch.amp.GradScaler.scale,
         # which torch.compile refuses to trace (a graph break in a compiled train step).
         if not isinstance(tensor, torch.Tensor):
+            _refuse_foreign(tensor, what="scale()")
             raise ValueError(f"outputs must be a Tensor or a list/tuple/dict of Tensors, got "
                              f"{type(tensor).__name__}")
         scale = self._scale
@@ -562,8 +597,8 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             found.clamp_(min=overflow.to(found.device, non_blocking=True))
 
     #: torch's split, unscale and check of the gradients, lean (unscale_ and the fused
-    #: path's check call it).
-    _unscale_grads_ = unscale_grads_
+    #: path's check call it). Its first parameter is named ``scaler``, torch's ``self``.
+    _unscale_grads_ = unscale_grads_  # pyright: ignore[reportAssignmentType]
 
     def _check_inf_per_device(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         # The fused path's check: no unscaling (the fused kernel does it). Reached from
@@ -654,6 +689,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
         """
         for leaf in leaves(grads):
             if not isinstance(leaf, torch.Tensor):
+                _refuse_foreign(leaf, what="unscale()")
                 raise TypeError(
                     f"grads must be a Tensor or a list/tuple/dict of Tensors, got a "
                     f"{type(leaf).__name__} leaf ({leaf!r}); convert it with torch.as_tensor "
@@ -692,6 +728,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):
             >>> s.where_finite(torch.tensor(False), [torch.ones(2)], [torch.zeros(2)])
             [tensor([0., 0.])]
         """
+        _refuse_foreign((new, old), what="where_finite()")
         if isinstance(finite, torch.Tensor):
             return tree_map(lambda n, o: torch.where(finite, n, o), new, old)
         keep = bool(finite)

@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, cast
 
 import keras
 import numpy as np
@@ -29,7 +29,8 @@ __all__ = ["KerasAdapter", "compile_loss", "inputs", "loss_of", "run_replicas",
 def loss_of(y_pred: Any) -> Any:
     # |loss| < 1 and d(loss)/d(weights) do not depend on the weights, so a finite
     # step stays finite at every float32 scale.
-    return ops.sum(y_pred) * 2.0**-4
+    total: Any = ops.sum(y_pred)
+    return total * 2.0**-4
 
 
 def compile_loss(y_true: Any, y_pred: Any) -> Any:
@@ -61,8 +62,8 @@ def scaled_gradients(model: keras.Model, scale: Any, x: np.ndarray) -> list[Any]
         import jax
 
         def f(trainable: list[Any]) -> Any:
-            y, _ = model.stateless_call(trainable, [v.value for v in
-                                                    model.non_trainable_variables], x)
+            y, _ = cast("tuple[Any, list[Any]]", model.stateless_call(
+                trainable, [v.value for v in model.non_trainable_variables], x))
             return scale(loss_of(y))
 
         return jax.grad(f)([v.value for v in variables])
@@ -77,8 +78,8 @@ OPTIMIZERS = {
 
 def make_model() -> keras.Model:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
-        1, kernel_initializer=keras.initializers.Constant(0.1),
-        bias_initializer=keras.initializers.Constant(0.1))])
+        1, kernel_initializer=keras.initializers.Constant(0.1),  # pyright: ignore[reportArgumentType]
+        bias_initializer=keras.initializers.Constant(0.1))])  # pyright: ignore[reportArgumentType]
     return model
 
 

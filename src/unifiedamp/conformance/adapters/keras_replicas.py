@@ -43,7 +43,7 @@ def _tensorflow(config: dict[str, Any], kinds: list[str], optimizer: str) -> lis
     with strategy.scope():
         model, opt = fit_step_model(KerasGradScaler(**config), optimizer)
     model.fit(_batch(kinds), _zeros(len(kinds)), batch_size=len(kinds), epochs=1,
-              shuffle=False, verbose=0)
+              shuffle=False, verbose=0)  # pyright: ignore[reportArgumentType]
 
     def copies(variable: Any) -> list[float]:
         return [float(t.numpy()) for t in
@@ -66,7 +66,7 @@ def _jax(config: dict[str, Any], kinds: list[str], optimizer: str) -> list[list[
     keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
     model, opt = fit_step_model(KerasGradScaler(**config), optimizer)
     model.fit(_batch(kinds), _zeros(len(kinds)), batch_size=len(kinds), epochs=1,
-              shuffle=False, verbose=0)
+              shuffle=False, verbose=0)  # pyright: ignore[reportArgumentType]
     order = [str(d) for d in devices]
 
     def copies(variable: Any) -> list[float]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -89,8 +89,8 @@ class MlxAdapter(FunctionalAdapter):
     def snapshot(self, handle: Any) -> list[np.ndarray]:
         out = []
         for model, optimizer in handle[1]:
-            for _, v in tree_flatten(model.trainable_parameters()) + tree_flatten(
-                    optimizer.state):
+            pairs = cast("list[tuple[str, Any]]", tree_flatten(model.trainable_parameters()))
+            for _, v in pairs + cast("list[tuple[str, Any]]", tree_flatten(optimizer.state)):
                 out.append(np.array(v))
         return out
 

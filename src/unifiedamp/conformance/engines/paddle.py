@@ -165,7 +165,8 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     model = paddle.nn.Linear(FEATURES, 1)
     for param in model.parameters():
         param.set_value(paddle.full(param.shape, START, dtype=param.dtype))
-    opt = paddle.optimizer.SGD(learning_rate=LEARNING_RATE, parameters=model.parameters())
+    # Any: fleet's distributed_optimizer returns the Fleet, annotated without the optimizer's API
+    opt: Any = paddle.optimizer.SGD(learning_rate=LEARNING_RATE, parameters=model.parameters())
     wrapped: Any
     if job["engine"] == "fleet":
         fleet.init(is_collective=True)

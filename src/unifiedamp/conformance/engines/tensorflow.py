@@ -154,8 +154,8 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     with strategy.scope():
         model = keras.Sequential([
             keras.Input((FEATURES,)),
-            keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(START),
-                               bias_initializer=keras.initializers.Constant(START))])
+            keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(START),  # pyright: ignore[reportArgumentType]
+                               bias_initializer=keras.initializers.Constant(START))])  # pyright: ignore[reportArgumentType]
         inner = keras.optimizers.SGD(LEARNING_RATE)
         if job["scaler"] == "keras":
             opt = keras.optimizers.LossScaleOptimizer(
@@ -168,7 +168,7 @@ def train(job: dict[str, Any]) -> list[dict[str, Any]]:
     def replica_fn(x: Any) -> None:
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(model(x)) * (LOSS_FACTOR / world)
-            scaled = opt.scale_loss(loss)
+            scaled: Any = opt.scale_loss(loss)
         grads = tape.gradient(scaled, model.trainable_variables)
         opt.apply(grads, model.trainable_variables)
 

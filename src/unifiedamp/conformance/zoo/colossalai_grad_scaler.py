@@ -70,7 +70,8 @@ def _prepare_runtime(rank: int = 0, world: int = 1, port: int | None = None) -> 
     if type(get_accelerator()) is CpuAccelerator:
         class _CountingCpuAccelerator(CpuAccelerator):
             # The only call of it is DynamicGradScaler.__init__'s, which drops the answer.
-            def device_count(self) -> int:
+            # (The base's raises: pyright infers it returns Never.)
+            def device_count(self) -> int:  # pyright: ignore[reportIncompatibleMethodOverride]
                 return 1
 
         set_accelerator(_CountingCpuAccelerator())
@@ -155,13 +156,15 @@ class ColossalAIDynamicGradScaler(Adapter):
         with torch.no_grad():
             model.weight.fill_(0.1)
             model.bias.fill_(0.1)
-        # min_scale/max_scale None: the scaler's ``if min_scale:`` leaves that side open.
+        # min_scale/max_scale None: the scaler's ``if min_scale:`` leaves that side open
+        # (Colossal-AI annotates them float).
         optimizer = MixedPrecisionOptimizer(
             torch.optim.Adam(model.parameters(), lr=1e-3), precision="fp16",
-            initial_scale=config.init_scale, min_scale=config.min_scale,
+            initial_scale=config.init_scale,
+            min_scale=config.min_scale,  # pyright: ignore[reportArgumentType]
             growth_factor=config.growth_factor, backoff_factor=config.backoff_factor,
             growth_interval=config.growth_interval, hysteresis=config.hysteresis,
-            max_scale=config.max_scale)
+            max_scale=config.max_scale)  # pyright: ignore[reportArgumentType]
         return optimizer, model, config
 
     def iterate(self, handle: Any, kinds: str) -> Any:

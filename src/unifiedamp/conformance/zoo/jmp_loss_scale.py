@@ -126,11 +126,13 @@ class JmpDynamicLossScale(Adapter):
         floor = 0.0 if config.min_scale is None else f32(config.min_scale)
         # A float32 scale, as the class docstring builds it: the README's
         # jmp.half_dtype()(2 ** 15) makes adjust() raise (lax.select of float16 and the
-        # float32 min_loss_scale; jmp 0.0.4, jax 0.10).
+        # float32 min_loss_scale; jmp 0.0.4, jax 0.10). jmp annotates counter jnp.ndarray
+        # and factor int; it takes a NumPy array and a float.
         return jmp.DynamicLossScale(
             loss_scale=jnp.asarray(scale, jnp.float32),
-            counter=np.asarray(counter, np.int32),
-            period=config.growth_interval, factor=config.growth_factor,
+            counter=np.asarray(counter, np.int32),  # pyright: ignore[reportArgumentType]
+            period=config.growth_interval,
+            factor=config.growth_factor,  # pyright: ignore[reportArgumentType]
             min_loss_scale=jnp.asarray(floor, jnp.float32))
 
     def new(self, config: ScalerConfig, optimizers: int = 1) -> Any:

@@ -92,8 +92,8 @@ class KerasLossScaleOptimizer(Adapter):
         from unifiedamp.conformance.adapters.keras import compile_loss
 
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(
-            1, kernel_initializer=keras.initializers.Constant(0.1),
-            bias_initializer=keras.initializers.Constant(0.1))])
+            1, kernel_initializer=keras.initializers.Constant(0.1),  # pyright: ignore[reportArgumentType]
+            bias_initializer=keras.initializers.Constant(0.1))])  # pyright: ignore[reportArgumentType]
         opt = keras.optimizers.LossScaleOptimizer(
             keras.optimizers.Adam(1e-3), initial_scale=config.init_scale,
             dynamic_growth_steps=config.growth_interval)

@@ -37,6 +37,13 @@ from unifiedamp.spec import ScalerConfig, ScalerState, parse_state_dict, to_stat
 __all__ = ["DIFFERENCES", "MindSporeDynamicLossScaler"]
 
 
+#: Every function given to ``mindspore.value_and_grad``, kept alive: MindSpore's PyNative mode
+#: caches a gradient graph by the function's id, so a freed closure whose address a new one
+#: takes would run with the first one's captures (another scaler's, another step's kinds).
+#: A zoo column runs in a process of its own.
+_DIFFERENTIATED: list[Any] = []
+
+
 class _Group(NamedTuple):
     """One optimizer and the parameters it trains."""
 
@@ -120,7 +127,11 @@ class MindSporeDynamicLossScaler(Adapter):
             return loss_scaler.scale(sum(_loss(g, k) for g, k in zip(groups, kinds, strict=True)))
 
         weights = [p for g in groups for p in g.params]
-        _, grads = mindspore.value_and_grad(forward, None, weights)()
+        # Unannotated in mindspore, where pyright infers grad_position an int (None is
+        # documented) and a result that is not a pair.
+        value_and_grad: Any = mindspore.value_and_grad
+        _DIFFERENTIATED.append(forward)
+        _, grads = value_and_grad(forward, None, weights)()
         grads = loss_scaler.unscale(grads)
         finite = amp.all_finite(grads)
         if finite:

@@ -116,7 +116,7 @@ class TensorFlowV1DynamicLossScale(Adapter):
                              f"apply_gradients: one optimizer only, not {optimizers}")
         import tensorflow as tf
 
-        params = [tf.Variable(tf.fill([4], 0.1)), tf.Variable(0.1)]
+        params = [tf.Variable(tf.fill([4], 0.1)), tf.Variable(0.1)]  # pyright: ignore[reportArgumentType]
         return self._run(config, params, tf.compat.v1.train.AdamOptimizer(1e-3))
 
     def iterate(self, handle: Any, kinds: str, compiled: bool = False) -> Any:
