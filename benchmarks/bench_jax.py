@@ -13,7 +13,12 @@ parameters and optimizer state instead of the lax.cond is left out: on XLA's
 CPU it takes ~2x the step, and its large temporaries change the allocator's
 behaviour, and so the timings, of every case run in the same process.)
 Interleaved runs in a rotating order; medians and the ratios to jmp and to no
-scaler printed.
+scaler printed. Beside the times, each step's compiled program on this device
+(unifiedamp.backends.jax._hlo, as tests/jax/test_compiled_program.py reads it for a
+small model): the kernels and copies a finite step runs (fusion / copy / dot), the
+copies of parameter-sized buffers, and XLA's cost_analysis() bytes accessed and flops,
+against the plain step as written; the where_finite form is compiled for these
+numbers, not timed. --counts-only prints them without timing.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import optax
 from _timing import interleaved_medians  # benchmarks/_timing.py
 
 import unifiedamp as ua
-from unifiedamp.backends.jax import find_scaler, loss_scaled, step_if_finite
+from unifiedamp.backends.jax import find_scaler, loss_scaled, step_if_finite, where_finite
+from unifiedamp.backends.jax._hlo import program_counts
 
 
 def init_mlp(key: jax.Array) -> list[dict[str, jax.Array]]:
@@ -54,6 +60,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--counts-only", action="store_true",
+                        help="print the compiled programs' counts, without timing")
     args = parser.parse_args()
     import jmp
 
@@ -117,6 +125,15 @@ def main() -> None:
 
         return (*step_if_finite(finite, apply, (params, opt_state)), scaler.update(finite))
 
+    @jit
+    def with_where_finite(params, opt_state, scaler):  # select over params and moments
+        grads = jax.grad(lambda p: scaler.scale(loss_fn(p, x, y)))(params)
+        grads, finite = scaler.unscale(grads)
+        updates, new_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        return (where_finite(finite, new_params, params),
+                where_finite(finite, new_state, opt_state), scaler.update(finite))
+
     scaled_tx = loss_scaled(tx, ua.GradScaler(2.0**15, backend="jax"))
 
     @jit
@@ -140,6 +157,29 @@ def main() -> None:
     carries = {name: (jax.tree.map(jnp.copy, params), opt.init(params), extra)
                for name, (_, opt, extra) in cases.items()}
 
+    # The compiled programs, before any run donates the carries.
+    # (jmp's pytree cannot be lowered: its unflatten checks the dtype of a leaf, which
+    # jax.jit(...).lower hands it as an ArgInfo.)
+    compiled = {**{name: case for name, case in cases.items() if "jmp" not in name},
+                "e unifiedamp where_finite (not timed)": (
+                    with_where_finite, tx, ua.GradScaler(2.0**15, backend="jax"))}
+    counts = {name: program_counts(fn.lower(params, opt.init(params), extra).compile(), params)
+              for name, (fn, opt, extra) in compiled.items()}
+    plain_counts = counts["a no scaler"]
+
+    def print_counts() -> None:
+        print(f"compiled programs on {jax.devices()[0].platform} (a finite step's kernels; "
+              f"plain: {plain_counts.flops / 1e9:.2f} GFLOP)")
+        for name, c in counts.items():
+            print(f"  {name:38s} {c.row(plain_counts)}, "
+                  f"{c.flops / plain_counts.flops:.3f}x flops, {c.lines} HLO lines")
+
+    if args.counts_only:
+        print(f"jax {jax.__version__}; {n_params / 1e6:.1f}M-parameter MLP (float16 compute), "
+              f"AdamW, batch 64")
+        print_counts()
+        return
+
     def run(name: str) -> None:
         fn = cases[name][0]
         carry = carries[name]
@@ -160,6 +200,7 @@ def main() -> None:
     print(f"  baseline: the fastest plain step, {fastest!r}")
     for name in [n for n in med if n not in plains][1:]:
         print(f"  {name}: ratio to jmp = {med[name] / b:.3f}, to no scaler = {med[name] / a:.3f}")
+    print_counts()
 
 
 if __name__ == "__main__":

@@ -201,8 +201,8 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------- JAX
     Mutant("jax-unscale-checks-unscaled-grads", f"{BACKENDS}/jax/_scaler.py",
            "        finite = _all_finite(grads, axis_name, caller) & self._reciprocal_finite()\n"
-           "        return _multiply(grads, *inverse), finite",
-           "        out = _multiply(grads, *inverse)\n"
+           "        return _multiply(grads, inverse), finite",
+           "        out = _multiply(grads, inverse)\n"
            "        return out, _all_finite(out, axis_name, caller) & self._reciprocal_finite()",
            _T_JAX),
     Mutant("jax-all-finite-sums-leaves", f"{BACKENDS}/jax/_scaler.py",

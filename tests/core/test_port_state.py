@@ -83,6 +83,7 @@ def test_forms_with_a_hysteresis_counter_keep_a_nonzero_tracker(to):
     ("torch", "hysteresis=2, min_scale=0.5, max_scale=1048576.0"),
     ("paddle", "min_scale=0.5, max_scale=1048576.0"),
     ("jmp", "backoff_factor=0.7, hysteresis=2, max_scale=1048576.0"),
+    ("flax", "hysteresis=2, max_scale=1048576.0"),
 ])
 def test_a_form_that_cannot_carry_the_config_raises_naming_what_is_lost(to, lost):
     saved = canonical(RICH)
@@ -106,6 +107,12 @@ def test_a_disabled_scaler_has_no_native_form():
     ({"loss_scale": 8.0, "counter": 0, "period": 3, "factor": 0.0, "min_loss_scale": 0.0},
      r"factor must be > 0, got factor=0.0"),
     ({"loss_scale": 8.0, "counter": 0}, r"missing \['period', 'factor', 'min_loss_scale'\]"),
+    # Flax grows only at fin_steps == growth_interval: from past it, never; the spec at once.
+    ({"fin_steps": 4, "scale": 8.0, "growth_interval": 3},
+     r"fin_steps=4 is past DynamicScale's growth_interval=3: Flax's DynamicScale never grows"),
+    ({"fin_steps": 1, "scale": 8.0, "growth_interval": -1},
+     r"DynamicScale's growth_interval must be an int >= 0, got -1"),
+    ({"fin_steps": -1, "scale": 8.0}, r"growth_tracker must be an int >= 0, got "),
 ])
 def test_bad_input_raises_naming_the_value_and_changes_nothing(bad, message):
     before = repr(bad)

@@ -60,3 +60,32 @@ def test_the_rewritten_source_builds_the_same_scaler_in_the_real_framework(to, b
     chosen = WITH_PADDLE if beside_paddle else PAIRS
     built = request.getfixturevalue("built_beside_paddle" if beside_paddle else "built_by_target")
     port_sources.check_built(to, chosen[to], built[to])
+
+
+#: The tf.keras sources of the corpus: each spelling (tf-keras 2's static scale, TensorFlow
+#: 2.1-2.3's experimental optimizer with "dynamic", a number or a DynamicLossScale, tf.keras
+#: read as tf-keras 2 or Keras 3 from the file).
+TF_KEYS = [k for k, v in port_sources.SOURCES.items() if v[1].startswith("tf.keras")]
+
+
+@pytest.mark.parametrize("key", TF_KEYS)
+def test_the_lifted_tf_keras_line_follows_the_sources_trajectory(key):
+    """The rewritten line, run with Keras, steps the source's trajectory (its own Keras's
+    rule: tf-keras 2's floor of 1, a static scale that never moves) over forced overflows."""
+    import numpy as np
+    from port_runs import KINDS, hexes, reference
+
+    result = port_sources.ported(key, "unifiedamp")
+    assert result.ok, result.problems
+    namespace: dict = {}
+    exec(result.code, namespace)
+    opt, config = namespace["scaler"], port_sources.expected(key)
+    var = keras.Variable(np.ones(3, np.float32))
+    scales = []
+    for kind in KINDS:
+        grad = np.full(3, np.inf if kind == "I" else 1.0, np.float32)
+        opt.apply([keras.ops.convert_to_tensor(grad)], [var])
+        scales.append(float(keras.ops.convert_to_numpy(opt.dynamic_scale)))
+    assert hexes(scales) == reference(config, KINDS), (key, config)
+    if not config.dynamic:
+        assert set(scales) == {config.init_scale}

@@ -109,6 +109,10 @@ class Float32Bits:
     float32: Callable[[Any], Any]
     #: An array -> the same values, with no gradient through them.
     stop_gradient: Callable[[Any], Any]
+    #: Whether :meth:`reciprocal_of_mantissa` tests its candidates one after the other in
+    #: elementwise ops (one fused kernel under XLA) rather than along a new axis with
+    #: reductions (a ninth of the ops in a TensorFlow graph). The same result either way.
+    elementwise: bool = False
 
     @classmethod
     def for_jax(cls) -> Float32Bits:
@@ -123,7 +127,7 @@ class Float32Bits:
                                                                 jnp.float32),
                    int32=lambda v: jnp.asarray(v, jnp.int32),
                    float32=lambda v: jnp.asarray(v, jnp.float32),
-                   stop_gradient=lax.stop_gradient)
+                   stop_gradient=lax.stop_gradient, elementwise=True)
 
     @classmethod
     def for_keras(cls) -> Float32Bits:
@@ -200,7 +204,9 @@ class Float32Bits:
         rounded, in (0.5, 1], and its exact error, an int32 in units of 2**-46
         (:meth:`product_error`). ``r`` is, of ``1 / m`` and its four neighbours on each side,
         the one with the smallest exact ``|m * r - 1|`` (the division may be an approximate
-        reciprocal, see the module)."""
+        reciprocal, see the module); of two as close, the smaller."""
+        if self.elementwise:
+            return self._reciprocal_of_mantissa_elementwise(m)
         xp = self.xp
         # The nine candidates along a new last axis, tested at once: one product per
         # candidate in a single set of ops (a graph a ninth the size of a loop's).
@@ -217,6 +223,28 @@ class Float32Bits:
         best_error = xp.sum(xp.where(xp.equal(r, xp.expand_dims(best_r, -1)), error,
                                      self.int32(0)), axis=-1)
         # m == 1: r == 1 exactly (its neighbours above break product_error's bounds).
+        one = xp.equal(m, 1.0)
+        return (xp.where(one, self.float32(1.0), best_r),
+                xp.where(one, self.int32(0), best_error))
+
+    def _reciprocal_of_mantissa_elementwise(self, m: Any) -> tuple[Any, Any]:
+        # The same choice as the vectorised form, candidate after candidate in increasing
+        # order, keeping the first of the closest: elementwise ops only, which a compiler
+        # fuses into one kernel (XLA makes a kernel of each reduction of the other form).
+        xp = self.xp
+        first = self.bits(1.0 / m)
+        best_r = best_error = best_abs = None
+        for k in range(-4, 5):
+            r = self.from_bits(first + k)
+            error = self.product_error(m, r * 2.0, self.float32(2.0))
+            err = xp.absolute(error)
+            if best_r is None:
+                best_r, best_error, best_abs = r, error, err
+                continue
+            closer = err < best_abs
+            best_r = xp.where(closer, r, best_r)
+            best_error = xp.where(closer, error, best_error)
+            best_abs = xp.where(closer, err, best_abs)
         one = xp.equal(m, 1.0)
         return (xp.where(one, self.float32(1.0), best_r),
                 xp.where(one, self.int32(0), best_error))

@@ -313,6 +313,12 @@ class FunctionalGradScaler(GradScaler):
         """Whether an encoded scale is finite."""
         return self.xp.isfinite(encoded)
 
+    def _materialised(self, *arrays: Any) -> tuple[Any, ...]:
+        """``arrays``, computed before what reads them (JAX: through an optimization
+        barrier, so that the new scale reads the new trackers instead of the old ones
+        that their update overwrites in place)."""
+        return arrays
+
     def update(self, finite: Any = None, *, new_scale: Any = None) -> Any:
         """The scaler after one iteration whose gradients were all ``finite`` (or not).
 
@@ -368,6 +374,13 @@ class FunctionalGradScaler(GradScaler):
         growth = xp.where(inf, 0, self.growth_tracker + 1).astype(xp.int32)
         back_off = inf & (hyst >= config.hysteresis)
         grow = xp.logical_not(inf) & (growth >= config.growth_interval)
+        new_growth = xp.where(grow, 0, growth).astype(xp.int32)
+        new_hyst = xp.where(back_off, 0, hyst).astype(xp.int32)
+        new_growth, new_hyst = self._materialised(new_growth, new_hyst)
+        # The new trackers tell when the scale moves: a finite step whose tracker went to 0
+        # grew, a non-finite one whose tracker went to 0 backed off (both count from 1).
+        grow = xp.logical_not(inf) & xp.equal(new_growth, 0)
+        back_off = inf & xp.equal(new_hyst, 0)
         scale = self._encode(self.loss_scale)
         backed = self._multiply(self.loss_scale, spec.f32(config.backoff_factor))
         if config.min_scale is not None:
@@ -377,7 +390,5 @@ class FunctionalGradScaler(GradScaler):
             grown = xp.minimum(grown, self._constant(spec.f32(config.max_scale)))
         grown = xp.where(self._is_finite(grown), grown, scale)  # an overflow keeps the scale
         new = xp.where(back_off, backed, xp.where(grow, grown, scale))
-        return self._make(config, self._decode(new),
-                          xp.where(grow, 0, growth).astype(xp.int32),
-                          xp.where(back_off, 0, hyst).astype(xp.int32), skipped, in_a_row,
+        return self._make(config, self._decode(new), new_growth, new_hyst, skipped, in_a_row,
                           updates)

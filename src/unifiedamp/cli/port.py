@@ -30,15 +30,20 @@ def add_parser(sub: Any) -> None:
                "to the call that builds it included (used as a value, as in scaler_type = "
                "GradScaler; looked up with getattr; imported and never used); 2 for an "
                "error that stops it, with nothing written (a file that does not exist, is not "
-               "UTF-8 Python source, does not parse or nests too deeply; a bad --from-version; "
+               "UTF-8 Python source, does not parse or nests too deeply; a bad --from-version, or "
+               "a bare one that is ambiguous for a tf.keras call; "
                "-o into a missing folder or onto a directory; a write that fails: the target "
                "is left as it was). Writes go to a temp file renamed over the target.")
     p.add_argument("file", help="the Python file, or - for standard input")
     p.add_argument("--to", required=True, choices=TARGETS, help="the target")
     p.add_argument("--from-version", metavar="V", default=None, type=_version_arg,
-                   help="the source framework's version where its defaults depend on it "
-                        "(paddle 2.x: 32768 / 1000 / 2, 3.x: 65536 / 2000 / 1; tf-keras 2 or "
-                        "Keras 3); default: the installed one")
+                   help="the source framework's version where its defaults depend on it, as "
+                        "FRAMEWORK=VERSION (tensorflow=2.15, keras=2, paddle=2.6, torch=2.3) or "
+                        "a bare version (paddle 2.x: 32768 / 1000 / 2, 3.x: 65536 / 2000 / 1; "
+                        "tf.keras: tf-keras 2 up to tensorflow 2.15, Keras 3 from 2.16, so a "
+                        "bare 2.16 or later is ambiguous and refused); default: for tf.keras "
+                        "what the file says (tf_keras, tf.compat.v1, keras.ops...), else the "
+                        "installed version"),
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true",
                       help="print the plan (each call site, before and after, notes and "
@@ -89,7 +94,7 @@ def _cmd_port(args: argparse.Namespace) -> int:
     except SyntaxError as exc:
         where = ":".join(str(p) for p in (name, exc.lineno, exc.offset) if p is not None)
         return _error(f"{where}: {exc.msg}")
-    except ImportError as exc:
+    except (ImportError, ValueError) as exc:  # ValueError: a --from-version to say clearer
         return _error(str(exc))
     if args.check:
         _emit(result.plan(name))

@@ -32,6 +32,7 @@ def _summary(r: dict[str, Any]) -> str:
     if r["to"] == "keras":
         lines.append("  keras form: the optimizer's variables; build the optimizer with the "
                      "config above (ua.GradScaler(**config, backend='keras').wrap(opt))")
+    lines += [f"  note: {note}" for note in r.get("notes", ())]
     return "\n".join(lines)
 
 
@@ -97,11 +98,13 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "port-state", help="convert a scaler state inside a checkpoint file to another form",
         description="Finds the scaler state in a checkpoint (torch.save / Lightning .ckpt, "
-                    "paddle .pdparams/.pdopt, .json, flax .msgpack, .npz, Keras .keras) and "
-                    "converts it to another framework's form.")
-    p.add_argument("input", help="the checkpoint file")
+                    "paddle .pdparams/.pdopt, .json, flax .msgpack, .npz, Keras .keras, an "
+                    "Orbax folder) and converts it to another framework's form (flax: "
+                    "DynamicScale's scale and fin_steps).")
+    p.add_argument("input", help="the checkpoint file (or Orbax checkpoint folder)")
     p.add_argument("--to", required=True, choices=FORMS, help="the form to write")
-    p.add_argument("-o", "--output", help="where to write (the same file: in place); "
+    p.add_argument("-o", "--output", help="where to write (the same file: in place; a new "
+                                          "path without an extension: an Orbax folder); "
                                           "omitted: print the result only")
     p.add_argument("--in-place", action="store_true",
                    help="rewrite the input file (not with -o)")

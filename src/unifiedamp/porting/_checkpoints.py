@@ -25,6 +25,7 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from unifiedamp._atomic_write import atomic_path
+from unifiedamp.porting._flax import flax_config, flax_notes, is_orbax, load_orbax, save_orbax
 from unifiedamp.porting._keras_files import load_keras, save_keras
 from unifiedamp.porting._limits import Exceeded, ReadLimits, check_tree, check_zip
 from unifiedamp.porting._safe_pickle import Refused, _load_paddle, _load_torch, _refusal
@@ -333,7 +334,9 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
 
     Returns:
         A summary: ``src``, ``dst``, ``key``, ``from``, ``to``, ``whole`` (whether the
-        rest of the checkpoint was kept), ``config``, ``state`` and ``state_dict``.
+        rest of the checkpoint was kept), ``config``, ``state``, ``state_dict`` and
+        ``notes`` (from or to the flax form: what a resumed run does differently, and
+        what to build; empty otherwise).
 
     Example:
         >>> import os, tempfile
@@ -349,35 +352,59 @@ def port_state_file(src: str | os.PathLike, dst: str | os.PathLike | None = None
         if dst is not None and os.path.abspath(dst) != os.path.abspath(src):
             raise ValueError(f"in_place=True writes {src} itself; dst={dst!r} says another file")
         dst = src
-    if dst is not None and file_type(dst) == "keras" and to != "keras":
+    src_type = "orbax" if is_orbax(src) else file_type(src)
+    dst_type = None if dst is None else _dst_type(src, src_type, dst)
+    if dst_type == "keras" and to != "keras":
         raise ValueError(f"{dst} is a Keras model: the state goes into its optimizer's "
                          f"variables, the keras form; pass to='keras', not {to!r}; nothing "
                          "was written")
-    container = load_file(src, trusted=trusted, limits=limits)
-    if file_type(src) == "keras":
+    if src_type == "orbax":
+        container = load_orbax(src, trusted=trusted, limits=limits)
+    else:
+        container = load_file(src, trusted=trusted, limits=limits)
+    if src_type == "keras":
         # The optimizer's own config, unless the caller gives one.
         if config is None:
             config = ScalerConfig(**container["scaler_config"])
         container = {k: v for k, v in container.items() if k != "scaler_config"}
     found_key, state = _find(container, key, src)
+    if config is not None and config_fields and detect_form(state) == "flax":
+        # A DynamicScale's unnamed fields are its own defaults (a floor of 2**-126), not
+        # the canonical ones.
+        config = flax_config(state, config, config_fields)
     cfg, st, form = read_state(state, config)
     if config is not None:
         _check_fields(src, cfg, config, config_fields)
     converted = convert_state(state, to, config)
-    if dst is not None and file_type(dst) == "keras":
+    # What a run resumed across Flax's rule does differently (empty for other forms).
+    notes = flax_notes(cfg, st, form, to)
+    if dst is not None and dst_type == "keras":
         # The model and optimizer of dst (src itself in place) are the target.
         save_keras(converted, cfg, dst, dst, trusted)
         return {"src": os.fspath(src), "dst": os.fspath(dst), "key": found_key,
                 "from": form, "to": to, "whole": True, "config": cfg.to_dict(),
-                "state": st._asdict(), "state_dict": converted}
-    whole = dst is not None and file_type(dst) == file_type(src) and found_key is not None
+                "state": st._asdict(), "state_dict": converted, "notes": notes}
+    whole = dst is not None and dst_type == src_type and found_key is not None
     if dst is not None:
-        stored = _storable(converted, file_type(dst))
+        stored = _storable(converted, str(dst_type))
         out = {**container, found_key: stored} if whole else stored
-        save_file(out, dst)
+        if dst_type == "orbax":
+            save_orbax(out, dst)
+        else:
+            save_file(out, dst)
     return {"src": os.fspath(src), "dst": None if dst is None else os.fspath(dst),
             "key": found_key, "from": form, "to": to, "whole": whole,
-            "config": cfg.to_dict(), "state": st._asdict(), "state_dict": converted}
+            "config": cfg.to_dict(), "state": st._asdict(), "state_dict": converted,
+            "notes": notes}
+
+
+def _dst_type(src: Any, src_type: str, dst: Any) -> str:
+    # A path without an extension (or an Orbax directory) is an Orbax checkpoint directory.
+    if os.path.abspath(dst) == os.path.abspath(src):
+        return src_type
+    if is_orbax(dst) or not os.path.splitext(os.fspath(dst))[1]:
+        return "orbax"
+    return file_type(dst)
 
 
 def _check_fields(src: Any, cfg: ScalerConfig, config: ScalerConfig,

@@ -15,6 +15,11 @@ two functions read it in opposite directions:
 
 No framework is imported here. Versions are read from the installed distributions'
 metadata (``importlib.metadata``), which imports nothing either.
+
+Length: one module, because both readers rest on the same reading of a row: which version's
+defaults apply (``framework=version``, tf.keras's tf-keras 2 or Keras 3), how arguments bind,
+and the Keras and TensorFlow rules no table entry can hold (a static scale's requirements,
+TensorFlow 2.1-2.3's ``loss_scale``); split, each half would import the other's privates.
 """
 
 from __future__ import annotations
@@ -99,12 +104,25 @@ def _major(version: Any, default: int) -> int:
 _VERSION = re.compile(r"v?\d+(\.\d+)*((a|b|rc|\.?post|\.?dev)\d*)*(\+[A-Za-z0-9.]+)?")
 
 
+#: The framework names ``framework=version`` takes, and what each means.
+FRAMEWORK_NAMES = {"tensorflow": "tensorflow", "tf": "tensorflow", "keras": "keras",
+                   "tf-keras": "keras", "tf_keras": "keras", "torch": "torch",
+                   "paddle": "paddle", "paddlepaddle": "paddle", "jmp": "jmp"}
+
+
+class AmbiguousVersion(ValueError):
+    """A bare version that means different defaults depending on the framework it names
+    (``2.16`` for ``tf.keras``: TensorFlow 2.16 is Keras 3, tf-keras 2.16 is Keras 2)."""
+
+
 def _check_version(version: Any) -> None:
-    """Raises ValueError unless ``version`` is None, an int or a version number string.
+    """Raises ValueError unless ``version`` is None, an int, a version number string or
+    ``framework=version`` (``tensorflow=2.15``, ``keras=2``, ``paddle=2.6``, ``torch=2.3``).
 
     Example:
         >>> _check_version("3.3.1"), _check_version(2), _check_version(None)
         (None, None, None)
+        >>> _check_version("tensorflow=2.15")
         >>> _check_version("banana")
         Traceback (most recent call last):
         ...
@@ -113,9 +131,72 @@ def _check_version(version: Any) -> None:
     if version is None or (isinstance(version, int) and not isinstance(version, bool)
                             and version >= 0):
         return
+    if isinstance(version, str) and "=" in version:
+        framework, _, number = version.partition("=")
+        if framework.strip().lower() not in FRAMEWORK_NAMES:
+            raise ValueError(f"{version!r}: {framework.strip()!r} is not a framework port knows: "
+                             "write tensorflow=2.15, keras=2, paddle=2.6, torch=2.3 or jmp=0.0.4")
+        if not _VERSION.fullmatch(number.strip()):
+            raise ValueError(f"{version!r}: {number.strip()!r} is not a version: write a version "
+                             "number such as tensorflow=2.15 or paddle=2.6")
+        return
     if not isinstance(version, str) or not _VERSION.fullmatch(version.strip()):
         raise ValueError(f"{version!r} is not a version: write a version number such as 2, "
                          "2.6 or 3.3.1")
+
+
+def _keras_of_tensorflow(version: str) -> str:
+    """The Keras major version tf.keras is in a TensorFlow release: 2 up to 2.15, 3 from 2.16."""
+    parts = version.strip().lstrip("v").split(".")
+    minor = parts[1] if len(parts) > 1 else ""
+    minor = "".join(c for c in minor if c.isdigit()) if minor else ""
+    if _major(version, 2) > 2 or (minor and int(minor) >= 16):
+        return "3"
+    return "2"
+
+
+def _for_row(name: str, row: dict[str, Any], version: Any) -> Any:
+    """The version ``version`` (bare or ``framework=version``) means for this row: a version
+    its key can be read from, or None where it names another framework.
+
+    Example:
+        >>> row = NATIVE_SCALERS["tf.keras.mixed_precision.LossScaleOptimizer"]
+        >>> name = "tf.keras.mixed_precision.LossScaleOptimizer"
+        >>> _for_row(name, row, "tensorflow=2.15"), _for_row(name, row, "tensorflow=2.21")
+        ('2', '3')
+        >>> _for_row(name, row, "paddle=2.6") is None, _for_row(name, row, "2.15")
+        (True, '2')
+        >>> try:
+        ...     _for_row(name, row, "2.21")
+        ... except AmbiguousVersion as exc:
+        ...     print(str(exc)[:48])
+        version 2.21 is ambiguous for tf.keras: tf.keras
+    """
+    tf_keras = row["package"] == "tf.keras"
+    if isinstance(version, str) and "=" in version:
+        framework, _, number = version.partition("=")
+        framework, number = FRAMEWORK_NAMES[framework.strip().lower()], number.strip()
+        if tf_keras and framework == "tensorflow":
+            return _keras_of_tensorflow(number)
+        if tf_keras and framework == "keras":
+            return str(_major(number, -1))
+        if framework == row["framework"] or (framework == "tensorflow"
+                                             and row["package"] == "tensorflow"):
+            return number
+        return None
+    if version is None or not tf_keras:
+        return version
+    # A bare version for tf.keras: TensorFlow's or Keras's? Where both readings give the same
+    # Keras, it does not matter.
+    text = str(version).strip()
+    as_tensorflow = _keras_of_tensorflow(text) if _major(text, -1) == 2 else None
+    as_keras = str(_major(text, -1))
+    if as_tensorflow in (None, as_keras) and "." in text or as_keras == "3":
+        return as_keras
+    raise AmbiguousVersion(
+        f"version {text} is ambiguous for tf.keras: tf.keras is tf-keras 2 up to TensorFlow "
+        f"2.15 and Keras 3 from 2.16, and {text} may be TensorFlow's or Keras's version; say "
+        f"which: --from-version tensorflow={text} or keras={text}")
 
 
 def _version(name: str, row: dict[str, Any], version: Any) -> tuple[str, list[str]]:
@@ -124,6 +205,7 @@ def _version(name: str, row: dict[str, Any], version: Any) -> tuple[str, list[st
     keys = sorted(row["versions"], key=int)
     if len(keys) == 1:
         return keys[0], []
+    version = _for_row(name, row, version)
     if version is None:
         installed = _installed(row["package"])
         if installed is None:
@@ -220,13 +302,26 @@ def config_from_call(qualname: str, args: tuple[Any, ...] = (),
         default: min_loss_scale=1.0 (min_scale=1.0)
     """
     name, row = _row(qualname)
+    early: list[str] = []
+    if row["package"] == "tf.keras" and version is None and (kwargs or {}).get("dynamic") is False:
+        # Keras 3 refuses dynamic=False: a call that passes it was written for tf-keras 2.
+        version = "keras=2"
+        early.append("dynamic=False: Keras 3 refuses it, so this call was written for tf-keras 2 "
+                      "(tensorflow <= 2.15): its defaults")
     key, notes = _version(name, row, version)
+    notes = early + notes
     row = _spec(row, key)
     bound = _bind(name, row, tuple(args), dict(kwargs or {}))
+    _check_keras_static(name, row, bound)
     values: dict[str, Any] = {}
     for param in (*row["params"], *row.get("keyword_only", ())):
         given = param in bound
         value = _scalar(bound[param]) if given else row["defaults"].get(param)
+        if param in row.get("derived", {}):
+            derived, note = _tf_loss_scale(value)
+            values.update(derived)
+            notes.append(note)
+            continue
         if value is _REQUIRED:
             if param in row["names"]:
                 raise TypeError(f"{name}() missing required argument: {param!r}")
@@ -263,6 +358,69 @@ def config_from_call(qualname: str, args: tuple[Any, ...] = (),
         notes.append("dynamic=False: static loss scaling; the scale stays at init_scale")
     config = ScalerConfig(**values)
     return config, notes
+
+
+def _check_keras_static(name: str, row: dict[str, Any], bound: dict[str, Any]) -> None:
+    """Raises ValueError where the Keras class itself refuses the call's ``dynamic=``."""
+    if row["framework"] != "keras" or bound.get("dynamic", True) is not False:
+        return
+    if "dynamic" not in row["names"]:  # Keras 3
+        hint = ("a call written for tf-keras 2 (tensorflow <= 2.15) takes it: pass "
+                "--from-version tensorflow=2.15 (version='keras=2')"
+                if row["package"] == "tf.keras" else
+                "for a static scale under Keras 3 use unifiedamp's wrapper: "
+                "ua.GradScaler(init_scale=..., dynamic=False, backend='keras').wrap(opt)")
+        raise ValueError(f"{name}(dynamic=False): Keras 3 has no static LossScaleOptimizer and "
+                         f"refuses it (ValueError); {hint}")
+    if bound.get("initial_scale") is None:
+        raise ValueError(f"{name}(dynamic=False) without initial_scale: tf-keras 2 refuses it "
+                         "(a static scale needs its value); write initial_scale=")
+    if bound.get("dynamic_growth_steps") is not None:
+        raise ValueError(f"{name}(dynamic=False, dynamic_growth_steps=...): tf-keras 2 refuses "
+                         "it (a static scale never grows); drop dynamic_growth_steps")
+
+
+#: TensorFlow 2.1-2.3's DynamicLossScale defaults (its loss_scale="dynamic").
+TF_DYNAMIC_LOSS_SCALE = {"initial_loss_scale": 2.0 ** 15, "increment_period": 2000,
+                         "multiplier": 2.0}
+
+
+def _tf_loss_scale(value: Any) -> tuple[dict[str, Any], str]:
+    """The canonical values TensorFlow 2.1-2.3's ``loss_scale`` argument sets, and a note.
+
+    ``value`` is ``"dynamic"``, a number (a static scale), or the arguments of a
+    ``DynamicLossScale`` (a mapping with any of ``initial_loss_scale``, ``increment_period``,
+    ``multiplier``).
+
+    Example:
+        >>> _tf_loss_scale(128)[0]
+        {'init_scale': 128.0, 'dynamic': False}
+        >>> _tf_loss_scale("dynamic")[0]["init_scale"]
+        32768.0
+    """
+    if isinstance(value, str):
+        if value != "dynamic":
+            raise ValueError(f"loss_scale={value!r}: TensorFlow takes 'dynamic', a number or a "
+                             "LossScale object")
+        value = {}
+    if isinstance(value, dict):
+        unknown = set(value) - set(TF_DYNAMIC_LOSS_SCALE)
+        if unknown:
+            raise ValueError(f"DynamicLossScale got {', '.join(sorted(unknown))}: it takes "
+                             f"{', '.join(TF_DYNAMIC_LOSS_SCALE)}")
+        args = {**TF_DYNAMIC_LOSS_SCALE, **value}
+        multiplier = float(args["multiplier"])
+        derived = {"init_scale": float(args["initial_loss_scale"]), "dynamic": True,
+                   "growth_interval": int(args["increment_period"]),
+                   "growth_factor": multiplier, "backoff_factor": 1.0 / multiplier}
+        return derived, ("loss_scale: TensorFlow 2.1-2.3's DynamicLossScale("
+                         + ", ".join(f"{k}={args[k]!r}" for k in TF_DYNAMIC_LOSS_SCALE)
+                         + "): grows by multiplier, backs off by 1/multiplier to a floor of 1")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"loss_scale={value!r}: TensorFlow takes 'dynamic', a number or a "
+                         "LossScale object")
+    return ({"init_scale": float(value), "dynamic": False},
+            f"loss_scale={value!r}: a number is TensorFlow's FixedLossScale, a static scale")
 
 
 def _holds(value: Any, op: str, bound: Any) -> bool:
@@ -355,6 +513,14 @@ def _instead(name: str, canonical: str, value: Any, fix: str) -> str:
         return "jmp.StaticLossScale is static: native_call(config, 'jmp.StaticLossScale')"
     if name == "jmp.StaticLossScale" and canonical == "dynamic":
         return "jmp.DynamicLossScale is dynamic: native_call(config, 'jmp')"
+    if canonical == "dynamic" and value is False and name.startswith("torch"):
+        return ("torch's GradScaler has no static mode (its scale always grows and backs off); "
+                "unifiedamp's torch backend has one: ua.GradScaler(init_scale=..., "
+                "dynamic=False, backend='torch')")
+    if canonical == "dynamic" and value is False and name.startswith(("keras", "tf.keras")):
+        return ("Keras 3 has no static LossScaleOptimizer (dynamic=False raises ValueError); "
+                "unifiedamp's keras wrapper has one: ua.GradScaler(init_scale=..., "
+                "dynamic=False, backend='keras').wrap(opt)")
     if canonical == "enabled" and name.startswith(("keras", "tf.keras")):
         return "a disabled scaler is the inner optimizer itself (no LossScaleOptimizer)"
     if canonical == "enabled" and name.startswith("jmp"):

@@ -1,4 +1,4 @@
-"""A live native scaler (torch, paddle, Keras, jmp) as the equivalent unifiedamp scaler.
+"""A live native scaler (torch, paddle, Keras, jmp, Flax) as the equivalent unifiedamp scaler.
 
 :func:`from_native` reads the native object's config and state (its private attributes
 where it has no public getter: one reader per framework, ``_read_torch`` ...) and builds
@@ -42,6 +42,12 @@ def from_native(obj: Any, backend: str | None = None, **options: Any) -> Any:
     - ``jmp.DynamicLossScale`` / ``StaticLossScale`` / ``NoOpLossScale``: a jax-backend
       scaler; ``init_scale`` is the current ``loss_scale`` (jmp keeps no initial scale)
       and the growth tracker is ``counter``.
+    - ``flax.training.dynamic_scale.DynamicScale``: a jax-backend scaler with its trajectory:
+      its factors, ``growth_interval`` one more (Flax grows when ``fin_steps ==
+      growth_interval``, one finite step later than the spec), ``max_scale`` float32's
+      maximum (its clamp), ``minimum_scale`` as ``min_scale``, ``init_scale`` its current
+      ``scale`` and the growth tracker ``fin_steps``. ``unifiedamp.porting.to_dynamic_scale``
+      goes back.
     - a unifiedamp scaler: itself, or moved to ``backend``.
 
     Args:
@@ -73,7 +79,8 @@ def from_native(obj: Any, backend: str | None = None, **options: Any) -> Any:
             "from_native takes a torch.amp.GradScaler, torch.cuda.amp.GradScaler or "
             "ShardedGradScaler, a paddle.amp.GradScaler or AmpScaler, a "
             "keras.optimizers.LossScaleOptimizer, a jmp DynamicLossScale, StaticLossScale or "
-            f"NoOpLossScale, or a unifiedamp GradScaler; got {type(obj).__module__}."
+            "NoOpLossScale, a flax DynamicScale, or a unifiedamp GradScaler; got "
+            f"{type(obj).__module__}."
             f"{type(obj).__qualname__}")
     native_backend, config, state, extra = read(obj)
     if native_backend == "keras" and backend in (None, "keras"):
@@ -116,7 +123,21 @@ def _reader(obj: Any) -> Any:
     if jmp is not None and isinstance(obj, (jmp.DynamicLossScale, jmp.StaticLossScale,
                                             jmp.NoOpLossScale)):
         return _read_jmp
+    flax = _module("flax.training.dynamic_scale")
+    if flax is not None and isinstance(obj, flax.DynamicScale):
+        return _read_flax
     return None
+
+
+def _read_flax(obj: Any) -> tuple[str, ScalerConfig, ScalerState, dict[str, Any]]:
+    # Its pytree leaves (scale, fin_steps) are the flax form's; its fields the config.
+    from unifiedamp.spec._state_dict import read_form
+
+    fields = {"growth_factor": obj.growth_factor, "backoff_factor": obj.backoff_factor,
+              "growth_interval": obj.growth_interval, "minimum_scale": obj.minimum_scale}
+    config, state, _ = read_form({"fin_steps": _scalar(obj.fin_steps),
+                                  "scale": float(_scalar(obj.scale)), **fields})
+    return "jax", config, state, {}
 
 
 def _read_torch(obj: Any) -> tuple[str, ScalerConfig, ScalerState, dict[str, Any]]:
@@ -153,8 +174,8 @@ def _read_keras(obj: Any) -> tuple[str, ScalerConfig, ScalerState, dict[str, Any
     config = ScalerConfig(float(obj.initial_scale), 2.0, 0.5, int(obj.dynamic_growth_steps))
     if not obj.built:
         return "keras", config, ScalerState.initial(config), {}
-    state = ScalerState(float(ops.convert_to_numpy(obj.dynamic_scale)),
-                        int(ops.convert_to_numpy(obj.step_counter)), 0)
+    state = ScalerState(float(ops.convert_to_numpy(obj.dynamic_scale)),  # pyright: ignore[reportArgumentType]
+                        int(ops.convert_to_numpy(obj.step_counter)), 0)  # pyright: ignore[reportArgumentType]
     return "keras", config, state, {}
 
 

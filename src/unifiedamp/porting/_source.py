@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from unifiedamp.porting import _config
+from unifiedamp.porting._source_flagged import _patching_wrappers, _static_amp
+from unifiedamp.porting._source_flax import _port_flax_loop
 from unifiedamp.porting._source_read import (
     CallSite,
     _Context,
@@ -321,6 +323,10 @@ def _port(cst: Any, code: str, to: str, from_version: Any, filename: str) -> Por
                 continue
             name = ctx.scaler(node.func)
             if name is None:
+                flagged = _static_amp(ctx, node)  # Paddle's static graph: no scaler object
+                if flagged is not None:
+                    flagged.line = positions[node].start.line
+                    sites.append(flagged)
                 continue
             site, new = _port_call(ctx, node, name)
             site.line = positions[node].start.line
@@ -331,6 +337,10 @@ def _port(cst: Any, code: str, to: str, from_version: Any, filename: str) -> Por
                 scalers[variable] = (name, new is not None)
     _follow_aliases(ctx.aliases, scalers)
     sites += _references(ctx, positions)
+    # Calls that patch a private method of a scaler (paddle's shard_scaler), once every
+    # variable holding a ported scaler is known.
+    sites += [s for node in _walk(cst, module) if isinstance(node, cst.Call)
+              for s in [_patching_wrappers(ctx, node, positions, scalers)] if s is not None]
     for node in _walk(cst, module):
         verb = _verb_of(cst, module, node, scalers)
         if verb is None:
@@ -346,6 +356,9 @@ def _port(cst: Any, code: str, to: str, from_version: Any, filename: str) -> Por
                 func=node.func.with_changes(attr=cst.Name(new_name)))
             site.after = module.code_for_node(replacements[node])
         sites.append(site)
+    flax_sites, flax_replacements = _port_flax_loop(ctx, positions, scalers, sites)
+    sites += flax_sites
+    replacements.update(flax_replacements)
     sites.sort(key=lambda s: s.line)
     if replacements:
         module = module.visit(_Replace(cst, replacements))

@@ -16,7 +16,8 @@ from unifiedamp.porting._config import NATIVE_SCALERS, QUALNAMES
 
 # The module each target's call needs, and the name it is imported as when the file has none.
 _IMPORTS = {"unifiedamp": ("unifiedamp", "ua"), "torch": ("torch", None),
-            "paddle": ("paddle", None), "keras": ("keras", None), "jmp": ("jmp", None)}
+            "paddle": ("paddle", None), "keras": ("keras", None), "jmp": ("jmp", None),
+            "jax": ("jax", None)}  # Flax's DynamicScale loop: jax.value_and_grad
 
 # Calls that hold a literal (jmp's README writes jmp.DynamicLossScale(jnp.float32(2 ** 15))).
 _CASTS = {"builtins.float": float, "builtins.int": int, "numpy.float32": float,
@@ -138,6 +139,9 @@ def _references(ctx: _Context, positions: Any) -> list[CallSite]:
             skip.add(node.func)
             if ctx.scaler(node.func) is not None:
                 used.add(_root(cst, node.func))
+            rewrite = _graph_rewrite(ctx, node)
+            if rewrite is not None:
+                site(node, *rewrite)
             module = _looked_up(ctx, node)
             if module is not None:
                 site(node, module, f"getattr({ctx.code(node.args[0].value)}, ...) picks a class "
@@ -167,6 +171,36 @@ def _references(ctx: _Context, positions: Any) -> list[CallSite]:
                 f"imports {name} and never uses it here: port cannot follow it to the files "
                 "that import it from here (a re-export?); port those files"]))
     return sites
+
+
+#: TensorFlow's automatic mixed precision graph rewrite: it wraps the optimizer in a loss-scale
+#: optimizer of its own inside TensorFlow (no scaler object in the file to rewrite).
+_GRAPH_REWRITES = frozenset(
+    f"{module}.enable_mixed_precision_graph_rewrite" for module in (
+        "tensorflow.compat.v1.mixed_precision", "tensorflow.train.experimental",
+        "tensorflow.compat.v1.train.experimental",
+        "tensorflow.compat.v1.mixed_precision.experimental",
+        "tensorflow.mixed_precision.experimental"))
+
+
+def _graph_rewrite(ctx: _Context, node: Any) -> tuple[str, str] | None:
+    """``(name, problem)`` for a call of TensorFlow's mixed precision graph rewrite (None: not
+    one): port does not rewrite it, and says what to write instead."""
+    name = next(iter(sorted(ctx.imported(node.func) & _GRAPH_REWRITES)), None)
+    if name is None:
+        return None
+    loss_scale = next((ctx.code(a.value) for a in node.args
+                       if a.keyword is not None and a.keyword.value == "loss_scale"), None)
+    if loss_scale is None and len(node.args) > 1 and node.args[1].keyword is None:
+        loss_scale = ctx.code(node.args[1].value)
+    scale = f"loss_scale={loss_scale}" if loss_scale else "its default loss_scale='dynamic'"
+    return name, (f"{name}(...) turns on TensorFlow's graph-rewrite mixed precision, which wraps "
+                  f"the optimizer in a loss-scale optimizer inside TensorFlow ({scale}); port "
+                  "rewrites scaler constructors only and left it as it is. Port it by hand: "
+                  "keras.mixed_precision.set_global_policy('mixed_float16') and a Keras 3 "
+                  "optimizer wrapped as keras.optimizers.LossScaleOptimizer(opt) (dynamic) or "
+                  "ua.GradScaler(init_scale=..., dynamic=False, backend='keras').wrap(opt) "
+                  "(a number: a static scale), then port that")
 
 
 def _looked_up(ctx: _Context, node: Any) -> str | None:

@@ -1,4 +1,4 @@
-"""A scaler's *state* in five forms, each the dict a framework's checkpoint holds.
+"""A scaler's *state* in six forms, each the dict a framework's checkpoint holds.
 
 - ``"canonical"``: unifiedamp's ``state_dict()`` (config, scale, both trackers);
 - ``"torch"``: ``torch.amp.GradScaler.state_dict()`` (``scale``, the factors,
@@ -9,7 +9,14 @@
   ``step_counter`` (and unifiedamp's ``hysteresis_counter``): the state only, the
   config is the optimizer's constructor's;
 - ``"jmp"``: the fields of ``jmp.DynamicLossScale`` (``loss_scale``, ``counter``,
-  ``period``, ``factor``, ``min_loss_scale``), as a JAX checkpoint stores them.
+  ``period``, ``factor``, ``min_loss_scale``), as a JAX checkpoint stores them;
+- ``"flax"``: the pytree leaves of Flax's ``DynamicScale`` (``scale``, ``fin_steps``),
+  ``flax.serialization.to_state_dict(dynamic_scale)``: the state only, the config is the
+  ``DynamicScale``'s fields (its defaults unless given; a dict of every field carries
+  them). ``fin_steps`` is the growth tracker; Flax grows one finite step later than the
+  spec with the same ``growth_interval``, so its config reads as ``growth_interval + 1``
+  with ``max_scale`` float32's maximum (its clamp), the spec's config with its trajectory
+  (``unifiedamp.porting._flax``).
 
 :func:`detect_form` tells them apart by their keys; :func:`read_state` validates one through
 :func:`unifiedamp.spec.parse_state_dict`, so every form is held to the same rules;
@@ -56,7 +63,7 @@ def convert_state(state: Any, to: str, config: ScalerConfig | None = None) -> di
     (``ua.GradScaler(**config, backend="keras").wrap(opt)``) and assign them.
 
     Args:
-        state: A canonical, torch, paddle, keras or jmp state dict.
+        state: A canonical, torch, paddle, keras, jmp or flax state dict.
         to: One of :data:`FORMS`.
         config: The parameters the input form does not carry (see :func:`read_state`).
 

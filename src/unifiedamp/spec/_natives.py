@@ -12,6 +12,8 @@ Each entry of :data:`NATIVE_SCALERS`, keyed by the class's qualified name:
   of the class, and the short names porting takes);
 - ``params`` (in positional order), ``keyword_only``, ``names`` (native parameter ->
   canonical one; a parameter not there has no canonical meaning, ``ignored`` says why);
+  ``derived`` (a parameter whose value sets several canonical ones: TensorFlow 2.1-2.3's
+  ``loss_scale``, ``"dynamic"`` or a number);
 - ``versions``: major version -> ``releases`` (the releases with these names and
   defaults), ``defaults`` by native name and ``fixed`` (the canonical values the class
   hard-codes), and anything else that changed in that version (``carries`` included);
@@ -19,14 +21,14 @@ Each entry of :data:`NATIVE_SCALERS`, keyed by the class's qualified name:
   can hold:
   ``"any"``, ``"> 1.0"``, ``"< 1.0"``, ``"<value> only"``, ``"no"`` (it has no such
   parameter: only the canonical default), or jmp's one ``"factor"`` and
-  ``"1 / growth_factor only"``;
+  ``"1 / growth_factor only"``, or Flax's ``"None or float32 max"`` (its clamp);
 - ``limits`` (values its constructor refuses), ``fix`` (what to use instead when it
   cannot express a config), ``quirks`` (behaviour differences of every config);
 - ``state``: the name of its state dict's form in :data:`STATE_FORMS` (None: it has
   no state worth a checkpoint).
 
 The defaults were read from the installed sources (torch 2.13, paddle 3.3.1, keras
-3.15.1, jmp 0.0.4) with ``inspect``; paddle 2.x's from its documentation (GradScaler)
+3.15.1, jmp 0.0.4, flax 0.12.8) with ``inspect``; paddle 2.x's from its documentation (GradScaler)
 and source (AmpScaler); tf-keras 2's from its source. ``test_framework_assumptions.py`` in
 each framework's test folder checks them against the framework where it is installed.
 
@@ -53,6 +55,9 @@ if TYPE_CHECKING:
 
 __all__ = ["ALIASES", "FRAMEWORKS", "NATIVE_SCALERS", "QUALNAMES", "REQUIRED", "STATE_FORMS",
            "cannot_carry"]
+
+#: float32's largest finite number: Flax's DynamicScale clamps a growth to it (max_scale).
+FLOAT32_MAX = 3.4028234663852886e38
 
 #: A parameter without a default.
 REQUIRED = "<required>"
@@ -235,6 +240,30 @@ NATIVE_SCALERS: dict[str, dict[str, Any]] = {
         "versions": {"2": {k: _TF_KERAS2[k] for k in ("releases", "defaults", "fixed")}},
         "carries": _TF_KERAS2_CARRIES, "quirks": _TF_KERAS2_QUIRKS,
     },
+    # TensorFlow 2.1-2.3's spelling (tf-keras 2's rule, removed in 2.4): its one loss_scale
+    # argument is "dynamic", a number (a static scale) or a tf.mixed_precision.experimental
+    # DynamicLossScale / FixedLossScale object; porting derives the config from it (see
+    # "derived"). Its DynamicLossScale: 2**15, growth x2 every 2000 finite steps, /2 with a
+    # floor of 1 (tensorflow/python/training/experimental/loss_scale.py).
+    "tf.keras.mixed_precision.experimental.LossScaleOptimizer": {
+        **_KERAS, "package": "tensorflow", "state": None,
+        "aliases": ("tensorflow.keras.mixed_precision.experimental.LossScaleOptimizer",),
+        "params": ("optimizer", "loss_scale"),
+        "ignored": {**_KERAS_IGNORED, "optimizer": _KERAS_IGNORED["inner_optimizer"]},
+        "names": {"loss_scale": "init_scale"},
+        "derived": {"loss_scale": ("init_scale", "dynamic", "growth_interval",
+                                   "growth_factor", "backoff_factor")},
+        "versions": {"2": {"releases": "tensorflow 2.1-2.3",
+                           "defaults": {"optimizer": REQUIRED, "loss_scale": REQUIRED},
+                           "fixed": {"growth_factor": 2.0, "backoff_factor": 0.5,
+                                     "growth_interval": 2000, "hysteresis": 1,
+                                     "min_scale": 1.0, "max_scale": None, "enabled": True,
+                                     "dynamic": True}}},
+        "carries": {**_TF_KERAS2_CARRIES, "growth_factor": "any", "backoff_factor": "any"},
+        "quirks": _TF_KERAS2_QUIRKS + ("removed after TensorFlow 2.3: the class no longer "
+                                       "exists (tf.keras.mixed_precision.LossScaleOptimizer "
+                                       "replaced it)",),
+    },
     "jmp.DynamicLossScale": {
         "framework": "jmp", "backend": "jax", "package": "jmp", "state": "jmp",
         "aliases": ("jmp",),
@@ -268,6 +297,49 @@ NATIVE_SCALERS: dict[str, dict[str, Any]] = {
                     "dynamic": "False only"},
         "fix": _JMP_FIX, "quirks": (),
     },
+    # A flax.struct dataclass: its fields are its constructor's parameters, in this order.
+    # Its state (a checkpoint's, flax.serialization.to_state_dict's) is the two pytree
+    # leaves fin_steps and scale: the "flax" form; the rest is the constructor's.
+    # config_from_call reads its fields as written; the config whose spec trajectory is
+    # Flax's has growth_interval + 1 (it grows when fin_steps == growth_interval) and
+    # max_scale=FLOAT32_MAX (its clamp): what port and port-state write (flax_defaults).
+    "flax.training.dynamic_scale.DynamicScale": {
+        "framework": "flax", "backend": "jax", "package": "flax", "state": "flax",
+        "aliases": ("flax",),
+        "params": ("growth_factor", "backoff_factor", "growth_interval", "fin_steps", "scale",
+                   "minimum_scale"),
+        # growth_interval keeps its number: Flax's rule grows one step later with it (quirks).
+        "names": {"growth_factor": "growth_factor", "backoff_factor": "backoff_factor",
+                  "growth_interval": "growth_interval", "scale": "init_scale",
+                  "minimum_scale": "min_scale"},
+        "ignored": {"fin_steps": "state, not config (the growth tracker): port-state and "
+                                 "from_native() carry it"},
+        "versions": {"0": {"releases": "0.12.8 (read from its source)",
+                           # minimum_scale: jnp.finfo(jnp.float32).tiny, 2**-126; None is no
+                           # floor, the spec's min_scale=None.
+                           "defaults": {"growth_factor": 2.0, "backoff_factor": 0.5,
+                                        "growth_interval": 2000, "fin_steps": 0,
+                                        "scale": 65536.0, "minimum_scale": 2.0**-126},
+                           "fixed": {"hysteresis": 1, "max_scale": None, "dynamic": True,
+                                     "enabled": True}}},
+        # No hysteresis, ceiling (but its clamp), static or disabled mode (no DynamicScale is
+        # jnp's plain value_and_grad); any factor, interval (growth_interval - 1) and floor.
+        "carries": {**{name: "any" for name in CANONICAL}, "enabled": "no",
+                    "hysteresis": "1 only", "max_scale": "None or float32 max",
+                    "dynamic": "True only"},
+        "fix": _JMP_FIX,
+        "quirks": ("grows one step late: it grows when fin_steps == growth_interval, on the "
+                   "(growth_interval + 1)-th finite step in a row, so every growth comes one "
+                   "step later than the spec's with the same growth_interval (2001 finite "
+                   "steps per growth at the default 2000; the spec's growth_interval + 1 "
+                   "runs its trajectory); backoffs and skipped steps match",
+                   "grows only when fin_steps equals growth_interval: a fin_steps past it "
+                   "(after a lowered growth_interval) never grows until an overflow",
+                   "clamps a growth past float32's maximum to it (the spec keeps the scale)",
+                   "default minimum_scale is 2**-126 (jnp.finfo(jnp.float32).tiny): a floor",
+                   "its first update multiplies Python floats in float64 outside jax.jit (one "
+                   "float32 ulp for a factor that is not a power of two)"),
+    },
 }
 
 #: Every other spelling of a class (and the short names) -> its key in NATIVE_SCALERS.
@@ -281,6 +353,8 @@ def _allows(rule: str, name: str, config: ScalerConfig) -> bool:
         return True
     if rule == "no":  # no such parameter: only the canonical default (the class's attribute)
         return value == getattr(type(config), name)
+    if rule == "None or float32 max":  # Flax clamps a growth at float32's largest number
+        return value is None or value == FLOAT32_MAX
     if rule == "1 / growth_factor only":  # jmp backs off by its one factor
         return f32(value) == f32(1.0 / config.growth_factor)
     if rule.endswith(" only"):
@@ -386,4 +460,8 @@ STATE_FORMS: dict[str, dict[str, Any]] = {
     "keras": {"keys": ("dynamic_scale", "step_counter"), "backend": "keras", "carries": None},
     "jmp": {"keys": ("loss_scale", "counter"), "backend": "jax",
             "carries": "jmp.DynamicLossScale"},
+    # DynamicScale's two pytree leaves (flax.serialization.to_state_dict): the config is its
+    # constructor's, and must be one DynamicScale can hold.
+    "flax": {"keys": ("fin_steps", "scale"), "backend": "jax",
+             "carries": "flax.training.dynamic_scale.DynamicScale"},
 }

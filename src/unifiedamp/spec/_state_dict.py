@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, SupportsFloat, SupportsInt, cast
 
+from unifiedamp.errors import EmptyStateDictError
 from unifiedamp.spec._config import (
     CANONICAL,
     INT32_MAX,
@@ -24,12 +25,18 @@ from unifiedamp.spec._config import (
     is_real,
 )
 from unifiedamp.spec._float32 import f32
-from unifiedamp.spec._natives import FRAMEWORKS, STATE_FORMS, cannot_carry
+from unifiedamp.spec._natives import (
+    FLOAT32_MAX,
+    FRAMEWORKS,
+    NATIVE_SCALERS,
+    STATE_FORMS,
+    cannot_carry,
+)
 from unifiedamp.spec._rule import ScalerState
 
-__all__ = ["STATE_FORMAT", "STATE_KEYS", "STATE_VERSION", "detect_form", "form_cannot_carry",
-           "native_defaults", "native_dict", "parse_state_dict", "read_form", "state_number",
-           "to_state_dict", "write_form"]
+__all__ = ["STATE_FORMAT", "STATE_KEYS", "STATE_VERSION", "detect_form", "flax_defaults",
+           "form_cannot_carry", "native_defaults", "native_dict", "parse_state_dict",
+           "read_form", "state_number", "to_state_dict", "write_form"]
 
 STATE_FORMAT = "unifiedamp.GradScaler"
 STATE_VERSION = 1
@@ -84,10 +91,10 @@ def _scale_value(value: Any) -> float:
     if not is_real(value):
         raise _state_error(f"scale must be a number, got {value!r}")
     try:
-        scale = float(value)
+        scale = float(cast(SupportsFloat, value))  # a real number (checked above)
     except OverflowError:  # an int past float64's range, e.g. 10**400 from JSON
         raise _state_error(f"scale must be finite and >= 0 in float32, got an int of "
-                           f"{len(str(abs(int(value))))} digits") from None
+                           f"{len(str(abs(int(cast(SupportsInt, value)))))} digits") from None
     # 0 is a state the rule reaches (backoffs without min_scale end there), and a
     # scaler reloads every state it can write.
     if not (math.isfinite(scale) and scale >= 0 and math.isfinite(f32(scale))):
@@ -136,6 +143,8 @@ def parse_state_dict(
     applies the result after this returns never half-applies a bad dict.
 
     Raises:
+        EmptyStateDictError: ``d`` is empty (a ValueError, and a RuntimeError as torch's and
+            Paddle's own scalers raise).
         ValueError: Another format or version, a missing or ill-typed field, a
             negative or non-finite scale, a tracker below 0 or past int32.
         TypeError: ``d`` is not a mapping.
@@ -150,9 +159,9 @@ def parse_state_dict(
     if not isinstance(d, Mapping):
         raise TypeError(f"state_dict must be a dict, got {type(d).__name__}")
     if not d:
-        raise _state_error(
-            "it is empty, possibly saved from a disabled torch or paddle GradScaler"
-        )
+        raise EmptyStateDictError(
+            "Invalid scaler state_dict: it is empty, possibly saved from a disabled torch or "
+            "paddle GradScaler; nothing was loaded")
     if "format" not in d:
         # Any one tracker key marks a native dict, so that a missing one (or a missing
         # scale) is named rather than the dict called unknown.
@@ -226,7 +235,8 @@ def detect_form(d: Any) -> str:
         f"not a scaler state: keys {sorted(map(str, d))} match none of the forms "
         f"{tuple(STATE_FORMS)} (canonical has 'format'; torch '_growth_tracker'; paddle "
         "'incr_count'; keras 'dynamic_scale' and 'step_counter'; jmp 'loss_scale' and "
-        "'counter'); pass the scaler's own entry (key=) if this is a whole checkpoint")
+        "'counter'; flax 'fin_steps' and 'scale'); pass the scaler's own entry (key=) if this "
+        "is a whole checkpoint")
 
 
 def state_number(d: Mapping[str, Any], key: str) -> Any:
@@ -240,9 +250,10 @@ def state_number(d: Mapping[str, Any], key: str) -> Any:
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if hasattr(value, "item") and not isinstance(value, numbers.Number):
-        size = value.numel() if hasattr(value, "numel") else getattr(value, "size", None)
+        array: Any = value  # an array or a tensor (a list has no .item)
+        size = array.numel() if hasattr(array, "numel") else getattr(array, "size", None)
         if size == 1:
-            value = value.item()
+            value = array.item()
     return value
 
 
@@ -303,6 +314,8 @@ def read_form(d: Any, config: ScalerConfig | None = None
                                       | {"scale": state_number(d, "dynamic_scale"),
                                          "growth_tracker": steps, "hysteresis_tracker": hyst})
         return cfg, state, form
+    if form == "flax":
+        return (*_read_flax(d, config), form)
     missing = [k for k in _JMP_KEYS if k not in d]
     if missing:
         raise ValueError(f"Invalid scaler state_dict: the jmp form is missing {missing} "
@@ -327,6 +340,79 @@ def read_form(d: Any, config: ScalerConfig | None = None
         "hysteresis_tracker": 0}
     cfg, state = parse_state_dict(canonical)
     return cfg, state, form
+
+
+#: DynamicScale's config fields -> canonical names (a dict of all its fields carries them).
+_FLAX_FIELDS = {"growth_factor": "growth_factor", "backoff_factor": "backoff_factor",
+                "growth_interval": "growth_interval", "minimum_scale": "min_scale"}
+
+
+def flax_defaults(scale: Any, **fields: Any) -> ScalerConfig:
+    """The config whose spec trajectory is that of ``DynamicScale(**fields)`` (its defaults
+    for the fields not given) now at ``scale``.
+
+    Flax grows when ``fin_steps == growth_interval``, on the (growth_interval + 1)-th finite
+    step in a row: the spec's ``growth_interval`` is one more. It clamps a growth past
+    float32's largest number to it: ``max_scale`` is that number. ``minimum_scale`` is
+    ``min_scale`` (its default 2**-126, ``jnp.finfo(jnp.float32).tiny``; None is no floor),
+    and the current scale stands for ``init_scale`` (Flax keeps no initial one; its default
+    65536 where ``scale`` is none).
+
+    Raises:
+        ValueError: A field ``DynamicScale`` does not have, or a value no config holds.
+
+    Example:
+        >>> cfg = flax_defaults(512.0)
+        >>> cfg.init_scale, cfg.growth_interval, cfg.min_scale == 2.0**-126, cfg.max_scale
+        (512.0, 2001, True, 3.4028234663852886e+38)
+        >>> flax_defaults(8.0, growth_interval=3, minimum_scale=None).growth_interval
+        4
+    """
+    defaults = NATIVE_SCALERS["flax.training.dynamic_scale.DynamicScale"]["versions"]["0"][
+        "defaults"]
+    unknown = sorted(set(fields) - set(_FLAX_FIELDS))
+    if unknown:
+        raise ValueError(f"DynamicScale has no field {unknown}: its config fields are "
+                         f"{list(_FLAX_FIELDS)}")
+    values = {**{native: defaults[native] for native in _FLAX_FIELDS}, **fields}
+    interval, floor = values["growth_interval"], values["minimum_scale"]
+    if not isinstance(interval, numbers.Integral) or isinstance(interval, bool) or interval < 0:
+        raise _state_error(f"DynamicScale's growth_interval must be an int >= 0, got "
+                           f"{interval!r}")
+    usable = is_real(scale) and math.isfinite(float(scale)) and 0 < float(scale)
+    try:
+        return ScalerConfig(float(scale) if usable else defaults["scale"],
+                            values["growth_factor"], values["backoff_factor"], int(interval) + 1,
+                            min_scale=None if floor is None else float(floor),
+                            max_scale=FLOAT32_MAX)
+    except (TypeError, ValueError) as exc:
+        raise _state_error(str(exc)) from None
+
+
+def _read_flax(d: Mapping[str, Any], config: ScalerConfig | None
+               ) -> tuple[ScalerConfig, ScalerState]:
+    """Flax's ``DynamicScale`` state: ``fin_steps`` is the growth tracker as it is (the same
+    count of finite steps in a row, :func:`flax_defaults` makes the interval one more); the
+    config is ``config``, else DynamicScale's defaults, and a dict of every field
+    (``dataclasses.asdict``) gives its own."""
+    scale = state_number(d, "scale")
+    given = {native: state_number(d, native) for native in _FLAX_FIELDS if native in d}
+    if config is None or given:
+        own = flax_defaults(scale, **given)
+        config = own if config is None else config.replace(
+            **{_FLAX_FIELDS[native]: getattr(own, _FLAX_FIELDS[native]) for native in given})
+    cfg, state = parse_state_dict(to_state_dict(config, ScalerState(0.0), "jax") | {
+        "scale": scale, "growth_tracker": state_number(d, "fin_steps"), "hysteresis_tracker": 0})
+    if state.growth_tracker >= cfg.growth_interval:
+        # Flax grows only when fin_steps == growth_interval - 1 here: from past it, never
+        # until an overflow; the spec would grow on the next finite step.
+        raise ValueError(
+            f"Invalid scaler state_dict: fin_steps={state.growth_tracker} is past DynamicScale's "
+            f"growth_interval={cfg.growth_interval - 1}: Flax's DynamicScale never grows from "
+            "it until an overflow, unifiedamp would on the next finite step; pass the config "
+            "it was saved with (config=, CLI: --config), or set fin_steps to 0 to restart the "
+            "count; nothing was loaded")
+    return cfg, state
 
 
 def form_cannot_carry(config: ScalerConfig, form: str) -> list[str]:
@@ -392,6 +478,13 @@ def native_dict(config: ScalerConfig, state: ScalerState, form: str) -> dict[str
     if form == "keras":
         return {"dynamic_scale": s.scale, "step_counter": s.growth_tracker,
                 "hysteresis_counter": s.hysteresis_tracker}
+    if form == "flax":
+        import numpy as np
+
+        # The arrays a Flax checkpoint restores (float32 scale, int32 fin_steps): a
+        # DynamicScale restored from them multiplies in float32 from its first update.
+        return {"fin_steps": np.asarray(s.growth_tracker, np.int32),
+                "scale": np.asarray(s.scale, np.float32)}
     if form == "jmp":
         # min_loss_scale 0.0 is "no floor" (its default 1.0 would add one).
         return {"loss_scale": s.scale, "counter": s.growth_tracker, "period": c.growth_interval,

@@ -64,10 +64,15 @@ __all__ = ["JaxGradScaler", "LeafCounts", "LossScaledAccumulateState", "LossScal
 # Flax's msgpack (to_bytes, from_bytes) writes only registered types; this does not import Flax.
 register_with_flax()
 
-for _name in __all__:
-    if globals()[_name].__module__.startswith(__name__ + "."):
-        show_as_public(globals()[_name], __name__)
-del _name
+
+def _show_public() -> None:
+    for name in __all__:
+        if globals()[name].__module__.startswith(__name__ + "."):
+            show_as_public(globals()[name], __name__)
+
+
+_show_public()
+del _show_public
 
 
 def __getattr__(name: str) -> object:

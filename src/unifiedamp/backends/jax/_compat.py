@@ -21,7 +21,10 @@ with the limits below. Five things here are not JAX's stable public API:
 
 On a jax older than 0.7, without ``jax.sharding.get_abstract_mesh``, ``jax.typeof`` and
 varying types: :func:`mapped_axes` reads ``((), False)``, :func:`varying_axes`
-``frozenset()`` and :func:`cast_varying` returns its argument. So on jax 0.4.26 (Praxis's
+``frozenset()`` and :func:`cast_varying` returns its argument; without
+``lax.optimization_barrier`` (jax 0.4.26 has none public) :func:`optimization_barrier` returns its
+argument too (the barrier keeps XLA from recomputing the scale's factors in every kernel
+that reads them: it changes the compiled program's size, never a value). So on jax 0.4.26 (Praxis's
 stack) the trace-time axis check is off: a flag that the devices may not agree on (a
 missing ``axis_name``, or one that leaves out an axis) raises no ``ValueError`` in a
 ``shard_map`` and warns nothing under ``pmap``. That check is a diagnostic only: scaling,
@@ -38,7 +41,14 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.core
 from jax import lax
+
+
+def optimization_barrier(x: Any) -> Any:
+    """``lax.optimization_barrier(x)``, or ``x`` on a jax without it (0.4.26)."""
+    barrier = getattr(lax, "optimization_barrier", None)
+    return x if barrier is None else barrier(x)
 
 
 def is_tracer(array: Any) -> bool:
@@ -107,7 +117,7 @@ def cast_varying(x: Any, axes: frozenset[Any]) -> Any:
     if hasattr(lax, "pcast"):
         return lax.pcast(x, missing, to="varying")
     if hasattr(lax, "pvary"):  # pragma: no cover
-        return lax.pvary(x, missing)
+        return lax.pvary(x, missing)  # pyright: ignore[reportAttributeAccessIssue]  # older jax
     return x  # pragma: no cover  # jax < 0.7 (0.4.26): no varying types, nothing to cast
 
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from unifiedamp._tree import refuse_foreign
 from unifiedamp.backends._float32_bits import Float32Bits, factor_parts
 from unifiedamp.backends._functional import LEAVES, FunctionalGradScaler
 from unifiedamp.backends.jax._agreement import (
@@ -23,7 +24,7 @@ from unifiedamp.backends.jax._agreement import (
     require_agreed,
     warn_if_unagreed,
 )
-from unifiedamp.backends.jax._compat import is_tracer
+from unifiedamp.backends.jax._compat import is_tracer, optimization_barrier
 from unifiedamp.spec import MIN_UNSCALABLE, ScalerConfig, f32_bits
 
 #: Float32 arithmetic on bit patterns, in ``jax.numpy``.
@@ -33,13 +34,21 @@ F32 = Float32Bits.for_jax()
 # outside jit) each op is dispatched on its own, compiled together they are one dispatch.
 # Under an outer jit they are inlined. A factor's exponent is static and its significand an
 # array: another factor compiles again only where its exponent is new.
+# The two factors of a split come as one float32[2] array, computed in one kernel before
+# the kernels that multiply by them: XLA's CPU compiles a scalar computation with two
+# results into two kernels (it makes no multi-output fusions there), and without the
+# barrier fuses the whole computation into every kernel that multiplies by it, where a
+# GPU would run it once per thread.
 _mul_bits = jax.jit(F32.mul_bits, static_argnums=2)
-_split = jax.jit(F32.split)
-_reciprocal_split = jax.jit(lambda bits: F32.split(F32.reciprocal_bits(bits)))
+_split = jax.jit(lambda bits: optimization_barrier(jnp.stack(F32.split(bits))))
+_reciprocal_split = jax.jit(lambda bits: optimization_barrier(
+    jnp.stack(F32.split(F32.reciprocal_bits(bits)))))
 
 
-def _multiply(tree: Any, hi: jax.Array, lo: jax.Array) -> Any:
-    """Every leaf times ``hi * lo`` (:meth:`Float32Bits.split`), in the leaf's dtype."""
+def _multiply(tree: Any, factors: jax.Array) -> Any:
+    """Every leaf times ``hi * lo``, the two factors of a split (:meth:`Float32Bits.split`,
+    as :data:`_split` stacks them), in the leaf's dtype."""
+    hi, lo = factors[0], factors[1]
     return jax.tree.map(lambda x: ((x * hi) * lo).astype(jnp.result_type(x)), tree)
 
 
@@ -134,6 +143,14 @@ def where_finite(finite: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
 
 
+def _refuse_foreign(tree: Any, what: str) -> None:
+    # jax.tree.leaves sees into registered pytrees (optax states, flax structs); NumPy arrays
+    # are JAX inputs. Under jit this runs once, at tracing.
+    refuse_foreign(jax.tree.leaves(tree), what=what, own=("jax", "jaxlib", "numpy"),
+                   expected="JAX arrays, NumPy arrays or numbers",
+                   convert="jnp.asarray (a torch tensor: through NumPy)")
+
+
 @jax.tree_util.register_pytree_with_keys_class
 class JaxGradScaler(FunctionalGradScaler):
     """A dynamic loss scaler for JAX, as an immutable value.
@@ -188,8 +205,8 @@ class JaxGradScaler(FunctionalGradScaler):
     def _encode(self, scale: jax.Array) -> jax.Array:
         return F32.bits(scale)
 
-    def _decode(self, bits: jax.Array) -> jax.Array:
-        return F32.from_bits(bits)
+    def _decode(self, encoded: jax.Array) -> jax.Array:
+        return F32.from_bits(encoded)
 
     def _constant(self, value: float) -> int:
         return f32_bits(value)
@@ -198,8 +215,13 @@ class JaxGradScaler(FunctionalGradScaler):
         cn, ec = factor_parts(factor)
         return _mul_bits(F32.bits(scale), F32.float32(cn), ec)
 
-    def _is_finite(self, bits: jax.Array) -> jax.Array:
-        return F32.is_finite(bits)
+    def _is_finite(self, encoded: jax.Array) -> jax.Array:
+        return F32.is_finite(encoded)
+
+    def _materialised(self, *arrays: jax.Array) -> tuple[jax.Array, ...]:
+        # Else XLA recomputes the new trackers inside the new scale's kernel from the old
+        # ones, which the trackers' own kernels overwrite in place: it copies them first.
+        return tuple(optimization_barrier(arrays))
 
     @classmethod
     def _overflow_reductions(cls, grad: jax.Array) -> tuple[jax.Array, ...]:
@@ -236,11 +258,12 @@ class JaxGradScaler(FunctionalGradScaler):
             Array(1.7763568e-15, dtype=float32)
         """
         self._check_current("scale")
+        _refuse_foreign(outputs, "scale()")
         if not self._config.enabled:
             return outputs
         # F32.bits reads the leaf with jnp.asarray: in a flax nnx optimizer state it is a
         # Variable, not an array.
-        return _multiply(outputs, *_split(F32.bits(self.loss_scale)))
+        return _multiply(outputs, _split(F32.bits(self.loss_scale)))
 
     def where_finite(self, finite: Any, new: Any, old: Any) -> Any:
         """``new`` where ``finite``, else ``old``: pytrees of the same structure, selected
@@ -252,6 +275,7 @@ class JaxGradScaler(FunctionalGradScaler):
             >>> s.where_finite(jnp.array(False), {"w": jnp.ones(2)}, {"w": jnp.zeros(2)})["w"]
             Array([0., 0.], dtype=float32)
         """
+        _refuse_foreign((new, old), "where_finite()")
         return where_finite(finite, new, old)
 
     def unscale(self, grads: Any, axis_name: Any = None) -> tuple[Any, jax.Array]:
@@ -277,11 +301,12 @@ class JaxGradScaler(FunctionalGradScaler):
 
     def _unscale(self, grads: Any, axis_name: Any, caller: str) -> tuple[Any, jax.Array]:
         self._check_current(caller)
+        _refuse_foreign(grads, f"{caller}()")
         if not self._config.enabled:
             return grads, jnp.array(True)
         inverse = _reciprocal_split(F32.bits(self.loss_scale))
         finite = _all_finite(grads, axis_name, caller) & self._reciprocal_finite()
-        return _multiply(grads, *inverse), finite
+        return _multiply(grads, inverse), finite
 
     def update(self, finite: Any = None, *, new_scale: Any = None) -> JaxGradScaler:
         """The scaler after one iteration whose gradients were all ``finite`` (or not).
