@@ -14,10 +14,16 @@ A member a backend overrides without a docstring (``config``, torch's ``get_grow
 takes the docstring of the member it overrides, so that the reference lists every member
 users call, each with its description; ``GradScaler``'s class attributes take their ``#:``
 comment as docstring.
+
+JAX's and MLX's diagnostics functions (``overflow_report``...), which
+``public_functions(...)`` makes at import time, become functions with the signature and
+docstring they have at run time (see the comment above :func:`_diagnostics_functions`).
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
 from typing import Any
 
@@ -85,8 +91,10 @@ class ScalerSignatures(griffe.Extension):
     """Gives each scaler class an ``__init__`` with the parameters it really takes, and its
     undocumented overrides and class attributes the description they have in the source."""
 
-    def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
+    def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader,
+                   **kwargs: Any) -> None:
         if pkg.path == "unifiedamp":
+            _diagnostics_functions(pkg, loader)
             scalers = _scalers(pkg)
             for cls in [pkg[_BASE.removeprefix("unifiedamp.")], *scalers]:
                 _attribute_docstrings(cls)
@@ -168,3 +176,97 @@ def _inherit_docstrings(cls: griffe.Class) -> None:
                 member.docstring = griffe.Docstring(written.docstring.value,
                                                     lineno=member.lineno, parent=member)
                 break
+
+
+# ------------------------------------------------ the functional backends' diagnostics
+#
+# The JAX and MLX backends bind their six diagnostics functions at import time:
+#
+#     (overflow_report, ..., check_collapse) = public_functions(JaxGradScaler, words=Words(...))
+#
+# (unifiedamp.backends._functional_diagnostics), which names the inner functions it defines,
+# annotates their ``scaler`` parameter with the backend's class and formats their docstrings
+# from templates (``_OVERFLOW_REPORT``...) with the backend's words. Static analysis sees
+# neither the inner functions nor the tuple's names, so the reference would show nothing
+# for them (and it imports no framework, so it cannot ask the functions themselves). The
+# extension does what ``public_functions`` does, from the source: each name of such an
+# assignment becomes a function with the signature of its inner function and the docstring
+# its template formats, the ``Words(...)`` keywords being literals in the backend's module.
+
+_FUNCTIONAL = "unifiedamp.backends._functional_diagnostics"
+_BACKENDS_WITH_DIAGNOSTICS = ("unifiedamp.backends.jax._diagnostics", "unifiedamp.backends.mlx")
+
+
+class _PublicFunctions:
+    """What ``public_functions`` defines, read from its module's source: each public name's
+    inner function (an ``ast.FunctionDef``) and docstring template."""
+
+    def __init__(self, module: griffe.Module) -> None:
+        self.module = module
+        tree = ast.parse(module.source)
+        self.templates = {node.targets[0].id: ast.literal_eval(node.value)
+                          for node in tree.body if isinstance(node, ast.Assign)
+                          and isinstance(node.targets[0], ast.Name)
+                          and node.targets[0].id.isupper()}
+        outer = next(node for node in tree.body
+                     if isinstance(node, ast.FunctionDef) and node.name == "public_functions")
+        inner = {node.name: node for node in outer.body if isinstance(node, ast.FunctionDef)}
+        # functions = ((overflow_report, _OVERFLOW_REPORT), (history_init_, ...), ...)
+        pairs = next(node.value for node in outer.body if isinstance(node, ast.Assign)
+                     and getattr(node.targets[0], "id", None) == "functions")
+        self.defs = {}  # public name -> (inner function, template)
+        for pair in pairs.elts:  # type: ignore[attr-defined]
+            function, template = pair.elts
+            self.defs[function.id.rstrip("_")] = (inner[function.id], template.id)
+
+    def function(self, name: str, backend: str, words: dict[str, str], *, lineno: int,
+                 parent: griffe.Module, loader: griffe.GriffeLoader) -> griffe.Function:
+        """The public function ``name`` as ``public_functions`` binds it to ``backend``, its
+        docstring parsed as ``loader`` parses those it reads (mkdocstrings: Google style)."""
+        node, template = self.defs[name]
+
+        def annotation(expr: Any) -> Any:
+            return griffe.safe_get_annotation(expr, parent=self.module, member=node.name)
+
+        parameters = [
+            griffe.Parameter(
+                param, kind=kind, default=default if default is None or isinstance(default, str)
+                else griffe.safe_get_expression(default, parent=self.module),
+                # help() shows the backend's class, not the type variable Scaler
+                annotation=griffe.ExprName(backend, parent=parent) if param == "scaler"
+                else annotation(expr))
+            for param, expr, kind, default in griffe.get_parameters(node.args)]
+        function = griffe.Function(name, lineno=lineno, endlineno=lineno,
+                                   parameters=griffe.Parameters(*parameters),
+                                   returns=annotation(node.returns), parent=parent)
+        text = self.templates[template].format(**words, scaler=backend)
+        function.docstring = griffe.Docstring(
+            inspect.cleandoc(text), lineno=lineno, parent=function,
+            parser=loader.docstring_parser, parser_options=loader.docstring_options)
+        return function
+
+
+def _public_function_calls(module: griffe.Module) -> list[tuple[ast.Assign, ast.Call]]:
+    # The module's ``(names...) = public_functions(...)`` assignments.
+    return [(node, node.value) for node in ast.parse(module.source).body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple)
+            and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", None) == "public_functions"]
+
+
+def _diagnostics_functions(pkg: griffe.Module, loader: griffe.GriffeLoader) -> None:
+    defined = _PublicFunctions(pkg[_FUNCTIONAL.removeprefix("unifiedamp.")])
+    for path in _BACKENDS_WITH_DIAGNOSTICS:
+        module = pkg[path.removeprefix("unifiedamp.")]
+        for node, call in _public_function_calls(module):
+            backend = call.args[0].id  # type: ignore[attr-defined]
+            words_call = next(k.value for k in call.keywords if k.arg == "words")
+            words = {k.arg: ast.literal_eval(k.value)
+                     for k in words_call.keywords}  # type: ignore[attr-defined]
+            for target in node.targets[0].elts:  # type: ignore[attr-defined]
+                function = defined.function(target.id, backend, words, lineno=node.lineno,
+                                            parent=module, loader=loader)
+                module.set_member(target.id, function)
+                # As griffe's visitor does for what it creates: the other extensions
+                # (tools/griffe_docstrings.py) see the new function.
+                loader.extensions.call("on_instance", node=node, obj=function, agent=loader)

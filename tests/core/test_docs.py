@@ -477,3 +477,39 @@ def test_a_scalers_methods_render_as_methods():
             if re.fullmatch(r"\w+(\.\w+)+", str(member.value or "")):
                 rebound.append(f"{path}.{name} = {member.value}")
     assert not rebound, rebound
+
+
+# What each diagnostics function's description says first, and its parameters.
+DIAGNOSTICS_FUNCTIONS = {
+    "overflow_report": ("OverflowReport", ["counts", "step", "scale", "loss", "history"]),
+    "history_init": ("An empty ring", ["size"]),
+    "history_record": ("with this update recorded", ["history", "scaler", "finite"]),
+    "scale_history": ("ScaleHistory", ["history"]),
+    "collapse_message": ("The collapse warning's text",
+                         ["scaler", "report", "step", "max_consecutive_skips"]),
+    "check_collapse": ("Warns", ["scaler", "report", "step", "max_consecutive_skips",
+                                 "on_collapse"]),
+}
+
+
+@_NO_GRIFFE
+def test_the_functional_backends_diagnostics_render_as_functions():
+    """JAX's and MLX's diagnostics functions are bound at import time by
+    ``public_functions(...)``, their docstrings formatted from templates: the reference
+    shows each with its signature and its docstring in the backend's words."""
+    package = _reference_package()
+    for backend, scaler, words in [("jax", "JaxGradScaler", "outside ``jit``"),
+                                   ("mlx", "MlxGradScaler", "outside ``mx.compile``")]:
+        for name, (says, params) in DIAGNOSTICS_FUNCTIONS.items():
+            function = package[f"backends.{backend}.{name}"]
+            assert function.is_function, f"{backend}.{name}"
+            assert [p.name for p in function.parameters] == params, f"{backend}.{name}"
+            assert function.returns is not None, f"{backend}.{name}"
+            docstring = function.docstring.value
+            assert says in docstring.split("\n\n")[0], f"{backend}.{name}: {docstring}"
+            assert not re.search(r"\{\w+\}", docstring), docstring  # formatted
+            if "scaler" in function.parameters:
+                assert str(function.parameters["scaler"].annotation) == scaler
+        assert words in package[f"backends.{backend}.scale_history"].docstring.value
+        example = package[f"backends.{backend}.history_record"].docstring.value
+        assert f"{scaler}(8.0, growth_interval=1)" in example.split("Examples:")[1]
