@@ -5,6 +5,7 @@ traced code (jit, lax.cond, the optax wrapper, NNX) is unaffected. MLX: tests/ml
 from __future__ import annotations
 
 import pytest
+from superseded_checks import FIX, SupersededContract
 
 jax = pytest.importorskip("jax")
 
@@ -15,62 +16,17 @@ from jax import lax  # noqa: E402
 import unifiedamp as ua  # noqa: E402
 from unifiedamp.backends.jax import find_scaler, loss_scaled  # noqa: E402
 
-FIX = r"scaler = scaler\.update\(finite\)"
 OVERFLOW = [jnp.array([1.0, jnp.inf])]
 
 
-def test_dropping_updates_result_raises_with_the_fix():
-    s = ua.GradScaler(1024.0, backend="jax")
-    g, f = s.unscale(OVERFLOW)
-    s.update(f)  # torch's line: the result is dropped
-    with pytest.raises(RuntimeError, match=rf"unscale\(\) refused: update\(\) already replaced "
-                                           rf"this JaxGradScaler.*{FIX}"):
-        s.unscale(OVERFLOW)
-    # Reading the old value stays allowed: it is what it was.
-    assert (s.get_scale(), s.num_skipped_steps) == (1024.0, 0)
+class TestJaxSuperseded(SupersededContract):
+    backend, class_name = "jax", "JaxGradScaler"
 
+    def loss(self):
+        return jnp.float32(1.0)
 
-def test_keeping_the_result_backs_off_like_torch():
-    s = ua.GradScaler(1024.0, backend="jax")
-    for _ in range(3):
-        g, f = s.unscale(OVERFLOW)
-        s = s.update(f)
-    assert (s.get_scale(), s.num_skipped_steps) == (128.0, 3)
-
-
-VERBS = {
-    "scale": lambda s: s.scale(jnp.float32(1.0)),
-    "unscale": lambda s: s.unscale(OVERFLOW),
-    "update": lambda s: s.update(True),
-    "update(new_scale=)": lambda s: s.update(new_scale=2.0),
-    "with_config": lambda s: s.with_config(growth_interval=3),
-    "set_growth_factor": lambda s: s.set_growth_factor(3.0),
-}
-REPLACE = {
-    "update": lambda s: s.update(False),
-    "new_scale": lambda s: s.update(new_scale=4.0),
-    "restore": lambda s: s.restore(ua.GradScaler(64.0, backend="jax").state_dict()),
-    "setter": lambda s: s.set_hysteresis(2),
-}
-
-
-@pytest.mark.parametrize("verb", VERBS)
-@pytest.mark.parametrize("by", REPLACE)
-def test_every_verb_is_refused_after_every_replacement(verb, by):
-    s = ua.GradScaler(8.0, backend="jax")
-    new = REPLACE[by](s)
-    with pytest.raises(RuntimeError, match=FIX):
-        VERBS[verb](s)
-    VERBS[verb](new)  # the result is current
-
-
-def test_restore_into_a_replaced_template_is_allowed():
-    # restore keeps none of the replaced scale or trackers: loading several dicts into one
-    # template is a reasonable use.
-    template = ua.GradScaler(backend="jax")
-    a = template.restore(ua.GradScaler(64.0, backend="jax").state_dict())
-    b = template.restore(ua.GradScaler(16.0, backend="jax").state_dict())
-    assert (a.get_scale(), b.get_scale()) == (64.0, 16.0)
+    def overflow(self):
+        return OVERFLOW
 
 
 def test_a_disabled_scaler_returns_itself_and_stays_usable():

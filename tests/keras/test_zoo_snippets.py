@@ -8,26 +8,14 @@ by the column's explanations, not by folder.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import runpy
-
-from zoo_snippets import ROOT, SNIPPETS, linked
+from zoo_snippets import SNIPPETS, linked, run_one
 
 COLUMNS = ["keras-tensorflow", "keras-jax", "keras-torch"]
 
 
 def run_column(column: str) -> dict[str, str]:
     """Runs the snippets ``column``'s explanations link to; snippet file name -> its line."""
-    lines = {}
-    for path in sorted(linked([column])):
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            runpy.run_path(str(path), run_name="__main__")
-        printed = out.getvalue().splitlines()
-        assert len(printed) == 1, f"{path.relative_to(ROOT)} printed {printed!r}, not one line"
-        lines[path.name] = printed[0]
-    return lines
+    return {path.name: run_one(path) for path in sorted(linked([column]))}
 
 
 def test_keras_snippets_show_their_causes_on_this_backend(keras) -> None:

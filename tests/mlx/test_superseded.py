@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import partial
 
 import pytest
+from superseded_checks import FIX, SupersededContract
 
 mx = pytest.importorskip("mlx.core")
 
@@ -17,62 +18,19 @@ import mlx.optimizers as optim  # noqa: E402
 import unifiedamp as ua  # noqa: E402
 from unifiedamp.backends.mlx import compile as ua_compile  # noqa: E402
 
-FIX = r"scaler = scaler\.update\(finite\)"
-
 
 def overflow():
     return [mx.array([1.0, float("inf")])]
 
 
-def test_dropping_updates_result_raises_with_the_fix():
-    s = ua.GradScaler(1024.0, backend="mlx")
-    g, f = s.unscale(overflow())
-    s.update(f)  # torch's line: the result is dropped
-    with pytest.raises(RuntimeError, match=rf"unscale\(\) refused: update\(\) already replaced "
-                                           rf"this MlxGradScaler.*{FIX}"):
-        s.unscale(overflow())
-    assert (s.get_scale(), s.num_skipped_steps) == (1024.0, 0)
+class TestMlxSuperseded(SupersededContract):
+    backend, class_name = "mlx", "MlxGradScaler"
 
+    def loss(self):
+        return mx.array(1.0)
 
-def test_keeping_the_result_backs_off_like_torch():
-    s = ua.GradScaler(1024.0, backend="mlx")
-    for _ in range(3):
-        g, f = s.unscale(overflow())
-        s = s.update(f)
-    assert (s.get_scale(), s.num_skipped_steps) == (128.0, 3)
-
-
-VERBS = {
-    "scale": lambda s: s.scale(mx.array(1.0)),
-    "unscale": lambda s: s.unscale(overflow()),
-    "update": lambda s: s.update(True),
-    "update(new_scale=)": lambda s: s.update(new_scale=2.0),
-    "with_config": lambda s: s.with_config(growth_interval=3),
-    "set_growth_factor": lambda s: s.set_growth_factor(3.0),
-}
-REPLACE = {
-    "update": lambda s: s.update(False),
-    "new_scale": lambda s: s.update(new_scale=4.0),
-    "restore": lambda s: s.restore(ua.GradScaler(64.0, backend="mlx").state_dict()),
-    "setter": lambda s: s.set_hysteresis(2),
-}
-
-
-@pytest.mark.parametrize("verb", VERBS)
-@pytest.mark.parametrize("by", REPLACE)
-def test_every_verb_is_refused_after_every_replacement(verb, by):
-    s = ua.GradScaler(8.0, backend="mlx")
-    new = REPLACE[by](s)
-    with pytest.raises(RuntimeError, match=FIX):
-        VERBS[verb](s)
-    VERBS[verb](new)
-
-
-def test_restore_into_a_replaced_template_is_allowed():
-    template = ua.GradScaler(backend="mlx")
-    a = template.restore(ua.GradScaler(64.0, backend="mlx").state_dict())
-    b = template.restore(ua.GradScaler(16.0, backend="mlx").state_dict())
-    assert (a.get_scale(), b.get_scale()) == (64.0, 16.0)
+    def overflow(self):
+        return overflow()
 
 
 def test_compile_passes_trees_so_the_scaler_given_to_a_step_stays_usable():

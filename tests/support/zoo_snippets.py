@@ -58,12 +58,14 @@ def run_snippets(columns: list[str]) -> dict[str, str]:
     missing = sorted(str(p.relative_to(ROOT)) for p in linked(columns) - set(paths))
     assert not unlinked and not missing, (
         f"snippets no Difference links to: {unlinked}; linked snippets missing: {missing}")
-    lines = {}
-    for path in paths:
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            runpy.run_path(str(path), run_name="__main__")
-        printed = out.getvalue().splitlines()
-        assert len(printed) == 1, f"{path.relative_to(ROOT)} printed {printed!r}, not one line"
-        lines[path.name] = printed[0]
-    return lines
+    return {path.name: run_one(path) for path in paths}
+
+
+def run_one(path: pathlib.Path) -> str:
+    """Runs one snippet as a script; the one line it prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(str(path), run_name="__main__")
+    printed = out.getvalue().splitlines()
+    assert len(printed) == 1, f"{path.relative_to(ROOT)} printed {printed!r}, not one line"
+    return printed[0]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numbers
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -73,11 +73,23 @@ def scale_before_skip(config: ScalerConfig, after: float, hysteresis_after: int
     return (sources.pop(), True) if len(sources) == 1 else (float(guess), False)
 
 
-def update_arguments(finite: Any, new_scale: Any) -> tuple[Any, Any]:
+class Flags(NamedTuple):
+    """The flags a backend's ``update`` takes, for :func:`update_arguments`: their types,
+    and the words of the error for another framework's flag."""
+
+    types: tuple[type, ...]
+    backend: str  # "torch"
+    takes: str  # "(a 0-d bool tensor) or a bool"
+    convert: str  # "torch.as_tensor"
+
+
+def update_arguments(finite: Any, new_scale: Any,
+                     flags: Flags | None = None) -> tuple[Any, Any]:
     """``(finite, new_scale)`` of an imperative ``update(finite=None, *, new_scale=None)``.
 
     A flag (a bool, or a 0-d bool array/tensor: what ``unscale`` returns) is checked
-    (:func:`~unifiedamp._scaler.check_flag`). A plain number as the first argument is
+    (:func:`~unifiedamp._scaler.check_flag`), and refused unless it is one of ``flags``'s
+    types (another framework's bool tensor). A plain number as the first argument is
     torch's positional ``update(new_scale)``, as torch documents it. Anything else first (a
     float or int tensor/array, a list) is refused: taken as a scale, ``update(f.float())``
     would set the scale to 1.0 and count no step; a tensor scale goes by keyword.
@@ -98,6 +110,11 @@ def update_arguments(finite: Any, new_scale: Any) -> tuple[Any, Any]:
         return finite, new_scale
     if is_flag(finite):
         check_flag(finite)
+        if flags is not None and not isinstance(finite, flags.types):
+            raise TypeError(
+                f"update() got a {type(finite).__name__} flag ({finite!r:.80}): the "
+                f"{flags.backend} backend takes the flag its unscale() returns {flags.takes}; "
+                f"convert it with {flags.convert}, or use the backend of its framework")
         return finite, new_scale
     if not isinstance(finite, numbers.Real):
         raise TypeError(

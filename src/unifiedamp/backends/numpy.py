@@ -31,6 +31,7 @@ from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import GradScaler, new_scale_value
 from unifiedamp._tree import refuse_foreign, tree_map
 from unifiedamp.backends._imperative import (
+    Flags,
     HostState,
     ImperativeDiagnostics,
     LastUpdate,
@@ -108,6 +109,8 @@ def _as_float_array(x: Any, what: str) -> np.ndarray:
 _PICKLED_NAMES = {"_last_output": "_scale_input"}
 
 
+#: The flags update() takes: the bool unscale() returns, a NumPy bool.
+_FLAGS = Flags((bool, np.bool_, np.ndarray), "numpy", "(a bool or a NumPy bool)", "np.asarray")
 #: The error for another framework's arrays, in the words every backend uses.
 _refuse_foreign = functools.partial(
     refuse_foreign, own=("numpy",), expected="NumPy arrays or numbers",
@@ -385,12 +388,7 @@ class NumpyGradScaler(ImperativeDiagnostics, HostState, GradScaler):
             >>> s.update(False) is s, s.get_scale(), s.update(2.0).get_scale()
             (True, 4.0, 2.0)
         """
-        finite, new_scale = update_arguments(finite, new_scale)
-        if finite is not None and not isinstance(finite, (bool, np.bool_, np.ndarray)):
-            raise TypeError(
-                f"update() got a {type(finite).__name__} flag ({finite!r:.80}): the numpy "
-                "backend takes the flag its unscale() returns (a bool or a NumPy bool); "
-                "convert it with np.asarray, or use the backend of its framework")
+        finite, new_scale = update_arguments(finite, new_scale, _FLAGS)
         if not self._config.enabled:
             return self
         found_inf: bool | None = None  # set (a bool) exactly when new_scale is None

@@ -24,6 +24,7 @@ from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import GradScaler, new_scale_value
 from unifiedamp._tree import leaves, refuse_foreign, tree_map
 from unifiedamp.backends._imperative import (
+    Flags,
     HostState,
     LastUpdate,
     diagnostics_options,
@@ -114,6 +115,9 @@ def _method(optimizer: Any, verb: str) -> Any:
 
 
 
+#: The flags update() takes: the bool tensor unscale() returns, a bool, a NumPy bool.
+_FLAGS = Flags((paddle.Tensor, bool, np.bool_, np.ndarray), "paddle",
+               "(a 0-d bool tensor) or a bool", "paddle.to_tensor")
 #: The error for another framework's arrays, in the words every backend uses.
 _refuse_foreign = functools.partial(
     refuse_foreign, own=("paddle",), expected="paddle tensors",
@@ -681,14 +685,7 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
         :meth:`overflow_report` is None after it (as on torch).
         """
         if finite is not None or new_scale is not None:
-            finite, new_scale = update_arguments(finite, new_scale)
-            if finite is not None and not isinstance(finite, (paddle.Tensor, bool, np.bool_,
-                                                              np.ndarray)):
-                raise TypeError(
-                    f"update() got a {type(finite).__name__} flag ({finite!r:.80}): the paddle "
-                    "backend takes the flag its unscale() returns (a 0-d bool tensor) or a "
-                    "bool; convert it with paddle.to_tensor, or use the backend of its "
-                    "framework")
+            finite, new_scale = update_arguments(finite, new_scale, _FLAGS)
         if not self._config.enabled:
             return self
         if self._iteration_thread != threading.get_ident():

@@ -29,6 +29,7 @@ from unifiedamp._monitor import CollapseMonitor
 from unifiedamp._scaler import GradScaler, new_scale_value
 from unifiedamp._tree import leaves, refuse_foreign, tree_map
 from unifiedamp.backends._imperative import (
+    Flags,
     diagnostics_options,
     mid_iteration_load_error,
     update_arguments,
@@ -88,6 +89,9 @@ _UPDATE_BEFORE_SCALE = (
     "scaler.scale(loss or outputs) earlier in the iteration. Fix: call "
     "scaler.scale(loss).backward() and scaler.step(optimizer) before scaler.update()")
 
+#: The flags update() takes: the 0-d bool tensor unscale() returns, a bool, a NumPy bool.
+_FLAGS = Flags((torch.Tensor, bool, np.bool_, np.ndarray), "torch",
+               "(a 0-d bool tensor) or a bool", "torch.as_tensor")
 #: The error for another framework's arrays, in the words every backend uses.
 _refuse_foreign = functools.partial(
     refuse_foreign, own=("torch",), expected="torch tensors",
@@ -767,14 +771,7 @@ class TorchGradScaler(torch.amp.GradScaler, TorchDiagnostics, GradScaler):  # py
             8.0
         """
         if finite is not None:  # update() alone needs no sorting out of its arguments
-            finite, new_scale = update_arguments(finite, new_scale)
-            if finite is not None and not isinstance(finite, (torch.Tensor, bool, np.bool_,
-                                                              np.ndarray)):
-                raise TypeError(
-                    f"update() got a {type(finite).__name__} flag ({finite!r:.80}): the torch "
-                    "backend takes the flag its unscale() returns (a 0-d bool tensor) or a "
-                    "bool; convert it with torch.as_tensor, or use the backend of its "
-                    "framework")
+            finite, new_scale = update_arguments(finite, new_scale, _FLAGS)
         if not self._enabled:
             return self
         # torch's _check_scale_growth_tracker, which torch.compile does not trace.
