@@ -24,6 +24,7 @@ from unifiedamp.porting import _config
 from unifiedamp.porting._config import NATIVE_SCALERS
 from unifiedamp.porting._source_read import CallSite, _bindings, _Context, _NotLiteral, _walk
 from unifiedamp.spec import ScalerConfig
+from unifiedamp.spec._float32 import FLOAT32_MAX
 from unifiedamp.spec._natives import REQUIRED
 
 # torch's verb -> paddle's (None: paddle has none). Both sides are exact where named: same
@@ -533,7 +534,6 @@ def _port_verb(ctx: _Context, node: Any, source: str,
 # ------------------------------------------------------------------ Flax's DynamicScale
 
 _FLAX = "flax.training.dynamic_scale.DynamicScale"
-_F32_MAX = 3.4028234663852886e38  # float32's largest finite number
 
 def _flax_config(site: CallSite, bound: dict[str, Any], config: ScalerConfig,
                  exprs: dict[str, _Expr]) -> ScalerConfig:
@@ -565,4 +565,4 @@ def _flax_config(site: CallSite, bound: dict[str, Any], config: ScalerConfig,
         "and max_scale=float32's maximum keeps its clamp of a growth past it (outside "
         "jax.jit Flax's first update is computed in float64: one float32 ulp apart for a "
         "factor that is not a power of two)")
-    return config.replace(growth_interval=config.growth_interval + 1, max_scale=_F32_MAX)
+    return config.replace(growth_interval=config.growth_interval + 1, max_scale=FLOAT32_MAX)

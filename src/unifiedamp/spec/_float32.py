@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import struct
 
-__all__ = ["FLOAT32_MIN_NORMAL", "f32", "f32_bits", "f32_from_bits", "f32_hex"]
+__all__ = ["FLOAT32_MAX", "FLOAT32_MIN_NORMAL", "f32", "f32_bits", "f32_from_bits", "f32_hex"]
 
 FLOAT32_MIN_NORMAL = 2.0**-126
+#: float32's largest finite number (Flax's DynamicScale clamps a growth to it).
+FLOAT32_MAX = 3.4028234663852886e38
 
 _F32 = struct.Struct("<f")
 _U32 = struct.Struct("<I")

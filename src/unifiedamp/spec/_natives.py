@@ -43,7 +43,7 @@ Example:
 
 from __future__ import annotations
 
-from unifiedamp.spec._float32 import f32
+from unifiedamp.spec._float32 import FLOAT32_MAX, f32
 from unifiedamp.spec._names import CANONICAL
 
 # typing.TYPE_CHECKING without importing typing (tests/core/test_import.py).
@@ -55,9 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ALIASES", "FRAMEWORKS", "NATIVE_SCALERS", "QUALNAMES", "REQUIRED", "STATE_FORMS",
            "cannot_carry"]
-
-#: float32's largest finite number: Flax's DynamicScale clamps a growth to it (max_scale).
-FLOAT32_MAX = 3.4028234663852886e38
 
 #: A parameter without a default.
 REQUIRED = "<required>"

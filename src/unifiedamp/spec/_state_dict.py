@@ -24,9 +24,8 @@ from unifiedamp.spec._config import (
     config_from_args,
     is_real,
 )
-from unifiedamp.spec._float32 import f32
+from unifiedamp.spec._float32 import FLOAT32_MAX, f32
 from unifiedamp.spec._natives import (
-    FLOAT32_MAX,
     FRAMEWORKS,
     NATIVE_SCALERS,
     STATE_FORMS,
