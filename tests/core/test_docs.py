@@ -134,7 +134,7 @@ def test_the_distributed_page_names_tests_and_settings_that_exist():
 def test_every_row_of_the_distributed_table_has_both_overflows_and_a_test():
     """Each row of docs/distributed.md's table gives the framework's scaler with the overflow
     in one rank's input and with an inf in one rank's gradient after the reduction (a
-    verdict, or why there is none), and cites a test."""
+    verdict, or why there is none: never "not run"), and cites a test."""
     page = (ROOT / "docs" / "distributed.md").read_text()
     lines = page.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| framework: engine |"))
@@ -148,6 +148,7 @@ def test_every_row_of_the_distributed_table_has_both_overflows_and_a_test():
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         assert len(cells) == len(header), row
         assert all(cells[3:5]), f"a row without a cell for each overflow: {cells[0]}"
+        assert "*not run*" not in cells[3] + cells[4], f"a placement not run: {cells[0]}"
         assert re.search(r"`(?:tests/[\w/]+\.py::)?test_\w+`", cells[-1]), (
             f"a row citing no test: {cells[0]}")
 

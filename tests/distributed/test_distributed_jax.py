@@ -93,3 +93,32 @@ def test_native_jmp_follows_the_spec_where_the_gradients_are_reduced_first(engin
     """jmp's own recipe (lax.pmean, then check) and jit on global arrays agree without an
     axis: the inf reaches every process's gradient before the check."""
     assert engines.run(engine, "jmp").problems() == []
+
+
+def test_native_jmp_with_an_inf_in_one_ranks_averaged_gradient_parts_the_replicas():
+    """jmp's recipe (lax.pmean, then check) relies on the inf coming through the average:
+    one added to rank 1's averaged gradient (pmap-style, where JAX lets the devices differ)
+    is seen by rank 1 alone, which skips while rank 0 steps and grows; the library's scaler,
+    told axis_name="d", skips both."""
+    ours = engines.run("processes-pmean", "unifiedamp", overflow="gradient")
+    assert ours.problems() == [], ours.outcome.logs
+    problems = engines.run("processes-pmean", "jmp", overflow="gradient").problems()
+    assert "step 1, rank 1: scale 2048.0" in problems[0], problems
+    assert "step 3, rank 0:" in "".join(problems), problems
+
+
+def test_native_jmp_outside_jit_diverges_silently():
+    """Per-process arrays outside jit: each process checks its own gradient, then the
+    unscaled gradients are averaged: rank 1 steps with the averaged inf and grows."""
+    problems = engines.run("processes-local", "jmp").problems()
+    assert "step 1, rank 1: scale 2048.0" in problems[0], problems
+    assert any("non-finite weights" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("engine", ["processes", "processes-unchecked", "processes-jit",
+                                    "processes-local"])
+def test_an_inf_after_the_reduction_is_refused_where_no_reduction_precedes_the_check(engine):
+    with pytest.raises(ValueError, match="only processes-pmean has one"):
+        engines.run(engine, "unifiedamp", overflow="gradient")
+    with pytest.raises(ValueError, match="overflow='nowhere': one of input, gradient"):
+        engines.run("processes-pmean", "unifiedamp", overflow="nowhere")

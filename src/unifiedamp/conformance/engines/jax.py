@@ -28,6 +28,15 @@ Engines (:data:`ENGINES`) differ in where the ranks' gradients meet the finite c
   averages the unscaled gradients with ``multihost_utils.process_allgather``; the check
   before the average has no mapped axis to agree over (the library warns).
 
+Where a step's inf or NaN arises is the run's ``overflow`` (:data:`OVERFLOWS`): in one
+rank's batch shard (``"input"``, every engine), or, under ``processes-pmean`` only, added to
+one rank's averaged gradient after ``lax.pmean`` (``"gradient"``: the batch is finite). A
+default ``shard_map`` types the average as equal on every device, so the second placement
+runs with ``check_vma=False`` (as ``pmap``), and the library's scaler agrees with
+``axis_name="d"``. Every other engine checks before it reduces (the input's inf is already
+one rank's own at the check) or holds one global gradient: there the placement means
+nothing and is refused.
+
 Scalers (:data:`SCALERS`): ``"unifiedamp"`` and ``"jmp"`` (``jmp.DynamicLossScale``, whose
 ``all_finite`` takes no axis). Each step record also lists the warnings the step raised
 (``"warnings"``). ``python -m unifiedamp.conformance.engines jax processes unifiedamp``
@@ -73,6 +82,12 @@ ENGINES: dict[str, str] = {
                        "multihost_utils.process_allgather after the check",
 }
 
+#: Where a step's inf or NaN arises (see the module).
+OVERFLOWS: dict[str, str] = {
+    "input": "in one rank's batch shard",
+    "gradient": "added to one rank's averaged gradient after lax.pmean (processes-pmean)",
+}
+
 #: Scaler name -> what it is.
 SCALERS: dict[str, str] = {
     "unifiedamp": "unifiedamp.backends.jax.JaxGradScaler",
@@ -107,10 +122,11 @@ def reference(kinds_per_rank: list[str]) -> list[list[float]]:
 
 def run(engine: str, scaler: str, kinds: list[str] | None = None,
         config: ScalerConfig | None = None, timeout: float = 120.0,
-        collective_timeout: float = COLLECTIVE_TIMEOUT) -> Run:
+        collective_timeout: float = COLLECTIVE_TIMEOUT, overflow: str = "input") -> Run:
     """Runs ``engine`` with ``scaler`` as two processes; :meth:`Run.problems` checks it.
     ``timeout`` ends the run (every rank killed: a deadlock); ``collective_timeout``
-    bounds ``jax.distributed``'s waits for every process (see the module).
+    bounds ``jax.distributed``'s waits for every process (see the module); ``overflow``
+    is where a step's inf arises (:data:`OVERFLOWS`).
 
     Example (two processes: about 10 s):
         >>> run("processes", "unifiedamp").problems()  # doctest: +SKIP
@@ -120,13 +136,19 @@ def run(engine: str, scaler: str, kinds: list[str] | None = None,
         raise ValueError(f"unknown engine {engine!r}: one of {', '.join(ENGINES)}")
     if scaler not in SCALERS:
         raise ValueError(f"unknown scaler {scaler!r}: one of {', '.join(SCALERS)}")
+    if overflow not in OVERFLOWS:
+        raise ValueError(f"overflow={overflow!r}: one of {', '.join(OVERFLOWS)}")
+    if overflow == "gradient" and engine != "processes-pmean":
+        raise ValueError(f"overflow='gradient' needs a reduction before the check: only "
+                         f"processes-pmean has one ({engine} checks first or holds one "
+                         f"global gradient); use overflow='input'")
     config = config or DEFAULT_CONFIG
     kinds = list(kinds or default_kinds(WORLD))
     if len(kinds) != WORLD or any(set(k) - set(STEP_KINDS) for k in kinds):
         raise ValueError(f"kinds: one string of {''.join(STEP_KINDS)} per rank, {WORLD} ranks; "
                          f"got {kinds!r}")
     job = {"engine": engine, "scaler": scaler, "kinds": kinds, "config": config.to_dict(),
-           "collective_timeout": collective_timeout}
+           "collective_timeout": collective_timeout, "overflow": overflow}
     outcome = launch(__name__, job, WORLD, timeout, env=_rank_env)
     return Run(config, kinds, outcome, replicas=True, reference=reference(kinds))
 
@@ -163,6 +185,7 @@ class _Rank:
 
         self.jax = jax
         self.rank, self.engine, self.kinds = job["rank"], job["engine"], job["kinds"][job["rank"]]
+        self.in_gradient = job["overflow"] == "gradient"
         self.mesh = Mesh(np.array(jax.devices()), (_AXIS,))
         self.replicated = NamedSharding(self.mesh, P())
         self.sharded = NamedSharding(self.mesh, P(_AXIS))
@@ -180,13 +203,16 @@ class _Rank:
     def train(self) -> list[dict[str, Any]]:
         records = []
         for kind in self.kinds:
-            x = batch(kind)
+            x = batch("F" if self.in_gradient else kind)
+            # Added to this rank's averaged gradient: its inf, or 0 (overflow="gradient").
+            bad = np.array([STEP_KINDS[kind] if kind in "IN" else 0.0], np.float32)
             if not self.local:
                 x = self.jax.make_array_from_process_local_data(self.sharded, x)
+                bad = self.jax.make_array_from_process_local_data(self.sharded, bad)
             before = _host(self.params)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                self.params, self.scaler = self.step(self.scaler, self.params, x)
+                self.params, self.scaler = self.step(self.scaler, self.params, x, bad)
             for w in caught:  # shown in the rank's log too
                 print(f"{w.category.__name__}: {w.message}", file=sys.stderr)
             after = _host(self.params)
@@ -203,18 +229,19 @@ class _Rank:
         from jax.sharding import PartitionSpec as P
 
         if self.engine == "processes-jit":
-            def global_step(scaler: Any, params: Any, x: Any) -> Any:
+            def global_step(scaler: Any, params: Any, x: Any, bad: Any) -> Any:
                 # The global batch's mean loss: its gradient is the ranks' mean gradient.
                 return _sgd(scaler, params, jax.grad(
                     lambda p: scaler.scale(_loss(p, x) / WORLD))(params), None)
 
             return jax.jit(global_step)
 
-        unchecked = self.engine.startswith("processes-unchecked")
+        unchecked = self.engine.startswith("processes-unchecked") or self.in_gradient
         axis = None if self.engine.endswith("no-axis") else _AXIS
         pmean_first = self.engine == "processes-pmean"
+        in_gradient = self.in_gradient
 
-        def step(scaler: Any, params: Any, x: Any) -> Any:
+        def step(scaler: Any, params: Any, x: Any, bad: Any) -> Any:
             from jax import lax
 
             from unifiedamp.backends.jax._compat import cast_varying
@@ -226,13 +253,17 @@ class _Rank:
             grads = jax.grad(lambda p: scaler.scale(_loss(p, x)))(local)
             if pmean_first:
                 grads = lax.pmean(grads, _AXIS)
+                if in_gradient:  # this rank's own: the flags must agree over "d"
+                    grads = {**grads, "b": grads["b"] + bad[0]}
+                    return _sgd(scaler, params, grads, _AXIS)
                 return _sgd(scaler, params, grads, None)
             return _sgd(scaler, params, grads, axis, reduce=lambda g: lax.pmean(g, _AXIS))
 
-        return jax.jit(jax.shard_map(step, mesh=self.mesh, in_specs=(P(), P(), P(_AXIS)),
+        return jax.jit(jax.shard_map(step, mesh=self.mesh,
+                                     in_specs=(P(), P(), P(_AXIS), P(_AXIS)),
                                      out_specs=(P(), P()), check_vma=not unchecked))
 
-    def _local_step(self, scaler: Any, params: Any, x: Any) -> Any:
+    def _local_step(self, scaler: Any, params: Any, x: Any, bad: Any) -> Any:
         jax = self.jax
         from jax.experimental import multihost_utils
 
