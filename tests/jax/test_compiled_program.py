@@ -218,3 +218,42 @@ def test_the_scalar_rule_is_a_kernel_per_scaler_leaf():
         scaler, jnp.ones((4, 4))).compile())
     # the factors of 1/scale (one kernel), the product, the finiteness check (7 before)
     assert unscale.total <= 3, unscale.row()
+
+
+def test_step_if_finite_selects_on_a_gpu_and_steps_as_on_the_cpu(monkeypatch):
+    """On a GPU ``step_if_finite`` is a select of every leaf (the faster form there,
+    docs/backends/jax.md, Performance), on the CPU a ``lax.cond``: the recipe compiled
+    both ways (the platform forced here) has a conditional only in the CPU form, and over
+    finite, inf and NaN steps both skip the same steps, hold the same scaler bit for bit,
+    and the same parameters and AdamW state to an ulp (XLA may sum a bias's gradient in
+    another order in another program)."""
+    import numpy as np
+
+    from unifiedamp.backends.jax import _scaler
+
+    def run():
+        params, forms = optax_forms()
+        recipe, (params, opt_state, scaler, x, y) = forms["step_if_finite"]
+        step = jax.jit(recipe)
+        ops = program_counts(step.lower(params, opt_state, scaler, x, y).compile()).ops
+        kept = []
+        for bad in (None, jnp.inf, None, jnp.nan, None, None):
+            batch = x if bad is None else x.at[0, 0].set(bad)
+            before = jax.tree.leaves(params)
+            params, opt_state, scaler = step(params, opt_state, scaler, batch, y)
+            kept.append(all(np.array_equal(a, b) for a, b in zip(
+                before, jax.tree.leaves(params), strict=True)))
+        return ops, kept, jax.tree.leaves((params, opt_state)), jax.tree.leaves(scaler)
+
+    cond_ops, cond_kept, cond_state, cond_scaler = run()
+    monkeypatch.setattr(_scaler, "_skips_by_select", lambda: True)
+    select_ops, select_kept, select_state, select_scaler = run()
+    assert cond_ops["conditional"] == 1 and select_ops["conditional"] == 0
+    assert cond_kept == select_kept == [False, True, False, True, False, False]
+    for a, b in zip(cond_scaler, select_scaler, strict=True):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    for a, b in zip(cond_state, select_state, strict=True):
+        if np.issubdtype(np.asarray(a).dtype, np.floating):
+            np.testing.assert_array_max_ulp(np.asarray(a), np.asarray(b), maxulp=1)
+        else:
+            assert np.array_equal(a, b)

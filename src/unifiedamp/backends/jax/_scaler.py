@@ -96,15 +96,26 @@ def _all_finite(tree: Any, axis_name: Any, caller: str) -> jax.Array:
     return finite
 
 
+def _skips_by_select() -> bool:
+    """Whether :func:`step_if_finite` skips with a select rather than a ``lax.cond``: on
+    GPUs, where a select over the parameters and optimizer state measured faster (XLA's GPU
+    runtime may read a ``lax.cond``'s predicate on the host); not on the CPU, where XLA
+    copies every optimizer moment before the select overwrites it in place, nor on TPUs
+    (not measured). Read from ``jax.default_backend()`` at trace time: no cost in a step."""
+    return jax.default_backend() == "gpu"
+
+
 def step_if_finite(finite: jax.Array, step: Callable[[Any], Any], state: Any) -> Any:
-    """``step(state)`` if ``finite`` else ``state``, as a ``lax.cond``: a skipped step
-    costs nothing, and a taken one updates parameters and optimizer state in place.
+    """``step(state)`` if ``finite`` else ``state``, in the form that is fastest on the
+    default device (``jax.default_backend()``): a ``lax.cond`` on the CPU (a skipped step costs
+    nothing, a taken one updates parameters and optimizer state in place), a select of
+    every leaf on a GPU (:func:`where_finite` of ``step(state)``). Both give the same values,
+    bit for bit.
 
     Unscale the gradients *inside* ``step`` (``scaler.unscale(grads)[0]``) and take the
     flag from a call outside (``scaler.unscale(grads)[1]``): XLA drops each call's unused
     half, and the product fuses into the optimizer's update instead of being a pass
-    of its own. This is the fastest form on XLA's CPU, where :func:`where_finite` over
-    the optimizer state copies every moment first (``docs/backends/jax.md``, Performance).
+    of its own (``docs/backends/jax.md``, Performance).
 
     Inside a default ``shard_map``, a ``finite`` that varies over a mesh axis over which
     ``state`` does not raises ``ValueError`` naming ``axis_name`` (each device would
@@ -117,6 +128,8 @@ def step_if_finite(finite: jax.Array, step: Callable[[Any], Any], state: Any) ->
     """
     require_agreed(finite, state, "step_if_finite",
                    "the state does not, so each device would step or keep its own replica")
+    if _skips_by_select():
+        return jax.tree.map(lambda n, o: jnp.where(finite, n, o), step(state), state)
     return lax.cond(finite, step, lambda s: s, state)
 
 
@@ -124,10 +137,11 @@ def where_finite(finite: jax.Array, new: Any, old: Any) -> Any:
     """``new`` where ``finite``, else ``old``, leaf by leaf: keeps parameters and optimizer
     state of a skipped step without a host sync.
 
-    Prefer :func:`step_if_finite` for a whole optimizer step under ``jax.jit`` on a CPU:
-    XLA's CPU fuses the optimizer's new moments into both the select and the parameter
-    update, so it copies every moment first (``docs/backends/jax.md``, Performance); a
-    select on a few leaves, or outside ``jit``, is cheap.
+    For a whole optimizer step prefer :func:`step_if_finite`, which is this select on a GPU
+    but a ``lax.cond`` on the CPU: there XLA fuses the optimizer's new moments into both the
+    select and the parameter update, so it copies every moment first
+    (``docs/backends/jax.md``, Performance); a select on a few leaves, or outside ``jit``,
+    is cheap.
 
     Inside a default ``shard_map``, a ``finite`` that varies over a mesh axis over which
     ``old`` does not raises ``ValueError`` naming ``axis_name``.
