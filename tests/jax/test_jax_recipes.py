@@ -184,3 +184,25 @@ def test_flax_nnx_recipe_equals_an_unscaled_nnx_run():
         return nnx.state(model, nnx.Param)
 
     assert_same_params(run(scaled=True), run(scaled=False))
+
+
+@pytest.mark.parametrize("wrapper", ["loss_scaled", "loss_scaled_accumulate"])
+def test_a_skipped_update_leaves_every_parameter_bit_as_it_was(wrapper):
+    """A skipped step (and an accumulating micro-step) must leave the parameters as torch's
+    skipped optimizer.step does: bit for bit, a -0.0 included. Zero updates would not:
+    optax.apply_updates adds them, and -0.0 + 0.0 is +0.0."""
+    from unifiedamp.backends.jax import loss_scaled_accumulate
+
+    params = {"w": jnp.array([-0.0, 0.0, -1.5, jnp.inf]), "steps": jnp.array([3], jnp.int32)}
+    scaler = JaxGradScaler(8.0)
+    tx = (loss_scaled(optax.sgd(0.1), scaler) if wrapper == "loss_scaled"
+          else loss_scaled_accumulate(optax.sgd(0.1), scaler, every_k=2))
+    state = tx.init(params)
+    for w in ([jnp.inf, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]):  # skipped / accumulated
+        grads = {"w": jnp.array(w), "steps": jnp.zeros(1, jnp.int32)}
+        updates, state = tx.update(grads, state, params)
+        new = optax.apply_updates(params, updates)
+        if wrapper == "loss_scaled" and w[0] == 1.0:
+            break  # a taken step
+        for key in params:
+            assert np.asarray(new[key]).tobytes() == np.asarray(params[key]).tobytes(), key

@@ -16,6 +16,16 @@ from unifiedamp.backends.jax._scaler import JaxGradScaler, _all_finite
 from unifiedamp.errors import MissingBackendError
 
 
+def _no_updates(shapes: Any) -> Any:
+    """Updates that leave every parameter's bits as they are: -0.0 for a float leaf
+    (``p + -0.0`` is ``p``, a -0.0 included, where ``p + 0.0`` makes it +0.0), 0 otherwise."""
+    def nothing(s: Any) -> jax.Array:
+        negative = jnp.issubdtype(s.dtype, jnp.inexact)
+        return jnp.full(s.shape, -0.0 if negative else 0, s.dtype)
+
+    return jax.tree.map(nothing, shapes)
+
+
 class LossScaledState(NamedTuple):
     """The state of :func:`loss_scaled`: the scaler (its scale scales the loss) and the
     inner transformation's state. In a Praxis or PaxML state
@@ -30,8 +40,10 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *, axis_name: Any = None) -> 
     """Wraps an optax transformation with dynamic loss scaling.
 
     ``update`` takes the gradients of the *scaled* loss, unscales them, checks
-    them, and either applies ``inner`` or, if any was inf/NaN, returns zero
-    updates and keeps ``inner``'s state as it was; then it updates the scaler.
+    them, and either applies ``inner`` or, if any was inf/NaN, returns updates of
+    -0.0 (``optax.apply_updates`` then leaves every parameter's bits as they were, a
+    -0.0 included, which adding +0.0 would flip) and keeps ``inner``'s state as it
+    was; then it updates the scaler.
     Read the scaler to scale the loss with :func:`find_scaler` (works through
     ``optax.chain`` and ``optax.MultiSteps``). For gradient accumulation, wrap
     ``optax.MultiSteps`` (``loss_scaled(optax.MultiSteps(inner, k), scaler)``): each
@@ -57,7 +69,7 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *, axis_name: Any = None) -> 
         >>> scaled = {"w": jnp.array([8.0, jnp.inf])}          # gradients of scale(loss)
         >>> updates, state = tx.update(scaled, state, params)
         >>> updates["w"], find_scaler(state).get_scale()
-        (Array([0., 0.], dtype=float32), 4.0)
+        (Array([-0., -0.], dtype=float32), 4.0)
     """
 
     optax = _import_optax("loss_scaled")
@@ -85,8 +97,7 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *, axis_name: Any = None) -> 
             return inner_tx.update(grads, state.inner_state, params, **extra_args)
 
         def skip() -> tuple[Any, Any]:
-            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(apply)[0])
-            return zeros, state.inner_state
+            return _no_updates(jax.eval_shape(apply)[0]), state.inner_state
 
         new_updates, new_inner = cond_varying(finite, apply, skip)
         return new_updates, LossScaledState(scaler.update(finite), new_inner)
@@ -122,8 +133,9 @@ def loss_scaled_accumulate(inner: Any, scaler: JaxGradScaler, every_k: int, *,
     ``scaler.step(optimizer)`` (unscale the sum; skip the whole window if it holds an
     inf/NaN) and ``scaler.update()``. This transformation does the same: each
     ``update`` adds the gradients of the scaled loss to a running sum and returns
-    zero updates; every ``every_k``-th call unscales the sum, applies ``inner`` to it
-    or, if it is not finite, returns zero updates and keeps ``inner``'s state, then
+    updates of -0.0 (which leave every parameter's bits as they are, see
+    :func:`loss_scaled`); every ``every_k``-th call unscales the sum, applies ``inner`` to it
+    or, if it is not finite, returns updates of -0.0 and keeps ``inner``'s state, then
     updates the scaler exactly once and clears the sum. The scale therefore grows
     and backs off per optimizer step, as in torch, not per micro-batch as with
     ``loss_scaled(optax.MultiSteps(inner, k), scaler)``, which drops a bad micro-batch
@@ -159,10 +171,10 @@ def loss_scaled_accumulate(inner: Any, scaler: JaxGradScaler, every_k: int, *,
         >>> for scaled in ([8.0, 16.0], [8.0, 0.0], [8.0, jnp.inf], [8.0, 0.0]):
         ...     updates, state = tx.update({"w": jnp.array(scaled)}, state, params)
         ...     print(updates["w"], find_scaler(state).get_scale())
-        [0. 0.] 8.0
+        [-0. -0.] 8.0
         [-0.2 -0.2] 16.0
-        [0. 0.] 16.0
-        [0. 0.] 8.0
+        [-0. -0.] 16.0
+        [-0. -0.] 8.0
     """
     if not isinstance(every_k, (int, numbers.Integral)) or isinstance(every_k, bool):
         raise TypeError(f"every_k must be an int >= 1 (micro-batches per optimizer step), "
@@ -188,19 +200,18 @@ def loss_scaled_accumulate(inner: Any, scaler: JaxGradScaler, every_k: int, *,
 
         out_shape = jax.eval_shape(apply, acc)
 
-        def zeros() -> Any:
-            return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape[0])
-
         def step(_: Any) -> tuple[Any, ...]:
             grads, finite = state.scaler._unscale(acc, axis_name, "loss_scaled_accumulate")
             new_updates, new_inner = cond_varying(
-                finite, lambda: apply(grads), lambda: (zeros(), state.inner_state))
+                finite, lambda: apply(grads), lambda: (_no_updates(out_shape[0]),
+                                                       state.inner_state))
             cleared = jax.tree.map(jnp.zeros_like, acc)
             return (new_updates, new_inner, state.scaler.update(finite), cleared,
                     jnp.zeros((), jnp.int32))
 
         def accumulate(_: Any) -> tuple[Any, ...]:
-            return zeros(), state.inner_state, state.scaler, acc, state.mini_step + 1
+            return (_no_updates(out_shape[0]), state.inner_state, state.scaler, acc,
+                    state.mini_step + 1)
 
         new_updates, new_inner, new_scaler, new_acc, mini_step = cond_varying(
             state.mini_step >= every_k - 1, lambda: step(None), lambda: accumulate(None))

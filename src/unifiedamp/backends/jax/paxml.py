@@ -43,7 +43,7 @@ class LossScaledLearner(learners.Learner):
     see the true gradients. Variables that take their gradient as their value
     (``overwrite_with_gradient``, e.g. fp8 scaling statistics) are neither unscaled nor
     checked, as ``Learner`` leaves them out of its own check. A step with an inf/NaN is
-    skipped (zero updates, the optimizer state kept) whatever
+    skipped (updates of -0.0, the optimizer state kept) whatever
     ``enable_skip_step_on_gradient_anomalies`` says, and the scaler is updated after
     ``Learner``'s skip, which would otherwise restore the old scale and never back off.
     The scale is summarized as ``learning/loss_scale``.
@@ -104,7 +104,7 @@ class LossScaledLearner(learners.Learner):
     def update_states(self, grads: Any, states: Any, old_vars: Any,
                       var_weight_hparams: Any) -> tuple[Any, LossScaledState]:
         """Unscales and checks ``grads`` (of the scaled loss), runs ``Learner``'s update on
-        the unscaled ones, keeps the old optimizer state and returns zero updates if any
+        the unscaled ones, keeps the old optimizer state and returns updates of -0.0 if any
         was inf/NaN, and updates the scaler.
 
         Args:

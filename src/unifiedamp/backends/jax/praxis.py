@@ -60,7 +60,7 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
     """Wraps a Praxis ``ShardedGradientTransformation`` with dynamic loss scaling.
 
     ``update`` takes the gradients of the *scaled* loss, unscales them, checks them,
-    and either applies ``inner`` or, if any was inf/NaN, returns zero updates and keeps
+    and either applies ``inner`` or, if any was inf/NaN, returns updates of -0.0 and keeps
     ``inner``'s state as it was; then it updates the scaler (the spec's rule, as
     :func:`unifiedamp.backends.jax.loss_scaled`). The state is
     ``LossScaledState(scaler.tree(), inner_state)``: the scaler's arrays as a dict, which
@@ -102,7 +102,7 @@ def loss_scaled(inner: Any, scaler: JaxGradScaler, *,
         >>> state = tx.init(params)
         >>> updates, state = tx.update({"w": jnp.array([8.0, jnp.inf])}, state, params)
         >>> updates["w"], tx.scaler(state).get_scale()
-        (Array([0., 0.], dtype=float32), 4.0)
+        (Array([-0., -0.], dtype=float32), 4.0)
     """
     if not isinstance(inner, optimizers.ShardedGradientTransformation):
         raise TypeError(
