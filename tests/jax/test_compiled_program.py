@@ -1,4 +1,4 @@
-"""The compiled train step: the kernels the loss scaler adds to a plain step (issue 62).
+"""The compiled train step: the kernels the loss scaler adds to a plain step.
 
 Each documented scaled form (the recipe with ``step_if_finite``, ``where_finite`` over
 parameters and moments, ``loss_scaled(optax.adamw)``, the Flax NNX optimizer) and its plain
@@ -7,7 +7,7 @@ step are compiled on the CPU for a small MLP with AdamW, and XLA's optimized pro
 of parameter-sized buffers, and ``cost_analysis()``'s bytes accessed. No timing here (that is
 ``benchmarks/bench_jax.py``, which prints the same numbers for its larger model).
 
-The issue's bounds (scaled ops <= plain + 6, no parameter-sized copy beyond the plain step's,
+The targets (scaled ops <= plain + 6, no parameter-sized copy beyond the plain step's,
 bytes <= 1.10x plain) are held where XLA's CPU pipeline meets them; elsewhere :data:`HELD`
 holds the smallest count reached, so that a change that adds a kernel fails. What each
 remaining op is: ``docs/backends/jax.md``, Performance.
@@ -34,12 +34,11 @@ from unifiedamp.backends.jax._hlo import program_counts  # noqa: E402
 SIZES = (32, 64, 32, 16)  # no parameter shares a shape with an activation (batch 8)
 BATCH = 8
 
-#: The issue's bounds: extra ops over the plain step, bytes accessed over the plain step's.
-ISSUE_OPS, ISSUE_BYTES = 6, 1.10
+#: The targets: extra ops over the plain step, bytes accessed over the plain step's.
+TARGET_OPS, TARGET_BYTES = 6, 1.10
 
-#: Per form, what is held where the issue's bounds are not met (jax 0.10.2, XLA's CPU):
-#: (extra ops over its plain step, bytes accessed / plain's). Before issue 62's changes:
-#: +31 / 1.393, +36 / 1.457, +37 / 1.569, +40 / 1.573. What the extra ops are (per leaf
+#: Per form, what is held where the targets are not met (jax 0.10.2, XLA's CPU):
+#: (extra ops over its plain step, bytes accessed / plain's). What the extra ops are (per leaf
 #: of this six-leaf model: a finiteness reduction, split by XLA into up to three kernels
 #: for a weight; the lax.cond's operands laid out and copied back; one kernel per scaler
 #: leaf) is in docs/backends/jax.md, Performance.
@@ -189,7 +188,7 @@ def plain_of(name):
 @pytest.mark.parametrize("form", SCALED)
 def test_scaled_step_adds_at_most_the_held_kernels(counts, form):
     scaled, plain = counts[form], counts[plain_of(form)]
-    bound = HELD.get(form, (ISSUE_OPS, ISSUE_BYTES))[0]
+    bound = HELD.get(form, (TARGET_OPS, TARGET_BYTES))[0]
     assert scaled.total - plain.total <= bound, (form, scaled.row(plain), plain.row())
 
 
@@ -203,7 +202,7 @@ def test_scaled_step_copies_no_parameter_sized_buffer(counts, form):
 @pytest.mark.parametrize("form", SCALED)
 def test_scaled_step_accesses_at_most_the_held_bytes(counts, form):
     scaled, plain = counts[form], counts[plain_of(form)]
-    bound = HELD.get(form, (ISSUE_OPS, ISSUE_BYTES))[1]
+    bound = HELD.get(form, (TARGET_OPS, TARGET_BYTES))[1]
     assert scaled.bytes_accessed <= bound * plain.bytes_accessed, (form, scaled.row(plain))
 
 

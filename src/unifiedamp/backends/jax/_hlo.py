@@ -1,6 +1,6 @@
 """What a compiled step costs, read from XLA's optimized program: the kernels it launches.
 
-Used by ``tests/jax/test_compiled_program.py`` (the bounds of issue 62) and
+Used by ``tests/jax/test_compiled_program.py`` (the targets of a scaled step) and
 ``benchmarks/bench_jax.py`` (the same numbers beside the times). The ENTRY computation's
 instructions are what the runtime executes, each a kernel (a fusion, a dot, a custom call)
 or a copy; a ``conditional`` runs one of its branches, so it counts as itself plus the
