@@ -8,10 +8,14 @@ A ~10M-parameter MLP, AdamW, batch 64, the whole step under one jax.jit:
 (b) jmp.DynamicLossScale (scale, unscale, all_finite, adjust, select_tree),
 (c) unifiedamp by hand as the README does it (the flag from unscale, the
 product unscaled inside step_if_finite's branch, update),
-(d) unifiedamp's optax wrapper loss_scaled(adamw). (A where_finite select over
-parameters and optimizer state instead of the lax.cond is left out: on XLA's
-CPU it takes ~2x the step, and its large temporaries change the allocator's
-behaviour, and so the timings, of every case run in the same process.)
+(d) unifiedamp's optax wrapper loss_scaled(adamw),
+(f) and (g): the same model and AdamW as Flax NNX modules and nnx.Optimizer, with no
+scaler (a fourth plain step) and with loss_scaled (docs/backends/jax.md, Flax NNX).
+On a GPU, (c)'s step_if_finite is a select of every leaf (the where_finite form); on
+a CPU a lax.cond. (A where_finite select over parameters and optimizer state on a CPU
+is left out of the timings: there it takes ~2x the step, and its large temporaries
+change the allocator's behaviour, and so the timings, of every case run in the same
+process.)
 Interleaved runs in a rotating order; medians and the ratios to jmp and to no
 scaler printed. Beside the times, each step's compiled program on this device
 (unifiedamp.backends.jax._hlo, as tests/jax/test_compiled_program.py reads it for a
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +58,47 @@ def loss_fn(params: list[dict[str, jax.Array]], x: jax.Array, y: jax.Array) -> j
         if i < len(params) - 1:
             x = jax.nn.relu(x)
     return jnp.mean((x.astype(jnp.float32) - y) ** 2)
+
+
+def nnx_steps(x: jax.Array, y: jax.Array) -> dict[str, tuple]:
+    """The same MLP and AdamW as Flax NNX modules and ``nnx.Optimizer``, with no scaler and
+    with ``loss_scaled`` (docs/backends/jax.md, Flax NNX): name -> (jitted step, its state,
+    the parameters), the step on ``nnx.split``'s state, donated as the others' carries."""
+    from flax import nnx
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            sizes = [1024, 4096, 1024, 1024]
+            self.layers = nnx.List([
+                nnx.Linear(n_in, n_out, dtype=jnp.float16, param_dtype=jnp.float32, rngs=rngs)
+                for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True)])
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for i, layer in enumerate(self.layers):
+                x = layer(x)
+                if i < len(self.layers) - 1:
+                    x = nnx.relu(x)
+            return x
+
+    steps = {}
+    for name, tx in (("f Flax NNX, no scaler", optax.adamw(1e-4)),
+                     ("g Flax NNX, loss_scaled(adamw)",
+                      loss_scaled(optax.adamw(1e-4), ua.GradScaler(2.0**15, backend="jax")))):
+        model = MLP(nnx.Rngs(0))
+        graphdef, state = nnx.split((model, nnx.Optimizer(model, tx, wrt=nnx.Param)))
+        scaled = "loss_scaled" in name
+
+        @partial(jax.jit, donate_argnums=(0, 1))
+        def step(state, _, extra, graphdef=graphdef, scaled=scaled):
+            model, optimizer = nnx.merge(graphdef, state)
+            scale = find_scaler(optimizer.opt_state).scale if scaled else (lambda v: v)
+            grads = nnx.grad(lambda m: scale(((m(x).astype(jnp.float32) - y) ** 2).mean()))(
+                model)
+            optimizer.update(model, grads)
+            return nnx.state((model, optimizer)), _, extra
+
+        steps[name] = (step, state, nnx.state(model, nnx.Param))
+    return steps
 
 
 def main() -> None:
@@ -143,28 +189,39 @@ def main() -> None:
         updates, opt_state = scaled_tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, _
 
+    def optax_case(fn: Any, opt: Any, extra: Any) -> tuple[Any, tuple, Any]:
+        # (jitted step, its carry, the parameters that name a copy parameter-sized)
+        return fn, (jax.tree.map(jnp.copy, params), opt.init(params), extra), params
+
+    def nnx_case(step: Any, state: Any, nnx_params: Any) -> tuple[Any, tuple, Any]:
+        return step, (state, jnp.zeros(()), jnp.zeros(())), nnx_params
+
+    nnx = {name: nnx_case(*case) for name, case in nnx_steps(x, y).items()}
     plains = {
-        "a no scaler": (plain, tx, jnp.zeros(())),
-        "a no scaler, update in lax.cond": (plain_in_cond, tx, jnp.zeros(())),
-        "a no scaler, loss times 1.0": (plain_scaled_by_one, tx, jnp.ones(())),
+        "a no scaler": optax_case(plain, tx, jnp.zeros(())),
+        "a no scaler, update in lax.cond": optax_case(plain_in_cond, tx, jnp.zeros(())),
+        "a no scaler, loss times 1.0": optax_case(plain_scaled_by_one, tx, jnp.ones(())),
+        "f Flax NNX, no scaler": nnx["f Flax NNX, no scaler"],
     }
     cases = {
         **plains,
-        "b jmp.DynamicLossScale": (with_jmp, tx, jmp.DynamicLossScale(jnp.float32(2.0**15))),
-        "c unifiedamp": (with_unifiedamp, tx, ua.GradScaler(2.0**15, backend="jax")),
-        "d unifiedamp loss_scaled(adamw)": (with_loss_scaled, scaled_tx, jnp.zeros(())),
+        "b jmp.DynamicLossScale": optax_case(with_jmp, tx,
+                                             jmp.DynamicLossScale(jnp.float32(2.0**15))),
+        "c unifiedamp": optax_case(with_unifiedamp, tx, ua.GradScaler(2.0**15, backend="jax")),
+        "d unifiedamp loss_scaled(adamw)": optax_case(with_loss_scaled, scaled_tx,
+                                                      jnp.zeros(())),
+        "g Flax NNX, loss_scaled(adamw)": nnx["g Flax NNX, loss_scaled(adamw)"],
     }
-    carries = {name: (jax.tree.map(jnp.copy, params), opt.init(params), extra)
-               for name, (_, opt, extra) in cases.items()}
+    carries = {name: carry for name, (_, carry, _) in cases.items()}
 
     # The compiled programs, before any run donates the carries.
     # (jmp's pytree cannot be lowered: its unflatten checks the dtype of a leaf, which
     # jax.jit(...).lower hands it as an ArgInfo.)
     compiled = {**{name: case for name, case in cases.items() if "jmp" not in name},
-                "e unifiedamp where_finite (not timed)": (
+                "e unifiedamp where_finite (not timed)": optax_case(
                     with_where_finite, tx, ua.GradScaler(2.0**15, backend="jax"))}
-    counts = {name: program_counts(fn.lower(params, opt.init(params), extra).compile(), params)
-              for name, (fn, opt, extra) in compiled.items()}
+    counts = {name: program_counts(fn.lower(*carry).compile(), sized)
+              for name, (fn, carry, sized) in compiled.items()}
     plain_counts = counts["a no scaler"]
 
     def print_counts() -> None:
@@ -200,6 +257,8 @@ def main() -> None:
     print(f"  baseline: the fastest plain step, {fastest!r}")
     for name in [n for n in med if n not in plains][1:]:
         print(f"  {name}: ratio to jmp = {med[name] / b:.3f}, to no scaler = {med[name] / a:.3f}")
+    nnx_ratio = med["g Flax NNX, loss_scaled(adamw)"] / med["f Flax NNX, no scaler"]
+    print(f"  g Flax NNX, loss_scaled(adamw): ratio to f, NNX without a scaler = {nnx_ratio:.3f}")
     print_counts()
 
 
