@@ -109,8 +109,9 @@ def step_if_finite(finite: jax.Array, step: Callable[[Any], Any], state: Any) ->
     """``step(state)`` if ``finite`` else ``state``, in the form that is fastest on the
     default device (``jax.default_backend()``): a ``lax.cond`` on the CPU (a skipped step costs
     nothing, a taken one updates parameters and optimizer state in place), a select of
-    every leaf on a GPU (:func:`where_finite` of ``step(state)``). Both give the same values,
-    bit for bit.
+    every leaf on a GPU (:func:`where_finite` of ``step(state)``). Both skip the same steps;
+    a taken step's values are ``step(state)`` as XLA compiles it in each program (a
+    reduction inside ``step`` may be summed in another order: an ulp apart).
 
     Unscale the gradients *inside* ``step`` (``scaler.unscale(grads)[0]``) and take the
     flag from a call outside (``scaler.unscale(grads)[1]``): XLA drops each call's unused
