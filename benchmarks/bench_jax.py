@@ -16,19 +16,23 @@ a CPU a lax.cond. (A where_finite select over parameters and optimizer state on 
 is left out of the timings: there it takes ~2x the step, and its large temporaries
 change the allocator's behaviour, and so the timings, of every case run in the same
 process.)
-Interleaved runs in a rotating order; medians and the ratios to jmp and to no
-scaler printed. Beside the times, each step's compiled program on this device
+The steps (c), (d), (f), (g), the where_finite form and the plain step as written are
+tests/support/jax_train_steps.py's, which tests/jax/test_compiled_program.py compiles
+for a small MLP. Interleaved runs in a rotating order; medians and the ratios to jmp and
+to no scaler printed. Beside the times, each step's compiled program on this device
 (unifiedamp.backends.jax._hlo, as tests/jax/test_compiled_program.py reads it for a
 small model): the kernels and copies a finite step runs (fusion / copy / dot), the
 copies of parameter-sized buffers, and XLA's cost_analysis() bytes accessed and flops,
-against the plain step as written; the where_finite form is compiled for these
-numbers, not timed. --counts-only prints them without timing.
+against the plain step as written; the where_finite form is compiled for these numbers,
+not timed. --counts-only prints them without timing.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -37,68 +41,32 @@ import optax
 from _timing import interleaved_medians  # benchmarks/_timing.py
 
 import unifiedamp as ua
-from unifiedamp.backends.jax import find_scaler, loss_scaled, step_if_finite, where_finite
+from unifiedamp.backends.jax import loss_scaled
 from unifiedamp.backends.jax._hlo import program_counts
 
+# The steps docs/backends/jax.md teaches, as tests/jax/test_compiled_program.py compiles them.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+import jax_train_steps as steps  # noqa: E402
 
-def init_mlp(key: jax.Array) -> list[dict[str, jax.Array]]:
-    sizes = [1024, 4096, 1024, 1024]
-    params = []
-    for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
-        key, sub = jax.random.split(key)
-        params.append({"w": jax.random.normal(sub, (n_in, n_out)) / n_in**0.5,
-                       "b": jnp.zeros(n_out)})
-    return params
-
-
-def loss_fn(params: list[dict[str, jax.Array]], x: jax.Array, y: jax.Array) -> jax.Array:
-    for i, layer in enumerate(params):
-        # float16 compute, float32 parameters: what loss scaling is for
-        x = x.astype(jnp.float16) @ layer["w"].astype(jnp.float16) + layer["b"]
-        if i < len(params) - 1:
-            x = jax.nn.relu(x)
-    return jnp.mean((x.astype(jnp.float32) - y) ** 2)
+SIZES = (1024, 4096, 1024, 1024)
 
 
 def nnx_steps(x: jax.Array, y: jax.Array) -> dict[str, tuple]:
     """The same MLP and AdamW as Flax NNX modules and ``nnx.Optimizer``, with no scaler and
     with ``loss_scaled`` (docs/backends/jax.md, Flax NNX): name -> (jitted step, its state,
     the parameters), the step on ``nnx.split``'s state, donated as the others' carries."""
-    from flax import nnx
-
-    class MLP(nnx.Module):
-        def __init__(self, rngs: nnx.Rngs) -> None:
-            sizes = [1024, 4096, 1024, 1024]
-            self.layers = nnx.List([
-                nnx.Linear(n_in, n_out, dtype=jnp.float16, param_dtype=jnp.float32, rngs=rngs)
-                for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True)])
-
-        def __call__(self, x: jax.Array) -> jax.Array:
-            for i, layer in enumerate(self.layers):
-                x = layer(x)
-                if i < len(self.layers) - 1:
-                    x = nnx.relu(x)
-            return x
-
-    steps = {}
+    made = {}
     for name, tx in (("f Flax NNX, no scaler", optax.adamw(1e-4)),
                      ("g Flax NNX, loss_scaled(adamw)",
                       loss_scaled(optax.adamw(1e-4), ua.GradScaler(2.0**15, backend="jax")))):
-        model = MLP(nnx.Rngs(0))
-        graphdef, state = nnx.split((model, nnx.Optimizer(model, tx, wrt=nnx.Param)))
-        scaled = "loss_scaled" in name
+        step, state, params = steps.nnx_step(SIZES, tx)
 
         @partial(jax.jit, donate_argnums=(0, 1))
-        def step(state, _, extra, graphdef=graphdef, scaled=scaled):
-            model, optimizer = nnx.merge(graphdef, state)
-            scale = find_scaler(optimizer.opt_state).scale if scaled else (lambda v: v)
-            grads = nnx.grad(lambda m: scale(((m(x).astype(jnp.float32) - y) ** 2).mean()))(
-                model)
-            optimizer.update(model, grads)
-            return nnx.state((model, optimizer)), _, extra
+        def carried(state, _, extra, step=step):
+            return step(state, x, y), _, extra
 
-        steps[name] = (step, state, nnx.state(model, nnx.Param))
-    return steps
+        made[name] = (carried, state, params)
+    return made
 
 
 def main() -> None:
@@ -112,18 +80,18 @@ def main() -> None:
     import jmp
 
     tx = optax.adamw(1e-4)
-    params = init_mlp(jax.random.key(0))
+    params = steps.init_mlp(jax.random.key(0), SIZES)
     n_params = sum(p.size for p in jax.tree.leaves(params))
     x = jax.random.normal(jax.random.key(1), (64, 1024))
     y = jax.random.normal(jax.random.key(2), (64, 1024))
 
     jit = partial(jax.jit, donate_argnums=(0, 1))  # donated, as a training loop would
 
+    loss_fn = steps.loss_fn
+
     @jit
     def plain(params, opt_state, _):
-        grads = jax.grad(loss_fn)(params, x, y)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, _
+        return (*steps.plain(tx)(params, opt_state, x, y), _)
 
     # The same plain step written the ways the scaled steps are (the update inside a
     # lax.cond on a runtime flag that is always true; the gradients taken through a scale
@@ -161,33 +129,17 @@ def main() -> None:
 
     @jit
     def with_unifiedamp(params, opt_state, scaler):  # the README's recipe
-        grads = jax.grad(lambda p: scaler.scale(loss_fn(p, x, y)))(params)
-        finite = scaler.unscale(grads)[1]
-
-        def apply(state):
-            params, opt_state = state
-            updates, opt_state = tx.update(scaler.unscale(grads)[0], opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        return (*step_if_finite(finite, apply, (params, opt_state)), scaler.update(finite))
+        return steps.recipe(tx)(params, opt_state, scaler, x, y)
 
     @jit
     def with_where_finite(params, opt_state, scaler):  # select over params and moments
-        grads = jax.grad(lambda p: scaler.scale(loss_fn(p, x, y)))(params)
-        grads, finite = scaler.unscale(grads)
-        updates, new_state = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        return (where_finite(finite, new_params, params),
-                where_finite(finite, new_state, opt_state), scaler.update(finite))
+        return steps.selected(tx)(params, opt_state, scaler, x, y)
 
     scaled_tx = loss_scaled(tx, ua.GradScaler(2.0**15, backend="jax"))
 
     @jit
     def with_loss_scaled(params, opt_state, _):
-        scaler = find_scaler(opt_state)
-        grads = jax.grad(lambda p: scaler.scale(loss_fn(p, x, y)))(params)
-        updates, opt_state = scaled_tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, _
+        return (*steps.wrapped(scaled_tx)(params, opt_state, x, y), _)
 
     def optax_case(fn: Any, opt: Any, extra: Any) -> tuple[Any, tuple, Any]:
         # (jitted step, its carry, the parameters that name a copy parameter-sized)

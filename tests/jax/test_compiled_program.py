@@ -21,14 +21,10 @@ jax = pytest.importorskip("jax")
 optax = pytest.importorskip("optax")
 
 import jax.numpy as jnp  # noqa: E402
+import jax_train_steps as steps  # noqa: E402  # tests/support
 
 import unifiedamp as ua  # noqa: E402
-from unifiedamp.backends.jax import (  # noqa: E402
-    find_scaler,
-    loss_scaled,
-    step_if_finite,
-    where_finite,
-)
+from unifiedamp.backends.jax import loss_scaled  # noqa: E402
 from unifiedamp.backends.jax._hlo import program_counts  # noqa: E402
 
 SIZES = (32, 64, 32, 16)  # no parameter shares a shape with an activation (batch 8)
@@ -54,109 +50,33 @@ HELD: dict[str, tuple[int, float]] = {
 HELD_PARAM_COPIES: dict[str, int] = {"where_finite": 12}
 
 
-def init_params(key):
-    params = []
-    for n_in, n_out in zip(SIZES[:-1], SIZES[1:], strict=True):
-        key, sub = jax.random.split(key)
-        params.append({"w": jax.random.normal(sub, (n_in, n_out)) / n_in**0.5,
-                       "b": jnp.zeros(n_out)})
-    return params
-
-
-def loss_fn(params, x, y):
-    for i, layer in enumerate(params):
-        x = x.astype(jnp.float16) @ layer["w"].astype(jnp.float16) + layer["b"]
-        if i < len(params) - 1:
-            x = jax.nn.relu(x)
-    return jnp.mean((x.astype(jnp.float32) - y) ** 2)
-
-
 def optax_forms():
     """name -> (step, args): the plain step and the scaled forms docs/backends/jax.md teaches."""
     tx = optax.adamw(1e-3)
-    params = init_params(jax.random.key(0))
+    params = steps.init_mlp(jax.random.key(0), SIZES)
     x = jax.random.normal(jax.random.key(1), (BATCH, SIZES[0]))
     y = jax.random.normal(jax.random.key(2), (BATCH, SIZES[-1]))
     scaler = ua.GradScaler(2.0**15, backend="jax")
     scaled_tx = loss_scaled(tx, scaler)
-
-    def plain(params, opt_state, x, y):
-        grads = jax.grad(loss_fn)(params, x, y)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    def recipe(params, opt_state, scaler, x, y):  # docs/backends/jax.md, A jitted train step
-        grads = jax.grad(lambda p: scaler.scale(loss_fn(p, x, y)))(params)
-        finite = scaler.unscale(grads)[1]
-
-        def apply(state):
-            params, opt_state = state
-            updates, opt_state = tx.update(scaler.unscale(grads)[0], opt_state, params)
-            return optax.apply_updates(params, updates), opt_state
-
-        return (*step_if_finite(finite, apply, (params, opt_state)), scaler.update(finite))
-
-    def selected(params, opt_state, scaler, x, y):  # where_finite over params and moments
-        grads = jax.grad(lambda p: scaler.scale(loss_fn(p, x, y)))(params)
-        grads, finite = scaler.unscale(grads)
-        updates, new_state = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        return (where_finite(finite, new_params, params),
-                where_finite(finite, new_state, opt_state), scaler.update(finite))
-
-    def wrapped(params, opt_state, x, y):  # loss_scaled(adamw)
-        scaler = find_scaler(opt_state)
-        grads = jax.grad(lambda p: scaler.scale(loss_fn(p, x, y)))(params)
-        updates, opt_state = scaled_tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
     return params, {
-        "plain": (plain, (params, tx.init(params), x, y)),
-        "step_if_finite": (recipe, (params, tx.init(params), scaler, x, y)),
-        "where_finite": (selected, (params, tx.init(params), scaler, x, y)),
-        "loss_scaled": (wrapped, (params, scaled_tx.init(params), x, y)),
+        "plain": (steps.plain(tx), (params, tx.init(params), x, y)),
+        "step_if_finite": (steps.recipe(tx), (params, tx.init(params), scaler, x, y)),
+        "where_finite": (steps.selected(tx), (params, tx.init(params), scaler, x, y)),
+        "loss_scaled": (steps.wrapped(scaled_tx), (params, scaled_tx.init(params), x, y)),
     }
 
 
 def nnx_forms():
-    """The Flax NNX optimizer (docs/backends/jax.md, Flax NNX), plain and with loss_scaled,
-    through nnx.split/merge so that the step is one jax.jit with its state donated."""
-    nnx = pytest.importorskip("flax.nnx")
-
-    class MLP(nnx.Module):
-        def __init__(self, rngs):
-            self.layers = nnx.List([
-                nnx.Linear(n_in, n_out, dtype=jnp.float16, param_dtype=jnp.float32, rngs=rngs)
-                for n_in, n_out in zip(SIZES[:-1], SIZES[1:], strict=True)])
-
-        def __call__(self, x):
-            for i, layer in enumerate(self.layers):
-                x = layer(x)
-                if i < len(self.layers) - 1:
-                    x = nnx.relu(x)
-            return x
-
+    """The Flax NNX optimizer (docs/backends/jax.md, Flax NNX), plain and with loss_scaled."""
+    pytest.importorskip("flax.nnx")
     x = jax.random.normal(jax.random.key(1), (BATCH, SIZES[0]))
     y = jax.random.normal(jax.random.key(2), (BATCH, SIZES[-1]))
-    forms = {}
+    forms, params = {}, None
     for name, tx in (("nnx plain", optax.adamw(1e-3)),
                      ("nnx loss_scaled", loss_scaled(optax.adamw(1e-3),
                                                      ua.GradScaler(2.0**15, backend="jax")))):
-        model = MLP(nnx.Rngs(0))
-        optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
-        graphdef, state = nnx.split((model, optimizer))
-        scaled = name != "nnx plain"
-
-        def step(state, x, y, graphdef=graphdef, scaled=scaled):
-            model, optimizer = nnx.merge(graphdef, state)
-            scale = (find_scaler(optimizer.opt_state).scale if scaled else lambda v: v)
-            grads = nnx.grad(lambda m: scale(((m(x).astype(jnp.float32) - y) ** 2).mean()))(
-                model)
-            optimizer.update(model, grads)
-            return nnx.state((model, optimizer))
-
+        step, state, params = steps.nnx_step(SIZES, tx)
         forms[name] = (step, (state, x, y))
-    params = nnx.state(MLP(nnx.Rngs(0)), nnx.Param)
     return params, forms
 
 
