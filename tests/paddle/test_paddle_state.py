@@ -150,7 +150,6 @@ def test_canonical_dict_from_the_numpy_backend_loads():
     assert target.config == source.config
 
 
-
 @pytest.mark.parametrize("via", ["canonical", "native"])
 def test_resume_mid_interval_is_exact(tmp_path, via):
     # Save mid-interval, load into a fresh scaler, continue: step by step the same as never

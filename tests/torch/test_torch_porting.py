@@ -111,8 +111,6 @@ def test_state_dict_with_torch_keys_is_still_the_canonical_dict_for_every_backen
     assert adapter.save(handle)["config"] == config.to_dict()
 
 
-
-
 RESUME_MID_EPOCH = pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint")
 
 

@@ -90,7 +90,6 @@ class _Stage(enum.Enum):
     STEPPED = 2
 
 
-
 def _as_float_array(x: Any, what: str) -> np.ndarray:
     # np.asarray would quietly copy another framework's tensor (a torch tensor, a JAX
     # array) to the host: refused, as every backend refuses another framework's arrays.

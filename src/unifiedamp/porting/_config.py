@@ -34,6 +34,7 @@ from unifiedamp.spec._natives import REQUIRED as _REQUIRED
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 __all__ = ["NATIVE_SCALERS", "config_from_call", "native_call"]
@@ -303,11 +304,9 @@ def config_from_call(qualname: str, args: tuple[Any, ...] = (),
     """
     name, row = _row(qualname)
     early: list[str] = []
-    if row["package"] == "tf.keras" and version is None and (kwargs or {}).get("dynamic") is False:
-        # Keras 3 refuses dynamic=False: a call that passes it was written for tf-keras 2.
+    if version is None and _static_keras2(row, kwargs or {}):
         version = "keras=2"
-        early.append("dynamic=False: Keras 3 refuses it, so this call was written for tf-keras 2 "
-                      "(tensorflow <= 2.15): its defaults")
+        early.append(STATIC_KERAS2)
     key, notes = _version(name, row, version)
     notes = early + notes
     row = _spec(row, key)
@@ -358,6 +357,17 @@ def config_from_call(qualname: str, args: tuple[Any, ...] = (),
         notes.append("dynamic=False: static loss scaling; the scale stays at init_scale")
     config = ScalerConfig(**values)
     return config, notes
+
+
+#: The note of a tf.keras call read with tf-keras 2's defaults for its dynamic=False.
+STATIC_KERAS2 = ("dynamic=False: Keras 3 refuses it, so this call was written for tf-keras 2 "
+                 "(tensorflow <= 2.15): its defaults")
+
+
+def _static_keras2(row: dict[str, Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether a tf.keras call passes ``dynamic=False``, which Keras 3 refuses: it was written
+    for tf-keras 2 (:data:`STATIC_KERAS2`)."""
+    return row["package"] == "tf.keras" and kwargs.get("dynamic") is False
 
 
 def _check_keras_static(name: str, row: dict[str, Any], bound: dict[str, Any]) -> None:

@@ -31,13 +31,11 @@ from typing import Any
 from unifiedamp.porting._limits import ReadLimits, check_tree
 from unifiedamp.spec import ScalerConfig, ScalerState, parse_state_dict
 from unifiedamp.spec._natives import cannot_carry
-from unifiedamp.spec._state_dict import flax_defaults, state_number
+from unifiedamp.spec._state_dict import FLAX_FIELDS, flax_defaults, state_number
+from unifiedamp.spec._state_dict import FLAX_SCALER as FLAX
 
 __all__ = ["FLAX", "dynamic_scale_kwargs", "flax_config", "flax_notes", "is_orbax",
            "load_orbax", "save_orbax", "to_dynamic_scale"]
-
-#: The natives' table key of Flax's scaler.
-FLAX = "flax.training.dynamic_scale.DynamicScale"
 
 
 def dynamic_scale_kwargs(config: ScalerConfig) -> dict[str, Any]:
@@ -152,8 +150,7 @@ def flax_config(state: Mapping[str, Any], config: ScalerConfig,
         >>> cfg.init_scale, cfg.growth_interval, cfg.min_scale == 2.0**-126
         (8.0, 4, True)
     """
-    native = {"growth_factor": "growth_factor", "backoff_factor": "backoff_factor",
-              "growth_interval": "growth_interval", "min_scale": "minimum_scale"}
+    native = {canonical: name for name, canonical in FLAX_FIELDS.items()}
     scale = state_number(state, "scale")
     base = flax_defaults(scale, **{native[name]: getattr(config, name)
                                    for name in fields if name in native})

@@ -131,10 +131,9 @@ def _reader(obj: Any) -> Any:
 
 def _read_flax(obj: Any) -> tuple[str, ScalerConfig, ScalerState, dict[str, Any]]:
     # Its pytree leaves (scale, fin_steps) are the flax form's; its fields the config.
-    from unifiedamp.spec._state_dict import read_form
+    from unifiedamp.spec._state_dict import FLAX_FIELDS, read_form
 
-    fields = {"growth_factor": obj.growth_factor, "backoff_factor": obj.backoff_factor,
-              "growth_interval": obj.growth_interval, "minimum_scale": obj.minimum_scale}
+    fields = {name: getattr(obj, name) for name in FLAX_FIELDS}
     config, state, _ = read_form({"fin_steps": _scalar(obj.fin_steps),
                                   "scale": float(_scalar(obj.scale)), **fields})
     return "jax", config, state, {}

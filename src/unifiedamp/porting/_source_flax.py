@@ -8,10 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from unifiedamp.porting._source_read import CallSite, _Context, _NotLiteral, _walk
-from unifiedamp.porting._source_write import _FLAX, _USAGE
+from unifiedamp.porting._source_write import _USAGE
+from unifiedamp.spec._state_dict import FLAX_SCALER as _FLAX
 
 #: DynamicScale's state fields read in a loop -> the JAX scaler's attribute of the same value.
-_FLAX_FIELDS = {"scale": "loss_scale", "fin_steps": "growth_tracker"}
+_FLAX_STATE = {"scale": "loss_scale", "fin_steps": "growth_tracker"}
 
 
 def _arg(node: Any, position: int, keyword: str) -> Any:
@@ -66,13 +67,13 @@ def _port_flax_loop(ctx: _Context, positions: Any, scalers: dict[str, tuple[str,
         receiver, attr = ctx.code(node.value), node.attr.value
         line = positions[node].start.line
         if node not in funcs:
-            if attr in _FLAX_FIELDS and ctx.to == "unifiedamp":
-                new = node.with_changes(attr=cst.Name(_FLAX_FIELDS[attr]))
+            if attr in _FLAX_STATE and ctx.to == "unifiedamp":
+                new = node.with_changes(attr=cst.Name(_FLAX_STATE[attr]))
                 replacements[node] = new
                 out.append(CallSite(line, "verb", f"{_FLAX}.{attr}", ctx.to, ctx.code(node),
                                     ctx.code(new), notes=[
                                         f"DynamicScale's .{attr} is the JAX scaler's "
-                                        f".{_FLAX_FIELDS[attr]} (the same value)"]))
+                                        f".{_FLAX_STATE[attr]} (the same value)"]))
             continue
         if attr != "value_and_grad":
             text = ctx.code(node)

@@ -252,6 +252,7 @@ class _Context:
         self.cst, self.module, self.to, self.version = cst, module, to, version
         self.imported, self.bound = imported, bound
         self.at = 0  # the index of the top-level statement being ported
+        self.once: dict[str, Any] = {}  # what a writer reads of the whole file, read once
         self.needed: dict[str, int] = {}  # target module -> first statement that uses it
         # The variables each constructor call is assigned to (x = ..., self.x = y = ...,
         # x = given or GradScaler()), and each `target = name_or_attribute` (aliases).

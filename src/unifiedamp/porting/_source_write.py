@@ -174,7 +174,13 @@ _KERAS_EVIDENCE = {
 
 def _keras_evidence(ctx: _Context) -> tuple[str, str] | None:
     """``(Keras major, why)`` where the file says which Keras tf.keras is, or None (nothing
-    says, or two things disagree)."""
+    says, or two things disagree); the file is read once, for its first Keras call."""
+    if "keras" not in ctx.once:
+        ctx.once["keras"] = _read_keras_evidence(ctx)
+    return ctx.once["keras"]
+
+
+def _read_keras_evidence(ctx: _Context) -> tuple[str, str] | None:
     cst = ctx.cst
     found: dict[str, str] = {}
     for node in _walk(cst, ctx.module):
@@ -207,9 +213,8 @@ def _source_version(ctx: _Context, site: CallSite, name: str, args: list[Any],
     pinned = _config._for_row(name, row, ctx.version)  # AmbiguousVersion: the caller's
     if pinned is not None:
         return f"keras={pinned}"
-    if kwargs.get("dynamic") is False:
-        site.notes.append("dynamic=False: Keras 3 refuses it, so this call was written for "
-                          "tf-keras 2 (tensorflow <= 2.15): its defaults")
+    if _config._static_keras2(row, kwargs):
+        site.notes.append(_config.STATIC_KERAS2)
         return "keras=2"
     evidence = _keras_evidence(ctx)
     if evidence is not None:
@@ -533,7 +538,6 @@ def _port_verb(ctx: _Context, node: Any, source: str,
 
 # ------------------------------------------------------------------ Flax's DynamicScale
 
-_FLAX = "flax.training.dynamic_scale.DynamicScale"
 
 def _flax_config(site: CallSite, bound: dict[str, Any], config: ScalerConfig,
                  exprs: dict[str, _Expr]) -> ScalerConfig:

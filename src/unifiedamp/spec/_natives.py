@@ -421,7 +421,6 @@ FRAMEWORKS: dict[str, dict[str, Any]] = {
 }
 
 
-
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(word.title() for word in rest)

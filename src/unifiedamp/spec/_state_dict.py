@@ -33,9 +33,10 @@ from unifiedamp.spec._natives import (
 )
 from unifiedamp.spec._rule import ScalerState
 
-__all__ = ["STATE_FORMAT", "STATE_KEYS", "STATE_VERSION", "detect_form", "flax_defaults",
-           "form_cannot_carry", "native_defaults", "native_dict", "parse_state_dict",
-           "read_form", "state_number", "to_state_dict", "write_form"]
+__all__ = ["FLAX_FIELDS", "FLAX_SCALER", "STATE_FORMAT", "STATE_KEYS", "STATE_VERSION",
+           "detect_form", "flax_defaults", "form_cannot_carry", "native_defaults",
+           "native_dict", "parse_state_dict", "read_form", "state_number", "to_state_dict",
+           "write_form"]
 
 STATE_FORMAT = "unifiedamp.GradScaler"
 STATE_VERSION = 1
@@ -341,9 +342,12 @@ def read_form(d: Any, config: ScalerConfig | None = None
     return cfg, state, form
 
 
-#: DynamicScale's config fields -> canonical names (a dict of all its fields carries them).
-_FLAX_FIELDS = {"growth_factor": "growth_factor", "backoff_factor": "backoff_factor",
-                "growth_interval": "growth_interval", "minimum_scale": "min_scale"}
+#: The natives' table key of Flax's scaler.
+FLAX_SCALER = "flax.training.dynamic_scale.DynamicScale"
+#: DynamicScale's config fields -> canonical names (a dict of all its fields carries them):
+#: its names but ``scale``, which is its state (and stands for ``init_scale``).
+FLAX_FIELDS = {native: canonical for native, canonical in
+               NATIVE_SCALERS[FLAX_SCALER]["names"].items() if native != "scale"}
 
 
 def flax_defaults(scale: Any, **fields: Any) -> ScalerConfig:
@@ -367,13 +371,12 @@ def flax_defaults(scale: Any, **fields: Any) -> ScalerConfig:
         >>> flax_defaults(8.0, growth_interval=3, minimum_scale=None).growth_interval
         4
     """
-    defaults = NATIVE_SCALERS["flax.training.dynamic_scale.DynamicScale"]["versions"]["0"][
-        "defaults"]
-    unknown = sorted(set(fields) - set(_FLAX_FIELDS))
+    defaults = NATIVE_SCALERS[FLAX_SCALER]["versions"]["0"]["defaults"]
+    unknown = sorted(set(fields) - set(FLAX_FIELDS))
     if unknown:
         raise ValueError(f"DynamicScale has no field {unknown}: its config fields are "
-                         f"{list(_FLAX_FIELDS)}")
-    values = {**{native: defaults[native] for native in _FLAX_FIELDS}, **fields}
+                         f"{list(FLAX_FIELDS)}")
+    values = {**{native: defaults[native] for native in FLAX_FIELDS}, **fields}
     interval, floor = values["growth_interval"], values["minimum_scale"]
     if not isinstance(interval, numbers.Integral) or isinstance(interval, bool) or interval < 0:
         raise _state_error(f"DynamicScale's growth_interval must be an int >= 0, got "
@@ -395,11 +398,11 @@ def _read_flax(d: Mapping[str, Any], config: ScalerConfig | None
     config is ``config``, else DynamicScale's defaults, and a dict of every field
     (``dataclasses.asdict``) gives its own."""
     scale = state_number(d, "scale")
-    given = {native: state_number(d, native) for native in _FLAX_FIELDS if native in d}
+    given = {native: state_number(d, native) for native in FLAX_FIELDS if native in d}
     if config is None or given:
         own = flax_defaults(scale, **given)
         config = own if config is None else config.replace(
-            **{_FLAX_FIELDS[native]: getattr(own, _FLAX_FIELDS[native]) for native in given})
+            **{FLAX_FIELDS[native]: getattr(own, FLAX_FIELDS[native]) for native in given})
     cfg, state = parse_state_dict(to_state_dict(config, ScalerState(0.0), "jax") | {
         "scale": scale, "growth_tracker": state_number(d, "fin_steps"), "hysteresis_tracker": 0})
     if state.growth_tracker >= cfg.growth_interval:

@@ -130,7 +130,7 @@ def step_if_finite(finite: jax.Array, step: Callable[[Any], Any], state: Any) ->
     require_agreed(finite, state, "step_if_finite",
                    "the state does not, so each device would step or keep its own replica")
     if _skips_by_select():
-        return jax.tree.map(lambda n, o: jnp.where(finite, n, o), step(state), state)
+        return where_finite(finite, step(state), state)
     return lax.cond(finite, step, lambda s: s, state)
 
 

@@ -114,7 +114,6 @@ def _method(optimizer: Any, verb: str) -> Any:
     return method
 
 
-
 #: The flags update() takes: the bool tensor unscale() returns, a bool, a NumPy bool.
 _FLAGS = Flags((paddle.Tensor, bool, np.bool_, np.ndarray), "paddle",
                "(a 0-d bool tensor) or a bool", "paddle.to_tensor")
@@ -329,19 +328,19 @@ class PaddleGradScaler(PaddleDiagnostics, HostState, paddle.amp.GradScaler, Grad
             >>> PaddleGradScaler(growth_factor=4.0).get_incr_ratio()
             4.0
         """
-        return self.config.growth_factor
+        return self.get_growth_factor()
 
     def get_decr_ratio(self) -> float:
         """Paddle's name for :meth:`get_backoff_factor`."""
-        return self.config.backoff_factor
+        return self.get_backoff_factor()
 
     def get_incr_every_n_steps(self) -> int:
         """Paddle's name for :meth:`get_growth_interval`."""
-        return self.config.growth_interval
+        return self.get_growth_interval()
 
     def get_decr_every_n_nan_or_inf(self) -> int:
         """Paddle's name for :meth:`get_hysteresis`."""
-        return self.config.hysteresis
+        return self.get_hysteresis()
 
     def set_incr_ratio(self, new_incr_ratio: float) -> PaddleGradScaler:  # type: ignore[override]
         """Paddle's name and keyword for :meth:`set_growth_factor`."""
