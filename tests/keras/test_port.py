@@ -6,11 +6,11 @@ torch); the natives table holds the installed signature."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 keras = pytest.importorskip("keras")
 
+from keras_helpers import apply_kinds  # noqa: E402
 from port_runs import KINDS, check_installed_signatures, hexes, reference  # noqa: E402
 
 from unifiedamp.porting import config_from_call, from_native, native_call  # noqa: E402
@@ -32,17 +32,6 @@ EAGER_NATIVE = pytest.mark.skipif(
            "JAX tracer from its cond (Keras 3.15); checked on tensorflow and torch")
 
 
-def keras_run(opt, kinds: str, var=None):
-    if var is None:
-        var = keras.Variable(np.ones(3, np.float32))
-    scales = []
-    for kind in kinds:
-        grad = np.full(3, np.inf if kind == "I" else 1.0, np.float32)
-        opt.apply([keras.ops.convert_to_tensor(grad)], [var])
-        scales.append(float(keras.ops.convert_to_numpy(opt.dynamic_scale)))
-    return scales, var
-
-
 @EAGER_NATIVE
 @pytest.mark.parametrize(("args", "kwargs"), [((1024.0, 3), {}), ((), {"dynamic_growth_steps": 2}),
                                               ((), {"initial_scale": 512.0})])
@@ -52,7 +41,7 @@ def test_keras_call_config_follows_keras_own_trajectory(args, kwargs):
                                      kwargs)
     kinds = KINDS if config.init_scale < 2**15 else "FFIFF"  # no growth past float32 here
     native = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01), *args, **kwargs)
-    scales, _ = keras_run(native, kinds)
+    scales, _ = apply_kinds(native, kinds)
     assert hexes(scales) == reference(config, kinds)
 
 
@@ -66,12 +55,12 @@ def test_keras_native_call_round_trips_and_from_native_keeps_state():
     inner = keras.optimizers.SGD(0.01)
     native = keras.optimizers.LossScaleOptimizer(inner, **kwargs)
     assert from_native(native).config == config
-    _, var = keras_run(native, "FFIFF")
+    _, var = apply_kinds(native, "FFIFF")
     ours = from_native(native)
     assert isinstance(ours, KerasGradScaler) and isinstance(ours.optimizer, SpecLossScaleOptimizer)
     assert ours.optimizer.inner_optimizer is inner
     assert ours.state == ScalerState(512.0, 2, 0)
-    a, _ = keras_run(native, KINDS, var)
-    b, _ = keras_run(ours.optimizer, KINDS, var)
+    a, _ = apply_kinds(native, KINDS, var)
+    b, _ = apply_kinds(ours.optimizer, KINDS, var)
     assert hexes(a) == hexes(b)
     assert from_native(ours.optimizer).optimizer is ours.optimizer

@@ -72,7 +72,7 @@ TF_KEYS = [k for k, v in port_sources.SOURCES.items() if v[1].startswith("tf.ker
 def test_the_lifted_tf_keras_line_follows_the_sources_trajectory(key):
     """The rewritten line, run with Keras, steps the source's trajectory (its own Keras's
     rule: tf-keras 2's floor of 1, a static scale that never moves) over forced overflows."""
-    import numpy as np
+    from keras_helpers import apply_kinds
     from port_runs import KINDS, hexes, reference
 
     result = port_sources.ported(key, "unifiedamp")
@@ -80,12 +80,7 @@ def test_the_lifted_tf_keras_line_follows_the_sources_trajectory(key):
     namespace: dict = {}
     exec(result.code, namespace)
     opt, config = namespace["scaler"], port_sources.expected(key)
-    var = keras.Variable(np.ones(3, np.float32))
-    scales = []
-    for kind in KINDS:
-        grad = np.full(3, np.inf if kind == "I" else 1.0, np.float32)
-        opt.apply([keras.ops.convert_to_tensor(grad)], [var])
-        scales.append(float(keras.ops.convert_to_numpy(opt.dynamic_scale)))
+    scales, _ = apply_kinds(opt, KINDS)
     assert hexes(scales) == reference(config, KINDS), (key, config)
     if not config.dynamic:
         assert set(scales) == {config.init_scale}

@@ -216,3 +216,18 @@ def compiled_apply(opt, variables):
 
         return apply
     return lambda grads: opt.apply(grads, variables)
+
+
+def apply_kinds(opt, kinds: str, var=None) -> tuple[list[float], object]:
+    """Applies one gradient per kind (``"F"`` finite, ``"I"`` inf) to a 3-element variable
+    (``var``, else a new one of ones) with ``opt.apply``; the scale after each, and the
+    variable."""
+    if var is None:
+        var = keras.Variable(np.ones(3, np.float32))
+    scales = []
+    for kind in kinds:
+        grad = np.full(3, np.inf if kind == "I" else 1.0, np.float32)
+        opt.apply([ops.convert_to_tensor(grad)], [var])
+        scales.append(float(ops.convert_to_numpy(opt.dynamic_scale)))
+    return scales, var
+
