@@ -20,8 +20,8 @@ def _no_updates(shapes: Any) -> Any:
     """Updates that leave every parameter's bits as they are: -0.0 for a float leaf
     (``p + -0.0`` is ``p``, a -0.0 included, where ``p + 0.0`` makes it +0.0), 0 otherwise."""
     def nothing(s: Any) -> jax.Array:
-        negative = jnp.issubdtype(s.dtype, jnp.inexact)
-        return jnp.full(s.shape, -0.0 if negative else 0, s.dtype)
+        floating = jnp.issubdtype(s.dtype, jnp.inexact)
+        return jnp.full(s.shape, -0.0 if floating else 0, s.dtype)
 
     return jax.tree.map(nothing, shapes)
 
