@@ -205,8 +205,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "        out = _multiply(grads, inverse)\n"
            "        return out, _all_finite(out, axis_name, caller) & self._reciprocal_finite()",
            _T_JAX),
-    Mutant("jax-all-finite-sums-leaves", f"{BACKENDS}/jax/_scaler.py",
-           "jnp.isfinite(jnp.sum(leaf * 0))", "jnp.isfinite(jnp.sum(leaf))", _T_JAX),
+    Mutant("jax-nan-is-finite", f"{BACKENDS}/jax/_scaler.py",
+           "jnp.min(jnp.isfinite(jnp.asarray(leaf))", "jnp.min(~jnp.isinf(jnp.asarray(leaf))",
+           _T_JAX),
     Mutant("jax-all-finite-any-device", f"{BACKENDS}/jax/_scaler.py",
            "lax.psum((~finite).astype(jnp.int32), axes) == 0",
            "lax.pmax(finite.astype(jnp.int32), axes) == 1", _T_JAX),

@@ -37,12 +37,12 @@ TARGET_OPS, TARGET_BYTES = 6, 1.10
 #: (extra ops over its plain step, bytes accessed / plain's). What the extra ops are (per leaf
 #: of this six-leaf model: a finiteness reduction, split by XLA into up to three kernels
 #: for a weight; the lax.cond's operands laid out and copied back; one kernel per scaler
-#: leaf) is in docs/backends/jax.md, Performance.
+#: leaf) is in docs/backends/jax.md, "The compiled program", kernel by kernel.
 HELD: dict[str, tuple[int, float]] = {
-    "step_if_finite": (21, 1.40),
-    "where_finite": (26, 1.46),
-    "loss_scaled": (27, 1.57),
-    "nnx loss_scaled": (30, 1.58),
+    "step_if_finite": (21, 1.32),
+    "where_finite": (26, 1.38),
+    "loss_scaled": (27, 1.49),
+    "nnx loss_scaled": (30, 1.50),
 }
 #: Parameter-sized copies held where a form makes more than its plain step: the select
 #: over AdamW's moments (XLA's CPU reads the old moments after the select overwrote them
