@@ -243,6 +243,11 @@ def test_all_finite_is_exact_for_every_float_dtype():
     # A step whose finite gradients sum past float32's range is taken, not skipped.
     _, finite = JaxGradScaler(1.0).unscale({"w": big32, "h": big16})
     assert bool(finite)
+    # An empty leaf (a zero-size parameter) and an integer one are finite, eager and jitted.
+    empty, count = jnp.zeros((0, 3)), jnp.arange(4)
+    for check in (all_finite, jax.jit(all_finite)):
+        assert bool(check([empty, count, big32]))
+        assert not bool(check([empty, count, big32.at[0].set(jnp.nan)]))
 
 
 def test_step_if_finite_and_where_finite_keep_the_old_state():
